@@ -1,0 +1,44 @@
+// The one place where libtorch 1.13 and 2.x differ for dtp.
+//
+// - c10d backends: in 1.13 ProcessGroupGloo/NCCL derive from c10d::ProcessGroup;
+//   in 2.x they derive from c10d::Backend (ProcessGroup became a dispatcher over
+//   backends). dtp talks to the backend object directly, so it only needs the
+//   common base class.
+// - TCPStore gained a libuv server in 2.x; dtp keeps the classic one so that
+//   both lines behave the same.
+#pragma once
+
+#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+namespace dtp::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = c10d::Backend;
+#else
+using Backend = c10d::ProcessGroup;
+#endif
+
+inline c10d::TCPStoreOptions tcpStoreOptions(
+    uint16_t port, bool is_server, size_t world_size,
+    std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = port;
+  opts.isServer = is_server;
+  opts.numWorkers = world_size;
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+#if TORCH_VERSION_MAJOR >= 2 && TORCH_VERSION_MINOR >= 4
+  opts.useLibUV = false;
+#endif
+  return opts;
+}
+
+}  // namespace dtp::compat

@@ -1,0 +1,471 @@
+#include "dtp/process_group.h"
+
+#include "comm/compat.h"
+#include "dtp/comm_counter.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+// NOTE: [Uneven shards]
+// Shards follow torch.chunk: f32[5,10](S(0)) on 4 ranks has local rows 2,2,1,0.
+// Gloo's all_gather wants equal sizes, so all_gather pads every rank's flattened
+// shard to the largest one and narrows afterwards. reduce_scatter, all_to_all
+// and scatter go through all_to_all with per-rank counts, which moves exactly
+// the bytes needed and no padding. Every collective here takes the per-rank
+// sizes explicitly; callers derive them from the global shape, never from the
+// local tensor alone, so an empty shard is as valid as any other.
+
+namespace dtp {
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<compat::Backend> backend;  // null for a group of one
+  c10::intrusive_ptr<c10d::Store> root_store;
+  std::string prefix;  // store prefix of this group, unique in the job
+  int rank = 0;
+  int size = 1;
+  std::vector<int> global_ranks;
+  ProcessGroupOptions options;
+  std::string backend_name;
+  mutable int64_t next_group_id = 0;
+};
+
+namespace {
+
+thread_local ProcessGroup default_group;
+
+int64_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
+
+c10d::ReduceOp toC10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:  // Gloo has no AVG: sum, then divide.
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::string resolveBackend(const std::string& requested) {
+  if (requested == "gloo") return "gloo";
+  if (requested == "nccl") {
+#ifdef USE_C10D_NCCL
+    return "nccl";
+#else
+    TORCH_CHECK(false, "dtp: backend 'nccl' requested, but dtp was built without NCCL. "
+                       "Rebuild with -DDTP_WITH_NCCL=ON against a CUDA libtorch, or use 'gloo'.");
+#endif
+  }
+  TORCH_CHECK(requested == "auto", "dtp: unknown backend '", requested,
+              "', expected 'gloo', 'nccl' or 'auto'.");
+#ifdef USE_C10D_NCCL
+  if (at::hasCUDA()) return "nccl";
+#endif
+  return "gloo";
+}
+
+c10::intrusive_ptr<compat::Backend> makeBackend(
+    const std::string& name, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+    int size, const ProcessGroupOptions& options) {
+#ifdef USE_C10D_NCCL
+  if (name == "nccl") {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = options.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  }
+#endif
+  auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  const std::string& addr = options.bind_address.empty() ? "127.0.0.1" : options.bind_address;
+  opts->devices.push_back(addr == "*"
+                              ? c10d::ProcessGroupGloo::createDefaultDevice()
+                              : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+  opts->threads = 1;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+
+std::vector<int64_t> chunkShape(const at::Tensor& like, int64_t dim, int64_t size_at_dim) {
+  auto shape = like.sizes().vec();
+  shape[dim] = size_at_dim;
+  return shape;
+}
+
+int64_t numelOf(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+}  // namespace
+
+std::string to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+Work Work::ready(at::Tensor result) {
+  return Work([r = std::move(result)] { return r; });
+}
+
+at::Tensor Work::wait() {
+  if (!done_) {
+    TORCH_CHECK(wait_fn_, "dtp: wait() on an empty Work handle.");
+    result_ = wait_fn_();
+    wait_fn_ = nullptr;
+    done_ = true;
+  }
+  return result_;
+}
+
+ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                  int size, const ProcessGroupOptions& options) {
+  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size,
+              "dtp: invalid rank ", rank, " for a group of size ", size,
+              ". Expected 0 <= rank < size.");
+  auto impl = std::make_shared<Impl>();
+  impl->root_store = store;
+  impl->prefix = "dtp";
+  impl->rank = rank;
+  impl->size = size;
+  impl->global_ranks.resize(size);
+  std::iota(impl->global_ranks.begin(), impl->global_ranks.end(), 0);
+  impl->options = options;
+  impl->backend_name = resolveBackend(options.backend);
+  try {
+    impl->backend = makeBackend(impl->backend_name,
+                                c10::make_intrusive<c10d::PrefixStore>(impl->prefix, store),
+                                rank, size, options);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "dtp: rank ", rank, " could not connect to the other ", size - 1,
+                " ranks of the world group (timeout ", options.timeout.count() / 1000,
+                " s): ", e.what(),
+                "\nCheck that all WORLD_SIZE ranks were started with the same "
+                "MASTER_ADDR/MASTER_PORT.");
+  }
+  return ProcessGroup(std::move(impl));
+}
+
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+const std::vector<int>& ProcessGroup::global_ranks() const { return impl_->global_ranks; }
+const std::string& ProcessGroup::backend_name() const { return impl_->backend_name; }
+
+std::string ProcessGroup::str() const {
+  if (!impl_) return "ProcessGroup(invalid)";
+  std::ostringstream os;
+  os << "ProcessGroup(" << impl_->backend_name << ", rank " << impl_->rank << " of "
+     << impl_->size << ", ranks [";
+  for (size_t i = 0; i < impl_->global_ranks.size(); ++i)
+    os << (i ? "," : "") << impl_->global_ranks[i];
+  os << "])";
+  return os.str();
+}
+
+ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
+  TORCH_CHECK(impl_, "dtp: new_group on an invalid ProcessGroup.");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  TORCH_CHECK(!ranks.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
+                  sorted.front() >= 0 && sorted.back() < impl_->size,
+              "dtp: new_group got invalid ranks for a group of size ", impl_->size,
+              ": expected distinct ranks in [0, ", impl_->size, ").");
+  const int64_t id = impl_->next_group_id++;
+  auto it = std::find(ranks.begin(), ranks.end(), impl_->rank);
+  if (it == ranks.end()) return ProcessGroup();
+
+  auto impl = std::make_shared<Impl>();
+  impl->root_store = impl_->root_store;
+  impl->prefix = impl_->prefix + "/" + std::to_string(id);
+  impl->rank = static_cast<int>(it - ranks.begin());
+  impl->size = static_cast<int>(ranks.size());
+  for (int r : ranks) impl->global_ranks.push_back(impl_->global_ranks[r]);
+  impl->options = impl_->options;
+  impl->backend_name = impl_->backend_name;
+  if (impl->size > 1) {
+    try {
+      impl->backend = makeBackend(
+          impl->backend_name,
+          c10::make_intrusive<c10d::PrefixStore>(impl->prefix, impl->root_store),
+          impl->rank, impl->size, impl->options);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "dtp: could not create a sub-group of ranks ",
+                  c10::IntArrayRef(std::vector<int64_t>(impl->global_ranks.begin(),
+                                                        impl->global_ranks.end())),
+                  ": ", e.what(),
+                  "\nEvery rank of the parent group must call new_group in the same order.");
+    }
+  }
+  return ProcessGroup(std::move(impl));
+}
+
+namespace {
+
+// Waits for a c10d work and turns a peer failure into an error that names
+// the collective and the group.
+Work finish(const ProcessGroup::Impl& g, const char* what,
+            c10::intrusive_ptr<c10d::Work> work, std::function<at::Tensor()> then,
+            bool async_op) {
+  std::string where = std::string(what) + " on ranks of size-" + std::to_string(g.size) +
+                      " group (global rank " + std::to_string(g.global_ranks[g.rank]) + ")";
+  auto timeout_s = g.options.timeout.count() / 1000;
+  Work result([work = std::move(work), then = std::move(then), where, timeout_s] {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "dtp: ", where, " failed: ", e.what(),
+                  "\nA peer rank exited, crashed or did not reach this collective within ",
+                  timeout_s, " s. Check the other ranks' output.");
+    }
+    return then();
+  });
+  if (!async_op) result.wait();
+  return result;
+}
+
+void checkSizes(const ProcessGroup::Impl& g, const char* what,
+                const std::vector<int64_t>& sizes) {
+  TORCH_CHECK(static_cast<int>(sizes.size()) == g.size, "dtp: ", what, " got ",
+              sizes.size(), " per-rank sizes for a group of ", g.size,
+              " ranks. Pass one size per rank.");
+}
+
+}  // namespace
+
+Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) const {
+  CommCounter::record(CollectiveType::AllReduce, nbytes(tensor));
+  if (impl_->size == 1) return Work::ready(tensor);
+  at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  std::vector<at::Tensor> bufs{buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = toC10d(op);
+  auto work = impl_->backend->allreduce(bufs, opts);
+  const int size = impl_->size;
+  return finish(*impl_, "all_reduce", work, [tensor, buf, op, size]() mutable {
+    if (op == ReduceOp::Avg) buf.div_(size);
+    if (!buf.is_same(tensor)) tensor.copy_(buf);
+    return tensor;
+  }, async_op);
+}
+
+Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
+                              const std::vector<int64_t>& sizes, bool async_op) const {
+  checkSizes(*impl_, "all_gather", sizes);
+  dim = c10::maybe_wrap_dim(dim, local.dim());
+  TORCH_CHECK(local.size(dim) == sizes[impl_->rank], "dtp: all_gather: local tensor has ",
+              local.size(dim), " elements along dim ", dim, ", but sizes[", impl_->rank,
+              "] = ", sizes[impl_->rank], ".");
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  CommCounter::record(CollectiveType::AllGather,
+                      numelOf(chunkShape(local, dim, total)) * local.element_size());
+  if (impl_->size == 1) return Work::ready(local);
+
+  // Every rank's shard, flattened and padded to the largest one.
+  std::vector<int64_t> numels;
+  for (int64_t s : sizes) numels.push_back(numelOf(chunkShape(local, dim, s)));
+  const int64_t max_numel = *std::max_element(numels.begin(), numels.end());
+  at::Tensor in = local.contiguous().view({-1});
+  if (in.numel() < max_numel) {
+    in = at::cat({in, in.new_zeros({max_numel - in.numel()})});
+  }
+  at::Tensor out = at::empty({impl_->size, max_numel}, local.options());
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (int r = 0; r < impl_->size; ++r) outs[0].push_back(out[r]);
+  std::vector<at::Tensor> ins{in};
+  auto work = impl_->backend->allgather(outs, ins);
+  const bool even = std::all_of(numels.begin(), numels.end(),
+                                [&](int64_t n) { return n == max_numel; });
+  return finish(*impl_, "all_gather", work, [=] {
+    if (even && dim == 0) {
+      auto shape = local.sizes().vec();
+      shape[0] = total;
+      return out.view(shape);
+    }
+    std::vector<at::Tensor> pieces;
+    for (size_t r = 0; r < sizes.size(); ++r)
+      pieces.push_back(out[r].narrow(0, 0, numels[r]).view(chunkShape(local, dim, sizes[r])));
+    return at::cat(pieces, dim);
+  }, async_op);
+}
+
+namespace {
+
+// all_to_all over flattened buffers with per-peer element counts.
+c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, at::Tensor& out,
+                                             at::Tensor& in, std::vector<int64_t> out_counts,
+                                             std::vector<int64_t> in_counts) {
+  return g.backend->alltoall_base(out, in, out_counts, in_counts);
+}
+
+// Shape of `t` with `dim` moved to the front and resized.
+std::vector<int64_t> frontShape(const at::Tensor& t, int64_t dim, int64_t front,
+                                int64_t other_dim = -1, int64_t other = 0) {
+  auto shape = t.sizes().vec();
+  if (other_dim >= 0) shape[other_dim] = other;
+  shape.erase(shape.begin() + dim);
+  shape.insert(shape.begin(), front);
+  return shape;
+}
+
+}  // namespace
+
+Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
+                                  const std::vector<int64_t>& sizes, ReduceOp op,
+                                  bool async_op) const {
+  checkSizes(*impl_, "reduce_scatter", sizes);
+  dim = c10::maybe_wrap_dim(dim, input.dim());
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  TORCH_CHECK(input.size(dim) == total, "dtp: reduce_scatter: input has ", input.size(dim),
+              " elements along dim ", dim, ", but the per-rank sizes add up to ", total, ".");
+  CommCounter::record(CollectiveType::ReduceScatter, nbytes(input));
+  if (impl_->size == 1) return Work::ready(op == ReduceOp::Avg ? input.clone() : input);
+
+  const int me = impl_->rank, W = impl_->size;
+  at::Tensor in = input.movedim(dim, 0).contiguous().view({-1});
+  const int64_t inner = input.numel() == 0 ? numelOf(frontShape(input, dim, 1))
+                                           : input.numel() / total;
+  std::vector<int64_t> in_counts, out_counts(W, sizes[me] * inner);
+  for (int64_t s : sizes) in_counts.push_back(s * inner);
+  at::Tensor out = at::empty({W * sizes[me] * inner}, input.options());
+  auto work = allToAllFlat(*impl_, out, in, out_counts, in_counts);
+  auto recv_shape = frontShape(input, dim, sizes[me]);
+  recv_shape.insert(recv_shape.begin(), W);
+  return finish(*impl_, "reduce_scatter", work, [=] {
+    at::Tensor stacked = out.view(recv_shape);
+    at::Tensor r;
+    switch (op) {
+      case ReduceOp::Sum: r = stacked.sum(0); break;
+      case ReduceOp::Avg: r = stacked.sum(0).div_(W); break;
+      case ReduceOp::Max: r = std::get<0>(stacked.max(0)); break;
+      case ReduceOp::Min: r = std::get<0>(stacked.min(0)); break;
+    }
+    return r.movedim(0, dim).contiguous();
+  }, async_op);
+}
+
+Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
+                              const std::vector<int64_t>& split_sizes, int64_t cat_dim,
+                              const std::vector<int64_t>& cat_sizes, bool async_op) const {
+  checkSizes(*impl_, "all_to_all", split_sizes);
+  checkSizes(*impl_, "all_to_all", cat_sizes);
+  split_dim = c10::maybe_wrap_dim(split_dim, input.dim());
+  cat_dim = c10::maybe_wrap_dim(cat_dim, input.dim());
+  TORCH_CHECK(split_dim != cat_dim, "dtp: all_to_all needs split_dim != cat_dim.");
+  const int me = impl_->rank, W = impl_->size;
+  TORCH_CHECK(input.size(cat_dim) == cat_sizes[me], "dtp: all_to_all: input has ",
+              input.size(cat_dim), " elements along dim ", cat_dim, ", expected cat_sizes[",
+              me, "] = ", cat_sizes[me], ".");
+  const int64_t split_total = std::accumulate(split_sizes.begin(), split_sizes.end(), int64_t{0});
+  TORCH_CHECK(input.size(split_dim) == split_total, "dtp: all_to_all: input has ",
+              input.size(split_dim), " elements along dim ", split_dim,
+              ", but split_sizes add up to ", split_total, ".");
+  CommCounter::record(CollectiveType::AllToAll, nbytes(input));
+  if (W == 1) return Work::ready(input);
+
+  at::Tensor in = input.movedim(split_dim, 0).contiguous().view({-1});
+  const int64_t in_inner = numelOf(frontShape(input, split_dim, 1));
+  std::vector<int64_t> in_counts, out_counts;
+  std::vector<std::vector<int64_t>> recv_shapes;
+  for (int r = 0; r < W; ++r) {
+    in_counts.push_back(split_sizes[r] * in_inner);
+    recv_shapes.push_back(frontShape(input, split_dim, split_sizes[me], cat_dim, cat_sizes[r]));
+    out_counts.push_back(numelOf(recv_shapes.back()));
+  }
+  at::Tensor out = at::empty({std::accumulate(out_counts.begin(), out_counts.end(), int64_t{0})},
+                             input.options());
+  auto work = allToAllFlat(*impl_, out, in, out_counts, in_counts);
+  return finish(*impl_, "all_to_all", work, [=] {
+    std::vector<at::Tensor> pieces;
+    int64_t offset = 0;
+    for (int r = 0; r < W; ++r) {
+      pieces.push_back(out.narrow(0, offset, out_counts[r]).view(recv_shapes[r]).movedim(0, split_dim));
+      offset += out_counts[r];
+    }
+    return at::cat(pieces, cat_dim);
+  }, async_op);
+}
+
+Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
+  TORCH_CHECK(src >= 0 && src < impl_->size, "dtp: broadcast from rank ", src,
+              " in a group of ", impl_->size, " ranks.");
+  CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
+  if (impl_->size == 1) return Work::ready(tensor);
+  at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  std::vector<at::Tensor> bufs{buf};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  auto work = impl_->backend->broadcast(bufs, opts);
+  return finish(*impl_, "broadcast", work, [tensor, buf]() mutable {
+    if (!buf.is_same(tensor)) tensor.copy_(buf);
+    return tensor;
+  }, async_op);
+}
+
+Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chunks, int src,
+                           bool async_op) const {
+  const int me = impl_->rank, W = impl_->size;
+  TORCH_CHECK(src >= 0 && src < W, "dtp: scatter from rank ", src, " in a group of ", W,
+              " ranks.");
+  if (me == src) {
+    TORCH_CHECK(static_cast<int>(chunks.size()) == W, "dtp: scatter on the source rank needs ",
+                W, " chunks, got ", chunks.size(), ".");
+    TORCH_CHECK(chunks[me].sizes() == output.sizes(), "dtp: scatter: the source's own chunk ",
+                chunks[me].sizes(), " does not match its output ", output.sizes(), ".");
+  }
+  int64_t sent = 0;
+  for (const auto& c : chunks) sent += nbytes(c);
+  CommCounter::record(CollectiveType::Scatter, me == src ? sent : 0);
+  if (W == 1) {
+    output.copy_(chunks[0]);
+    return Work::ready(output);
+  }
+  // Scatter as an all_to_all in which only `src` sends: exact sizes, no padding.
+  std::vector<int64_t> in_counts(W, 0), out_counts(W, 0);
+  out_counts[src] = output.numel();
+  at::Tensor in;
+  if (me == src) {
+    std::vector<at::Tensor> flat;
+    for (int r = 0; r < W; ++r) {
+      flat.push_back(chunks[r].to(output.options()).contiguous().view({-1}));
+      in_counts[r] = flat.back().numel();
+    }
+    in = at::cat(flat);
+  } else {
+    in = at::empty({0}, output.options());
+  }
+  at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
+  at::Tensor out_flat = out.view({-1});
+  auto work = allToAllFlat(*impl_, out_flat, in, out_counts, in_counts);
+  return finish(*impl_, "scatter", work, [output, out]() mutable {
+    if (!out.is_same(output)) output.copy_(out);
+    return output;
+  }, async_op);
+}
+
+void ProcessGroup::barrier() const {
+  CommCounter::record(CollectiveType::Barrier, 0);
+  if (impl_->size == 1) return;
+  finish(*impl_, "barrier", impl_->backend->barrier(), [] { return at::Tensor(); }, false);
+}
+
+ProcessGroup default_process_group() {
+  TORCH_CHECK(default_group.valid(),
+              "dtp: no default process group on this thread. Call dtp::init_process_group() "
+              "first (or set_default_process_group in a test).");
+  return default_group;
+}
+
+bool is_initialized() { return default_group.valid(); }
+
+void set_default_process_group(ProcessGroup group) { default_group = std::move(group); }
+
+}  // namespace dtp

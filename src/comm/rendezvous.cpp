@@ -1,0 +1,86 @@
+// Rendezvous from the environment, as torchrun, mpirun and srun describe a job.
+#include "dtp/process_group.h"
+
+#include "comm/compat.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+
+namespace dtp {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+// The first of `names` that is set, as an int; `what` names it in errors.
+std::optional<int> envInt(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (auto v = env(n)) {
+      try {
+        size_t used = 0;
+        int x = std::stoi(*v, &used);
+        if (used == v->size()) return x;
+      } catch (const std::exception&) {
+      }
+      TORCH_CHECK(false, "dtp: environment variable ", n, "='", *v,
+                  "' is not an integer. Set it to a non-negative integer.");
+    }
+  }
+  return std::nullopt;
+}
+
+bool isLoopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+}  // namespace
+
+ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
+  ProcessGroupOptions options = options_in;
+  auto rank = envInt({"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"});
+  auto world = envInt({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"});
+  TORCH_CHECK(rank.has_value() == world.has_value(),
+              "dtp: found ", rank ? "RANK" : "WORLD_SIZE", " but not ",
+              rank ? "WORLD_SIZE" : "RANK",
+              " in the environment. Set both (dtprun and torchrun do), or neither for a "
+              "single-process run.");
+  if (!rank) {
+    std::cerr << "dtp: no RANK/WORLD_SIZE in the environment; running as a single process "
+                 "(rank 0 of 1). Use dtprun -n N to start N ranks.\n";
+    rank = 0;
+    world = 1;
+  }
+  TORCH_CHECK(*world >= 1 && *rank >= 0 && *rank < *world, "dtp: RANK=", *rank,
+              " is outside [0, WORLD_SIZE=", *world, ").");
+
+  const std::string addr = env("MASTER_ADDR").value_or("127.0.0.1");
+  const int port = envInt({"MASTER_PORT"}).value_or(29500);
+  TORCH_CHECK(port > 0 && port < 65536, "dtp: MASTER_PORT=", port, " is not a valid port.");
+  if (auto t = envInt({"DTP_TIMEOUT_S"})) options.timeout = std::chrono::seconds(*t);
+  if (options.bind_address.empty()) {
+    if (auto a = env("DTP_BIND_ADDR")) options.bind_address = *a;
+    else options.bind_address = isLoopback(addr) ? "127.0.0.1" : "*";
+  }
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(
+        addr, compat::tcpStoreOptions(static_cast<uint16_t>(port), *rank == 0,
+                                      static_cast<size_t>(*world), options.timeout));
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "dtp: rendezvous failed for rank ", *rank, " of ", *world, " at ",
+                addr, ":", port, " (timeout ", options.timeout.count() / 1000, " s): ",
+                e.what(),
+                "\nCheck that all WORLD_SIZE ranks were started, that MASTER_ADDR/MASTER_PORT "
+                "are the same everywhere and reachable, and that the port is free.");
+  }
+  ProcessGroup world_group = ProcessGroup::create(store, *rank, *world, options);
+  set_default_process_group(world_group);
+  return world_group;
+}
+
+}  // namespace dtp

@@ -1,0 +1,203 @@
+#include "dtp/device_mesh.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+#include <ostream>
+#include <set>
+#include <sstream>
+
+namespace dtp {
+
+struct DeviceMesh::Impl {
+  std::string device_type;
+  std::vector<int64_t> shape;
+  std::vector<int> ranks;  // global ranks, row-major over `shape`
+  std::vector<std::string> names;
+  std::vector<int64_t> coordinate;  // of this rank
+  std::vector<ProcessGroup> groups;  // one per mesh dimension
+  int rank = 0;  // global rank of this process
+};
+
+namespace {
+
+std::vector<int64_t> strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
+  return s;
+}
+
+std::string shapeStr(const std::vector<int64_t>& shape, const std::vector<std::string>& names) {
+  std::ostringstream os;
+  os << "(";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    os << (d ? ", " : "");
+    if (!names.empty()) os << names[d] << "=";
+    os << shape[d];
+  }
+  if (shape.size() == 1 && names.empty()) os << ",";
+  os << ")";
+  return os.str();
+}
+
+}  // namespace
+
+const std::string& DeviceMesh::device_type() const { return impl_->device_type; }
+int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(impl_->shape.size()); }
+std::vector<int64_t> DeviceMesh::shape() const { return impl_->shape; }
+int64_t DeviceMesh::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
+const std::vector<std::string>& DeviceMesh::mesh_dim_names() const { return impl_->names; }
+int DeviceMesh::get_rank() const { return impl_->rank; }
+std::vector<int64_t> DeviceMesh::get_coordinate() const { return impl_->coordinate; }
+
+int64_t DeviceMesh::size(int64_t dim) const {
+  TORCH_CHECK(dim >= 0 && dim < ndim(), "DeviceMesh: dim ", dim, " out of range for ",
+              str(), ". Expected 0 <= dim < ", ndim(), ".");
+  return impl_->shape[dim];
+}
+
+at::Tensor DeviceMesh::mesh() const {
+  std::vector<int64_t> r(impl_->ranks.begin(), impl_->ranks.end());
+  return at::tensor(r, at::kLong).view(impl_->shape);
+}
+
+int64_t DeviceMesh::dim_index(const std::string& name) const {
+  auto it = std::find(impl_->names.begin(), impl_->names.end(), name);
+  TORCH_CHECK(it != impl_->names.end(), "DeviceMesh: no dimension named '", name, "' in ",
+              str(), ". ",
+              impl_->names.empty() ? "Give init_device_mesh mesh_dim_names to slice by name."
+                                   : "Use one of the mesh's dimension names.");
+  return it - impl_->names.begin();
+}
+
+int64_t DeviceMesh::get_local_rank(int64_t dim) const {
+  size(dim);  // validates dim
+  return impl_->coordinate[dim];
+}
+int64_t DeviceMesh::get_local_rank(const std::string& name) const {
+  return get_local_rank(dim_index(name));
+}
+
+ProcessGroup DeviceMesh::get_group(int64_t dim) const {
+  size(dim);
+  return impl_->groups[dim];
+}
+ProcessGroup DeviceMesh::get_group(const std::string& name) const {
+  return get_group(dim_index(name));
+}
+
+DeviceMesh DeviceMesh::operator[](const std::string& name) const {
+  return (*this)[std::vector<std::string>{name}];
+}
+
+DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
+  TORCH_CHECK(!names.empty(), "DeviceMesh: slicing ", str(), " needs at least one name.");
+  std::vector<int64_t> dims;
+  for (const auto& n : names) dims.push_back(dim_index(n));
+  for (size_t i = 1; i < dims.size(); ++i) {
+    TORCH_CHECK(dims[i] == dims[i - 1] + 1, "DeviceMesh: cannot slice ", str(), " by ",
+                c10::Join(",", names),
+                ": the names must be adjacent dimensions in mesh order. For example, on "
+                "(dp, cp, tp) ask for {dp, cp} or {cp, tp}, not {tp, dp} or {dp, tp}.");
+  }
+  auto impl = std::make_shared<Impl>();
+  impl->device_type = impl_->device_type;
+  impl->rank = impl_->rank;
+  impl->names = names;
+  // The sub-mesh holds the ranks that share this rank's coordinate on every
+  // dimension not kept.
+  const auto st = strides(impl_->shape);
+  int64_t base = 0;
+  for (int64_t d = 0; d < ndim(); ++d) {
+    bool kept = std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (!kept) base += impl_->coordinate[d] * st[d];
+  }
+  for (int64_t d : dims) {
+    impl->shape.push_back(impl_->shape[d]);
+    impl->coordinate.push_back(impl_->coordinate[d]);
+    impl->groups.push_back(impl_->groups[d]);
+  }
+  const auto sub_st = strides(impl->shape);
+  const int64_t n = std::accumulate(impl->shape.begin(), impl->shape.end(), int64_t{1},
+                                    std::multiplies<>());
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t flat = base;
+    for (size_t k = 0; k < dims.size(); ++k) flat += (i / sub_st[k]) % impl->shape[k] * st[dims[k]];
+    impl->ranks.push_back(impl_->ranks[flat]);
+  }
+  return DeviceMesh(std::move(impl));
+}
+
+std::string DeviceMesh::str() const {
+  if (!impl_) return "DeviceMesh(invalid)";
+  return "DeviceMesh(" + shapeStr(impl_->shape, impl_->names) + ", " + impl_->device_type + ")";
+}
+
+bool DeviceMesh::operator==(const DeviceMesh& other) const {
+  if (impl_ == other.impl_) return true;
+  if (!impl_ || !other.impl_) return false;
+  return impl_->device_type == other.impl_->device_type && impl_->shape == other.impl_->shape &&
+         impl_->ranks == other.impl_->ranks && impl_->groups == other.impl_->groups;
+}
+
+std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh) { return os << mesh.str(); }
+
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& names,
+                            std::optional<ProcessGroup> world_in) {
+  ProcessGroup world = world_in ? *world_in : default_process_group();
+  TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "init_device_mesh: device_type '",
+              device_type, "' is not supported. Use \"cpu\" or \"cuda\".");
+  TORCH_CHECK(!shape.empty(), "init_device_mesh: mesh shape is empty. Pass e.g. {",
+              world.size(), "}.");
+  for (int64_t s : shape) {
+    TORCH_CHECK(s >= 1, "init_device_mesh: mesh shape ", c10::IntArrayRef(shape),
+                " has a dimension < 1.");
+  }
+  const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  TORCH_CHECK(n == world.size(), "init_device_mesh: mesh shape ", c10::IntArrayRef(shape),
+              " holds ", n, " ranks, but the world has ", world.size(),
+              ". Choose a shape whose product is the world size (WORLD_SIZE).");
+  if (!names.empty()) {
+    TORCH_CHECK(names.size() == shape.size(), "init_device_mesh: got ", names.size(),
+                " mesh_dim_names for a ", shape.size(), "-D mesh shape ",
+                c10::IntArrayRef(shape), ". Give one name per dimension.");
+    std::set<std::string> seen;
+    for (const auto& nm : names) {
+      TORCH_CHECK(!nm.empty(), "init_device_mesh: empty mesh dim name.");
+      TORCH_CHECK(seen.insert(nm).second, "init_device_mesh: duplicate mesh dim name '", nm,
+                  "' in (", c10::Join(", ", names), "). Give each dimension its own name.");
+    }
+  }
+
+  auto impl = std::make_shared<DeviceMesh::Impl>();
+  impl->device_type = device_type;
+  impl->shape = shape;
+  impl->names = names;
+  impl->rank = world.global_ranks()[world.rank()];
+  for (int r = 0; r < world.size(); ++r) impl->ranks.push_back(world.global_ranks()[r]);
+  const auto st = strides(shape);
+  for (size_t d = 0; d < shape.size(); ++d) impl->coordinate.push_back(world.rank() / st[d] % shape[d]);
+
+  // One group per line of the mesh along each dimension, created by every
+  // rank in the same order (new_group is collective over the world).
+  for (size_t d = 0; d < shape.size(); ++d) {
+    ProcessGroup mine;
+    if (shape[d] == world.size()) {
+      mine = world;
+    } else {
+      for (int64_t start = 0; start < n; ++start) {
+        if (start / st[d] % shape[d] != 0) continue;  // not the first rank of a line
+        std::vector<int> members;
+        for (int64_t k = 0; k < shape[d]; ++k) members.push_back(static_cast<int>(start + k * st[d]));
+        ProcessGroup g = world.new_group(members);
+        if (g.valid()) mine = g;
+      }
+    }
+    impl->groups.push_back(mine);
+  }
+  return DeviceMesh(std::move(impl));
+}
+
+}  // namespace dtp

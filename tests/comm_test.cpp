@@ -1,0 +1,184 @@
+// Collectives on 2 and 4 ranks, even and uneven sizes, against values computed
+// on one device.
+#include "dist.h"
+#include "dtp/comm_counter.h"
+
+#include <ATen/ATen.h>
+
+using dtp::CollectiveType;
+using dtp::ReduceOp;
+using dtp::test::chunk_sizes;
+using dtp::test::run_ranks;
+
+namespace {
+
+class CommTest : public ::testing::TestWithParam<int> {};
+
+// Row counts that exercise even and uneven shards: 4k, 4k+1, 4k+3 and fewer
+// rows than ranks.
+std::vector<int64_t> rowCounts(int w) { return {4 * w, 4 * w + 1, 4 * w + 3, w - 1}; }
+
+at::Tensor global(int64_t rows, int64_t cols) {
+  return at::arange(rows * cols, at::kFloat).view({rows, cols});
+}
+
+at::Tensor chunkOf(const at::Tensor& t, int64_t dim, int parts, int idx) {
+  auto sizes = chunk_sizes(t.size(dim), parts);
+  int64_t start = 0;
+  for (int i = 0; i < idx; ++i) start += sizes[i];
+  return t.narrow(dim, start, sizes[idx]);
+}
+
+TEST_P(CommTest, AllReduceEveryOp) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    auto mine = [&](int r) { return at::arange(6, at::kFloat) * (r + 1) - r; };
+    at::Tensor sum = at::zeros({6}), mx = mine(0), mn = mine(0);
+    for (int r = 0; r < w; ++r) {
+      sum += mine(r);
+      mx = at::maximum(mx, mine(r));
+      mn = at::minimum(mn, mine(r));
+    }
+    dtp::CommCounter comm;
+    EXPECT_TRUE(pg.all_reduce(mine(rank), ReduceOp::Sum).wait().equal(sum));
+    EXPECT_TRUE(pg.all_reduce(mine(rank), ReduceOp::Avg).wait().allclose(sum / w));
+    EXPECT_TRUE(pg.all_reduce(mine(rank), ReduceOp::Max).wait().equal(mx));
+    EXPECT_TRUE(pg.all_reduce(mine(rank), ReduceOp::Min).wait().equal(mn));
+    EXPECT_EQ(comm.count(CollectiveType::AllReduce), 4);
+    EXPECT_EQ(comm.bytes(CollectiveType::AllReduce), 4 * 6 * 4);
+    EXPECT_EQ(comm.total_count(), 4);
+  });
+}
+
+TEST_P(CommTest, AllReduceNonContiguousInPlace) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    at::Tensor base = at::ones({3, 4}) * (rank + 1);
+    at::Tensor view = base.t();  // non-contiguous
+    dtp::default_process_group().all_reduce(view);
+    EXPECT_TRUE(base.equal(at::ones({3, 4}) * (w * (w + 1) / 2)));
+  });
+}
+
+TEST_P(CommTest, AllGatherUnevenAlongEachDim) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    for (int64_t n : rowCounts(w)) {
+      for (int64_t dim : {0, 1}) {
+        at::Tensor full = dim == 0 ? global(n, 3) : global(3, n);
+        dtp::CommCounter comm;
+        at::Tensor got =
+            pg.all_gather(chunkOf(full, dim, w, rank), dim, chunk_sizes(n, w)).wait();
+        EXPECT_TRUE(got.equal(full)) << "n=" << n << " dim=" << dim;
+        EXPECT_EQ(comm.count(CollectiveType::AllGather), 1);
+        EXPECT_EQ(comm.bytes(CollectiveType::AllGather), full.numel() * 4);
+      }
+    }
+  });
+}
+
+TEST_P(CommTest, ReduceScatterUnevenEveryOp) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    for (int64_t n : rowCounts(w)) {
+      for (int64_t dim : {0, 1}) {
+        at::Tensor full = dim == 0 ? global(n, 3) : global(3, n);
+        at::Tensor mine = full * (rank + 1);
+        const double factor = w * (w + 1) / 2.0;
+        at::Tensor expect = chunkOf(full, dim, w, rank);
+        auto sizes = chunk_sizes(n, w);
+        EXPECT_TRUE(pg.reduce_scatter(mine, dim, sizes, ReduceOp::Sum).wait().allclose(expect * factor))
+            << "n=" << n << " dim=" << dim;
+        EXPECT_TRUE(pg.reduce_scatter(mine, dim, sizes, ReduceOp::Avg).wait().allclose(expect * factor / w));
+        EXPECT_TRUE(pg.reduce_scatter(mine, dim, sizes, ReduceOp::Max).wait().equal(expect * w));
+        EXPECT_TRUE(pg.reduce_scatter(mine, dim, sizes, ReduceOp::Min).wait().equal(expect));
+      }
+    }
+  });
+}
+
+TEST_P(CommTest, AllToAllMovesShardDimUneven) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    for (int64_t n : rowCounts(w)) {
+      const int64_t m = n + 2;
+      at::Tensor full = global(n, m);
+      // Rows sharded -> columns sharded (S(0) -> S(1)).
+      dtp::CommCounter comm;
+      at::Tensor got = pg.all_to_all(chunkOf(full, 0, w, rank), /*split_dim=*/1,
+                                     chunk_sizes(m, w), /*cat_dim=*/0, chunk_sizes(n, w))
+                           .wait();
+      EXPECT_TRUE(got.equal(chunkOf(full, 1, w, rank))) << "n=" << n;
+      EXPECT_EQ(comm.count(CollectiveType::AllToAll), 1);
+    }
+  });
+}
+
+TEST_P(CommTest, BroadcastFromLastRank) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    at::Tensor t = rank == w - 1 ? global(2, 5) : at::zeros({2, 5});
+    dtp::default_process_group().broadcast(t, w - 1);
+    EXPECT_TRUE(t.equal(global(2, 5)));
+  });
+}
+
+TEST_P(CommTest, ScatterUnevenChunks) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    const int64_t n = 4 * w + 3;
+    at::Tensor full = global(n, 2);
+    std::vector<at::Tensor> chunks;
+    if (rank == 0) {
+      for (int r = 0; r < w; ++r) chunks.push_back(chunkOf(full, 0, w, r));
+    }
+    at::Tensor out = at::empty({chunk_sizes(n, w)[rank], 2});
+    dtp::default_process_group().scatter(out, chunks, 0);
+    EXPECT_TRUE(out.equal(chunkOf(full, 0, w, rank)));
+  });
+}
+
+TEST_P(CommTest, AsyncWorkCompletesOnWait) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    dtp::Work a = pg.all_reduce(at::ones({4}) * rank, ReduceOp::Sum, /*async_op=*/true);
+    dtp::Work b = pg.all_gather(at::full({1}, rank, at::kFloat), 0,
+                                std::vector<int64_t>(w, 1), /*async_op=*/true);
+    EXPECT_TRUE(b.wait().equal(at::arange(w, at::kFloat)));
+    EXPECT_TRUE(a.wait().equal(at::ones({4}) * (w * (w - 1) / 2)));
+    pg.barrier();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CommTest, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(CommErrors, PeerThatNeverArrivesTimesOutWithClearError) {
+  run_ranks(2, [&](int rank) {
+    if (rank == 1) return;  // never joins the collective
+    try {
+      dtp::default_process_group().all_reduce(at::ones({4}));
+      ADD_FAILURE() << "all_reduce without a peer should fail";
+    } catch (const c10::Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("did not reach this collective within 2 s"), std::string::npos) << msg;
+    }
+  }, std::chrono::seconds(2));
+}
+
+TEST(CommErrors, WrongPerRankSizesAreRejected) {
+  run_ranks(2, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    EXPECT_THROW(pg.all_gather(at::ones({2}), 0, {2}), c10::Error);       // one size, two ranks
+    EXPECT_THROW(pg.all_gather(at::ones({2}), 0, {3, 3}), c10::Error);    // local has 2
+    EXPECT_THROW(pg.reduce_scatter(at::ones({5}), 0, {2, 2}), c10::Error);  // sums to 4
+  });
+}
+
+}  // namespace

@@ -1,0 +1,53 @@
+// Runs a test body on W ranks as W threads of this process. Each rank gets its
+// own ProcessGroupGloo over a shared in-memory HashStore, installed as the
+// thread's default group, so dtp code runs exactly as in a real job.
+#pragma once
+
+#include "dtp/process_group.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtp::test {
+
+inline void run_ranks(int world_size, const std::function<void(int rank)>& body,
+                      std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(timeout);
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ProcessGroupOptions opts;
+        opts.backend = "gloo";
+        opts.timeout = timeout;
+        set_default_process_group(ProcessGroup::create(store, r, world_size, opts));
+        body(r);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back("rank " + std::to_string(r) + ": " + e.what());
+      }
+      set_default_process_group(ProcessGroup());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) ADD_FAILURE() << e;
+}
+
+// Sizes of torch.chunk(n, parts): ceil-div, trailing parts short or empty.
+inline std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
+  const int64_t per = (n + parts - 1) / parts;
+  std::vector<int64_t> s;
+  for (int64_t p = 0; p < parts; ++p) s.push_back(std::max<int64_t>(0, std::min(per, n - p * per)));
+  return s;
+}
+
+}  // namespace dtp::test
