@@ -47,6 +47,8 @@ class DeviceMesh {
   int64_t dim_index(const std::string& name) const;
 
   std::string str() const;
+  // Identity of this mesh object (copies share it); used as a cache key.
+  const void* id() const { return impl_.get(); }
   bool operator==(const DeviceMesh& other) const;
   bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
 

@@ -1,0 +1,256 @@
+#include "dtensor/dispatch.h"
+
+#include "dtensor/redistribute.h"
+#include "dtensor/sharding_prop.h"
+#include "dtp/dtensor.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Logging.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <unordered_set>
+
+namespace dtp {
+namespace {
+
+thread_local bool implicit_replication = false;
+thread_local bool replicate_fallback = false;
+
+std::string opName(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+// Finds the DTensor slots of the call, checks their meshes, and turns plain
+// tensors into replicated DTensors under ImplicitReplicationGuard.
+OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t nargs) {
+  c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
+  const DTensorSpec* first = nullptr;
+  bool mixed = false;
+  auto visit = [&](const at::Tensor& t) {
+    if (auto* impl = maybeGetDTensorImpl(t)) {
+      if (first == nullptr) first = &impl->spec();
+      TORCH_CHECK(impl->spec().mesh == first->mesh, "dtp: ", opName(op),
+                  " got DTensors on different meshes: ", first->mesh.str(), " and ",
+                  impl->spec().mesh.str(), ". Redistribute them onto one mesh first.");
+    } else if (t.defined() && t.dim() > 0) {
+      mixed = true;
+    }
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    if (args[i].isTensor()) visit(args[i].toTensor());
+    else if (args[i].isTensorList())
+      for (const auto& t : args[i].toTensorList()) visit(t);
+  }
+  TORCH_INTERNAL_ASSERT(first != nullptr, "DTensor fallback reached without a DTensor argument");
+  if (mixed) {
+    TORCH_CHECK(implicit_replication, "dtp: ", opName(op),
+                " got a mix of plain at::Tensor and DTensor arguments. Convert the plain "
+                "tensor with dtp::distribute_tensor or dtp::from_local, or run the op inside "
+                "dtp::ImplicitReplicationGuard to treat it as replicated.");
+    auto wrap = [&](const at::Tensor& t) -> at::Tensor {
+      if (!t.defined() || t.dim() == 0 || isDTensor(t)) return t;
+      return makeDTensor(t, make_spec(first->mesh, Placements(first->mesh.ndim(), Replicate()),
+                                      t.sizes().vec(), t.scalar_type()));
+    };
+    for (size_t i = 0; i < nargs; ++i) {
+      if (args[i].isTensor()) {
+        args[i] = wrap(args[i].toTensor());
+      } else if (args[i].isTensorList()) {
+        std::vector<at::Tensor> l;
+        for (const auto& t : args[i].toTensorList()) l.push_back(wrap(t));
+        args[i] = l;
+      }
+    }
+  }
+  OpCall call{op, c10::ArrayRef<c10::IValue>(args, nargs), {}, {}, 0};
+  for (size_t i = 0; i < nargs; ++i) {
+    if (args[i].isTensor()) {
+      if (auto* impl = maybeGetDTensorImpl(args[i].toTensor())) {
+        call.specs.push_back(&impl->spec());
+        call.slot_arg.push_back(static_cast<int>(i));
+      }
+    } else if (args[i].isTensorList()) {
+      for (const auto& t : args[i].toTensorList()) {
+        call.specs.push_back(&unsafeGetDTensorImpl(t)->spec());
+        call.slot_arg.push_back(static_cast<int>(i));
+      }
+    }
+  }
+  return call;
+}
+
+// Gathers every DTensor argument to Replicate, runs the op on full tensors and
+// returns replicated DTensors. Opt-in via ReplicateFallbackGuard.
+void replicateFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpCall& call) {
+  thread_local std::unordered_set<std::string> warned;
+  if (warned.insert(opName(op)).second) {
+    TORCH_WARN("dtp: no sharding rule for ", opName(op),
+               "; gathering its inputs to Replicate (ReplicateFallbackGuard). This costs "
+               "communication and memory; add a rule for speed.");
+  }
+  const DeviceMesh mesh = call.mesh();
+  const size_t nargs = call.args.size();
+  c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
+  auto full = [](const at::Tensor& t) {
+    if (auto* impl = maybeGetDTensorImpl(t)) {
+      return redistribute_local(impl->local(), impl->spec(),
+                                Placements(impl->spec().placements.size(), Replicate()));
+    }
+    return t;
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    const auto& a = op.schema().arguments()[i];
+    TORCH_CHECK(a.alias_info() == nullptr || !a.alias_info()->isWrite(), "dtp: ", opName(op),
+                " writes its arguments and has no sharding rule; the replicate fallback "
+                "cannot run in-place ops.");
+    if (args[i].isTensor()) {
+      args[i] = full(args[i].toTensor());
+    } else if (args[i].isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : args[i].toTensorList()) l.push_back(full(t));
+      args[i] = l;
+    }
+  }
+  op.callBoxed(stack);
+  const size_t nret = op.schema().returns().size();
+  auto wrap = [&](const at::Tensor& t) {
+    return makeDTensor(t, make_spec(mesh, Placements(mesh.ndim(), Replicate()), t.sizes().vec(),
+                                    t.scalar_type()));
+  };
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(nret); it != stack->end(); ++it) {
+    if (it->isTensor()) {
+      *it = wrap(it->toTensor());
+    } else if (it->isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : it->toTensorList()) l.push_back(wrap(t));
+      *it = l;
+    }
+  }
+}
+
+at::Tensor localFor(const at::Tensor& t, const Placements& target) {
+  auto* impl = unsafeGetDTensorImpl(t);
+  if (impl->spec().placements == target) return impl->local();
+  return redistribute_local(impl->local(), impl->spec(), target);
+}
+
+// The argument that a write-aliased return refers to (e.g. `self` of add_).
+int writtenArgFor(const c10::FunctionSchema& schema, const c10::Argument& ret) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].alias_info() && *args[i].alias_info() == *ret.alias_info()) return static_cast<int>(i);
+  }
+  TORCH_INTERNAL_ASSERT(false, "no argument aliases return of ", schema.name());
+  return -1;
+}
+
+// The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
+//  - Ops with a handler (random ops, scalar reads...) are handed over whole.
+//  - Unwrap: find the DTensor arguments ("slots"); check they share a mesh;
+//    plain tensors are an error unless ImplicitReplicationGuard is on
+//    (0-dim plain tensors pass as scalars).
+//  - Propagate: the cached decision says which placements each input needs
+//    and what each output is (sharding_prop.cpp).
+//  - Redistribute inputs whose placement differs (written arguments never do).
+//  - Run the op on the local shards.
+//  - Wrap: outputs become DTensors with the decided specs; in-place and out=
+//    returns give back the original DTensor argument.
+void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  if (Handler h = RuleRegistry::get().find_handler(op.operator_name())) {
+    h(op, stack);
+    return;
+  }
+  const size_t nargs = schema.arguments().size();
+  OpCall call = collectSlots(op, stack, nargs);
+  if (replicate_fallback && RuleRegistry::get().find(op.operator_name()) == nullptr) {
+    replicateFallback(op, stack, call);
+    return;
+  }
+  const Decision& d = propagate(call);
+
+  c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
+  c10::SmallVector<c10::IValue, 4> originals(args, args + nargs);
+  size_t slot = 0;
+  for (size_t i = 0; i < nargs; ++i) {
+    if (args[i].isTensor()) {
+      if (isDTensor(args[i].toTensor())) args[i] = localFor(args[i].toTensor(), d.in[slot++]);
+    } else if (args[i].isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : args[i].toTensorList()) l.push_back(localFor(t, d.in[slot++]));
+      args[i] = l;
+    }
+  }
+  if (d.local) d.local(op, stack, d);
+  else op.callBoxed(stack);
+
+  const auto& returns = schema.returns();
+  auto ret = stack->end() - static_cast<std::ptrdiff_t>(returns.size());
+  size_t out = 0;
+  for (size_t r = 0; r < returns.size(); ++r, ++ret) {
+    const auto& info = returns[r].alias_info();
+    if (info != nullptr && info->isWrite()) {
+      *ret = originals[writtenArgFor(schema, returns[r])];
+      ++out;
+    } else if (ret->isTensor()) {
+      *ret = makeDTensor(ret->toTensor(), d.out[out++]);
+    } else if (ret->isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : ret->toTensorList()) l.push_back(makeDTensor(t, d.out[out++]));
+      *ret = l;
+    }
+  }
+}
+
+}  // namespace
+
+ImplicitReplicationGuard::ImplicitReplicationGuard() : prev_(implicit_replication) {
+  implicit_replication = true;
+}
+ImplicitReplicationGuard::~ImplicitReplicationGuard() { implicit_replication = prev_; }
+bool ImplicitReplicationGuard::enabled() { return implicit_replication; }
+
+ReplicateFallbackGuard::ReplicateFallbackGuard() : prev_(replicate_fallback) {
+  replicate_fallback = true;
+}
+ReplicateFallbackGuard::~ReplicateFallbackGuard() { replicate_fallback = prev_; }
+bool ReplicateFallbackGuard::enabled() { return replicate_fallback; }
+
+std::vector<std::string> supported_ops() { return RuleRegistry::get().names(); }
+
+void ensure_dtensor_dispatch() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    RuleRegistry::get();  // validates every rule's op name
+    // Ops with CompositeExplicitAutograd kernels would run those instead of
+    // the fallback (addmm would allocate a plain output), so each gets the
+    // fallback as its PrivateUse1 kernel. CompositeImplicitAutograd ops
+    // (linear...) must keep decomposing above autograd and are left alone.
+    static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                          c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op) continue;
+      const bool explicit_kernel =
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+      if (!explicit_kernel ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        continue;
+      }
+      std::string n = name.name.substr(6);
+      if (!name.overload_name.empty()) n += "." + name.overload_name;
+      lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());
+    }
+    static auto* fallback = new torch::Library(torch::Library::IMPL, "_",
+                                               c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());
+  });
+}
+
+}  // namespace dtp

@@ -1,0 +1,53 @@
+// DTensorImpl: a storage-less TensorImpl holding this rank's shard (a plain
+// at::Tensor) and the spec of the whole. See shared/DESIGN.md, "DTensor as an
+// at::Tensor", for why each piece below is there.
+#pragma once
+
+#include "dtp/dtensor_spec.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include <memory>
+
+namespace dtp {
+
+using SpecPtr = std::shared_ptr<const DTensorSpec>;
+
+class DTensorImpl : public c10::TensorImpl {
+ public:
+  DTensorImpl(at::Tensor local, SpecPtr spec);
+
+  const at::Tensor& local() const { return local_; }
+  const DTensorSpec& spec() const { return *spec_; }
+  const SpecPtr& spec_ptr() const { return spec_; }
+  // Replaces shard and spec together (set_data, in-place redistribution).
+  void set(at::Tensor local, SpecPtr spec);
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ private:
+  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  at::Tensor local_;
+  SpecPtr spec_;
+};
+
+inline bool isDTensor(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::PrivateUse1);
+}
+inline DTensorImpl* unsafeGetDTensorImpl(const at::Tensor& t) {
+  return static_cast<DTensorImpl*>(t.unsafeGetTensorImpl());
+}
+inline DTensorImpl* maybeGetDTensorImpl(const at::Tensor& t) {
+  return isDTensor(t) ? unsafeGetDTensorImpl(t) : nullptr;
+}
+// Wraps `local` (this rank's shard of `spec`); checks the shard's shape.
+at::Tensor makeDTensor(at::Tensor local, SpecPtr spec);
+
+}  // namespace dtp

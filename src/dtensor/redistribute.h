@@ -1,0 +1,26 @@
+// Redistribution of one rank's shard between placements on the same mesh.
+#pragma once
+
+#include "dtp/dtensor_spec.h"
+
+#include <ATen/core/Tensor.h>
+
+namespace dtp {
+
+// One step of a redistribution: a single mesh dimension changes placement.
+struct RedistributeStep {
+  int64_t mesh_dim;
+  Placement from, to;
+};
+
+// Plans src -> dst per mesh dimension, the way PyTorch's _redistribute.py
+// does. See NOTE: [Redistribute order] in redistribute.cpp.
+std::vector<RedistributeStep> plan_redistribute(const DTensorSpec& src, const Placements& dst);
+
+// This rank's shard of `dst` computed from its shard `local` of `src`.
+// `backward`: the transition runs on a gradient, where R -> P keeps the value
+// on every rank (each rank's partial contributed the whole gradient).
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
+                              const Placements& dst, bool backward = false);
+
+}  // namespace dtp

@@ -1,0 +1,36 @@
+// Helpers shared by the rule families.
+#pragma once
+
+#include "dtensor/sharding_prop.h"
+
+namespace dtp::rules {
+
+// Rows with every input and output replicated.
+inline Row replicateRow(const OpCall& call) {
+  return Row{Placements(call.specs.size(), Replicate()),
+             Placements(call.num_outputs, Replicate())};
+}
+
+// The partial a linear op keeps on mesh dim m: P(avg) if an input is P(avg)
+// there, else P(sum).
+inline Placement linearPartial(const OpCall& call, int64_t m) {
+  for (const auto* s : call.specs)
+    if (s->placements[m].is_partial() && s->placements[m].op == ReduceOp::Avg) return Partial(ReduceOp::Avg);
+  return Partial(ReduceOp::Sum);
+}
+
+// How a pointwise op treats Partial inputs.
+enum class Linearity {
+  None,         // exp, relu...: Partial inputs must be reduced first
+  Linear,       // add, sub, neg, clone: all-Partial in -> Partial out
+  Multilinear,  // mul: one Partial input, the rest Replicate -> Partial out
+  FirstArg,     // div: Partial numerator, Replicate denominator -> Partial out
+};
+
+// Rows of an elementwise op with broadcasting over all slots: shard any output
+// dim (inputs shard their aligned dim, or stay R where they broadcast), all
+// replicated, and the Partial rows that `lin` allows. `written` slots (in-place
+// targets) keep their placement through the cost model.
+std::vector<Row> pointwiseRows(const OpCall& call, int64_t mesh_dim, Linearity lin);
+
+}  // namespace dtp::rules

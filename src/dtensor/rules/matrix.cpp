@@ -1,0 +1,99 @@
+// Matrix ops as einsum specs: "mk,kn->mn" shards any output letter, turns a
+// sharded contraction letter into P(sum), and passes one Partial operand
+// through (the product is linear in each operand).
+#include "dtensor/rules/common.h"
+
+namespace dtp {
+namespace {
+
+struct Einsum {
+  std::vector<std::string> inputs;
+  std::string output;
+};
+
+Einsum parseEinsum(const std::string& spec) {
+  Einsum e;
+  auto arrow = spec.find("->");
+  std::string lhs = spec.substr(0, arrow);
+  e.output = spec.substr(arrow + 2);
+  size_t start = 0;
+  while (true) {
+    auto comma = lhs.find(',', start);
+    e.inputs.push_back(lhs.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return e;
+}
+
+// Rows for the einsum operands, which are the slots from `first_slot` on;
+// slots before it (a bias) are filled in by the caller.
+std::vector<Row> einsumRows(const Einsum& e, size_t nslots, size_t first_slot, const Placement& partial) {
+  std::vector<Row> rows;
+  Row rep{Placements(nslots, Replicate()), Placements{Replicate()}};
+  rows.push_back(rep);
+  std::string letters;
+  for (const auto& in : e.inputs)
+    for (char c : in)
+      if (letters.find(c) == std::string::npos) letters += c;
+  for (char c : letters) {
+    Row r = rep;
+    for (size_t i = 0; i < e.inputs.size(); ++i) {
+      auto pos = e.inputs[i].find(c);
+      if (pos != std::string::npos) r.in[first_slot + i] = Shard(static_cast<int64_t>(pos));
+    }
+    auto opos = e.output.find(c);
+    r.out[0] = opos == std::string::npos ? Partial(ReduceOp::Sum) : Shard(static_cast<int64_t>(opos));
+    rows.push_back(r);
+  }
+  for (size_t i = 0; i < e.inputs.size(); ++i) {
+    Row r = rep;
+    r.in[first_slot + i] = partial;
+    r.out[0] = partial;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+StrategyFn einsum(const std::string& spec) {
+  Einsum e = parseEinsum(spec);
+  return [e](const OpCall& call, int64_t m) {
+    return einsumRows(e, call.specs.size(), 0, rules::linearPartial(call, m));
+  };
+}
+
+// addmm(bias, a, b) = beta*bias + alpha*(a@b): the bias follows the output,
+// sharding its aligned dim, and becomes Partial where the output is (R -> P
+// keeps it on one rank so that the sum adds it once).
+StrategyFn withBias(const std::string& spec) {
+  Einsum e = parseEinsum(spec);
+  return [e](const OpCall& call, int64_t m) {
+    auto rows = einsumRows(e, call.specs.size(), 1, rules::linearPartial(call, m));
+    const auto& bias = call.spec(0).shape;
+    const auto& out = call.out_shapes[0];
+    const int64_t off = static_cast<int64_t>(out.size() - bias.size());
+    for (auto& r : rows) {
+      const Placement& o = r.out[0];
+      if (o.is_shard()) {
+        const int64_t bd = o.dim - off;
+        r.in[0] = bd >= 0 && bias[bd] == out[o.dim] ? Shard(bd) : Replicate();
+      } else {
+        r.in[0] = o;
+      }
+    }
+    return rows;
+  };
+}
+
+}  // namespace
+
+void registerMatrixRules(RuleRegistry& r) {
+  r.add("aten::mm", einsum("mk,kn->mn"));
+  r.add("aten::bmm", einsum("bmk,bkn->bmn"));
+  r.add("aten::dot", einsum("k,k->"));
+  r.add("aten::mv", einsum("mk,k->m"));
+  r.add("aten::addmm", withBias("mk,kn->mn"));
+  r.add("aten::baddbmm", withBias("bmk,bkn->bmn"));
+}
+
+}  // namespace dtp

@@ -1,0 +1,88 @@
+// Pointwise ops: one table per linearity class, expanded over broadcasting.
+#include "dtensor/rules/common.h"
+
+namespace dtp {
+namespace rules {
+
+std::vector<Row> pointwiseRows(const OpCall& call, int64_t m, Linearity lin) {
+  std::vector<Row> rows{replicateRow(call)};
+  const auto& out = call.out_shapes[0];
+  const int64_t ond = static_cast<int64_t>(out.size());
+  const size_t n = call.specs.size();
+  for (int64_t od = 0; od < ond; ++od) {
+    Row r{Placements(n), Placements(call.num_outputs, Shard(od))};
+    for (size_t s = 0; s < n; ++s) {
+      const auto& shape = call.spec(s).shape;
+      const int64_t id = od - (ond - static_cast<int64_t>(shape.size()));
+      r.in[s] = (id >= 0 && shape[id] == out[od]) ? Shard(id) : Replicate();
+    }
+    rows.push_back(std::move(r));
+  }
+  const Placement p = linearPartial(call, m);
+  switch (lin) {
+    case Linearity::None:
+      break;
+    case Linearity::Linear:  // (a0+a1)+(b0+b1) = (a0+b0)+(a1+b1)
+      rows.push_back(Row{Placements(n, p), Placements(call.num_outputs, p)});
+      break;
+    case Linearity::Multilinear:  // (a0+a1)*b = a0*b + a1*b
+      for (size_t s = 0; s < n; ++s) {
+        Row r{Placements(n, Replicate()), Placements(call.num_outputs, p)};
+        r.in[s] = p;
+        rows.push_back(std::move(r));
+      }
+      break;
+    case Linearity::FirstArg: {  // (a0+a1)/b = a0/b + a1/b
+      Row r{Placements(n, Replicate()), Placements(call.num_outputs, p)};
+      r.in[0] = p;
+      rows.push_back(std::move(r));
+      break;
+    }
+  }
+  return rows;
+}
+
+}  // namespace rules
+
+namespace {
+
+void addAll(RuleRegistry& r, std::initializer_list<const char*> ops, rules::Linearity lin) {
+  for (const char* op : ops) {
+    r.add(op, [lin](const OpCall& call, int64_t m) { return rules::pointwiseRows(call, m, lin); });
+  }
+}
+
+}  // namespace
+
+void registerPointwiseRules(RuleRegistry& r) {
+  using rules::Linearity;
+  addAll(r, {"aten::add.Tensor", "aten::add_.Tensor", "aten::add.out", "aten::sub.Tensor",
+             "aten::sub_.Tensor", "aten::neg", "aten::neg_", "aten::clone", "aten::_to_copy",
+             "aten::alias", "aten::detach", "aten::lerp.Scalar", "aten::lerp_.Scalar",
+             "aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Scalar", "aten::div_.Scalar",
+             "aten::zero_"},
+         Linearity::Linear);
+  addAll(r, {"aten::mul.Tensor", "aten::mul_.Tensor", "aten::addcmul", "aten::addcmul_"},
+         Linearity::Multilinear);
+  addAll(r, {"aten::div.Tensor", "aten::div_.Tensor", "aten::addcdiv", "aten::addcdiv_"},
+         Linearity::FirstArg);
+  addAll(r,
+         {"aten::exp", "aten::exp_", "aten::log", "aten::sqrt", "aten::sqrt_", "aten::rsqrt",
+          "aten::pow.Tensor_Scalar", "aten::pow_.Scalar", "aten::pow.Tensor_Tensor",
+          "aten::abs", "aten::sin", "aten::cos", "aten::tanh", "aten::sigmoid", "aten::relu",
+          "aten::relu_", "aten::gelu", "aten::silu", "aten::silu_", "aten::sign",
+          "aten::reciprocal", "aten::maximum", "aten::minimum", "aten::clamp",
+          "aten::clamp_", "aten::clamp_min", "aten::clamp_max", "aten::where.self",
+          "aten::eq.Tensor", "aten::eq.Scalar", "aten::ne.Scalar", "aten::gt.Scalar",
+          "aten::lt.Scalar", "aten::ge.Scalar", "aten::le.Scalar", "aten::logical_not",
+          "aten::masked_fill.Scalar", "aten::masked_fill_.Scalar", "aten::isnan",
+          "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
+          "aten::silu_backward", "aten::gelu_backward", "aten::fill_.Scalar",
+          "aten::mul.out", "aten::sqrt.out", "aten::div.out", "aten::rsub.Scalar",
+          "aten::sub.Scalar", "aten::pow.Scalar", "aten::nan_to_num", "aten::erf",
+          "aten::exp2", "aten::log1p", "aten::expm1", "aten::logical_and", "aten::bitwise_and.Tensor",
+          "aten::sgn", "aten::square", "aten::add.Scalar", "aten::add_.Scalar"},
+         Linearity::None);
+}
+
+}  // namespace dtp

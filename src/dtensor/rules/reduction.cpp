@@ -1,0 +1,104 @@
+// Reductions and softmax: a shard on a reduced dim becomes a Partial of the
+// matching op; a shard on a kept dim stays (shifted when the dim is dropped).
+#include "dtensor/rules/common.h"
+
+#include <set>
+
+namespace dtp {
+namespace {
+
+enum class Reduce { Sum, Mean, Max, Min, Norm };
+
+// Dims reduced by the call: argument `dim_arg` (int[] or None: all).
+std::set<int64_t> reducedDims(const OpCall& c, int dim_arg) {
+  const int64_t nd = c.spec(0).ndim();
+  std::set<int64_t> dims;
+  if (dim_arg < 0 || dim_arg >= static_cast<int>(c.args.size()) || c.args[dim_arg].isNone() ||
+      (c.args[dim_arg].isIntList() && c.args[dim_arg].toIntList().empty())) {
+    for (int64_t d = 0; d < nd; ++d) dims.insert(d);
+  } else if (c.args[dim_arg].isInt()) {
+    dims.insert(c.args[dim_arg].toInt() < 0 ? c.args[dim_arg].toInt() + nd : c.args[dim_arg].toInt());
+  } else {
+    for (int64_t d : c.args[dim_arg].toIntList()) dims.insert(d < 0 ? d + nd : d);
+  }
+  return dims;
+}
+
+StrategyFn reduction(Reduce kind, int dim_arg, int keepdim_arg) {
+  return [=](const OpCall& c, int64_t m) {
+    std::vector<Row> rows{rules::replicateRow(c)};
+    const auto dims = reducedDims(c, dim_arg);
+    const bool keepdim = keepdim_arg >= 0 && keepdim_arg < static_cast<int>(c.args.size()) &&
+                         c.args[keepdim_arg].isBool() && c.args[keepdim_arg].toBool();
+    const auto& shape = c.spec(0).shape;
+    const int64_t w = c.mesh().size(m);
+    for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
+      if (dims.count(d)) {
+        Placement out;
+        switch (kind) {
+          case Reduce::Sum: out = Partial(ReduceOp::Sum); break;
+          // Local means average correctly only over equal-sized shards.
+          case Reduce::Mean:
+            if (shape[d] % w != 0) continue;
+            out = Partial(ReduceOp::Avg);
+            break;
+          case Reduce::Max: out = Partial(ReduceOp::Max); break;
+          case Reduce::Min: out = Partial(ReduceOp::Min); break;
+          case Reduce::Norm: continue;  // NYI: a norm Partial; gathers instead
+        }
+        rows.push_back(Row{{Shard(d)}, {out}});
+      } else {
+        int64_t od = d;
+        if (!keepdim)
+          for (int64_t r : dims) od -= r < d;
+        rows.push_back(Row{{Shard(d)}, {Shard(od)}});
+      }
+    }
+    // sum and mean are linear; max of P(max) pieces is P(max), likewise min.
+    const Placement cur = c.spec(0).placements[m];
+    if ((kind == Reduce::Sum || kind == Reduce::Mean) && cur.is_partial() &&
+        (cur.op == ReduceOp::Sum || cur.op == ReduceOp::Avg)) {
+      rows.push_back(Row{{cur}, {cur}});
+    }
+    if ((kind == Reduce::Max && cur == Partial(ReduceOp::Max)) ||
+        (kind == Reduce::Min && cur == Partial(ReduceOp::Min))) {
+      rows.push_back(Row{{cur}, {cur}});
+    }
+    return rows;
+  };
+}
+
+// softmax-like ops along `dim`: shards on other dims stay; all slots alike.
+StrategyFn alongDim(int dim_arg) {
+  return [=](const OpCall& c, int64_t) {
+    std::vector<Row> rows{rules::replicateRow(c)};
+    const int64_t nd = c.spec(0).ndim();
+    int64_t dim = c.arg_int(dim_arg);
+    if (dim < 0) dim += nd;
+    for (int64_t d = 0; d < nd; ++d) {
+      if (d != dim)
+        rows.push_back(Row{Placements(c.specs.size(), Shard(d)), Placements(c.num_outputs, Shard(d))});
+    }
+    return rows;
+  };
+}
+
+}  // namespace
+
+void registerReductionRules(RuleRegistry& r) {
+  r.add("aten::sum", reduction(Reduce::Sum, -1, -1));
+  r.add("aten::sum.dim_IntList", reduction(Reduce::Sum, 1, 2));
+  r.add("aten::mean", reduction(Reduce::Mean, -1, -1));
+  r.add("aten::mean.dim", reduction(Reduce::Mean, 1, 2));
+  r.add("aten::amax", reduction(Reduce::Max, 1, 2));
+  r.add("aten::amin", reduction(Reduce::Min, 1, 2));
+  r.add("aten::max", reduction(Reduce::Max, -1, -1));
+  r.add("aten::min", reduction(Reduce::Min, -1, -1));
+  r.add("aten::linalg_vector_norm", reduction(Reduce::Norm, 2, 3));
+  r.add("aten::_softmax", alongDim(1));
+  r.add("aten::_log_softmax", alongDim(1));
+  r.add("aten::_softmax_backward_data", alongDim(2));
+  r.add("aten::_log_softmax_backward_data", alongDim(2));
+}
+
+}  // namespace dtp

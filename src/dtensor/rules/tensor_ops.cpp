@@ -1,0 +1,132 @@
+// Factories-like ops, copies, embedding, layer norm, and scalar reads.
+#include "dtensor/redistribute.h"
+#include "dtensor/rules/common.h"
+
+#include <ATen/ATen.h>
+
+namespace dtp {
+namespace {
+
+// Rows that accept the input in any placement it may have on this mesh dim.
+std::vector<Row> anyInput(const OpCall& c, int64_t m, bool keep_shards) {
+  const Placement cur = c.spec(0).placements[m];
+  Placement out = cur.is_shard() && keep_shards ? cur : Replicate();
+  Row r{Placements(c.specs.size(), Replicate()), Placements(c.num_outputs, out)};
+  r.in[0] = cur;
+  return {r};
+}
+
+// empty_like & co.: same shards, a Partial input gives a Replicate output.
+std::vector<Row> likeRows(const OpCall& c, int64_t m) { return anyInput(c, m, true); }
+// new_zeros(size) & co.: a full-size replicated tensor whatever the input.
+std::vector<Row> newRows(const OpCall& c, int64_t m) { return anyInput(c, m, false); }
+
+// copy_(self, src): src takes self's placement (self is written, never moved).
+std::vector<Row> copyRows(const OpCall& c, int64_t m) {
+  const Placement cur = c.spec(0).placements[m];
+  return {Row{Placements(c.specs.size(), cur), {cur}}};
+}
+
+// embedding(weight[V,D], indices): shard D (colwise), shard the indices'
+// batch dims, or shard V (rowwise): each rank looks up its rows, masks the
+// rest to zero, and the output is P(sum). See maskedEmbedding.
+std::vector<Row> embeddingRows(const OpCall& c, int64_t) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  const int64_t idx_nd = c.spec(1).ndim();
+  rows.push_back(Row{{Shard(1), Replicate()}, {Shard(idx_nd)}});
+  for (int64_t d = 0; d < idx_nd; ++d) rows.push_back(Row{{Replicate(), Shard(d)}, {Shard(d)}});
+  rows.push_back(Row{{Shard(0), Replicate()}, {Partial(ReduceOp::Sum)}});
+  return rows;
+}
+
+void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
+  const auto& wspec = *d.in_specs[0];
+  bool vocab_sharded = false;
+  for (const auto& p : wspec.placements) vocab_sharded |= p.is_shard(0);
+  if (!vocab_sharded) {
+    op.callBoxed(stack);
+    return;
+  }
+  const size_t nargs = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, nargs);
+  at::Tensor weight = args[0].toTensor(), indices = args[1].toTensor();
+  const int64_t start = wspec.local_offset()[0], rows = wspec.local_sizes[0];
+  at::Tensor outside = (indices < start).logical_or_(indices >= start + rows);
+  at::Tensor local_idx = (indices - start).masked_fill_(outside, 0);
+  at::Tensor out = at::embedding(weight, local_idx);
+  out.masked_fill_(outside.unsqueeze(-1), 0);
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(out);
+}
+
+// embedding_dense_backward(grad[...,D], indices, num_weights, ...) -> [V,D].
+std::vector<Row> embeddingBackwardRows(const OpCall& c, int64_t m) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  const int64_t nd = c.spec(0).ndim();
+  rows.push_back(Row{{Shard(nd - 1), Replicate()}, {Shard(1)}});
+  for (int64_t d = 0; d + 1 < nd; ++d) rows.push_back(Row{{Shard(d), Shard(d)}, {Partial()}});
+  const Placement p = rules::linearPartial(c, m);
+  rows.push_back(Row{{p, Replicate()}, {p}});
+  return rows;
+}
+
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps): shards on
+// the leading (not normalized) dims stay; weight and bias are replicated.
+std::vector<Row> layerNormRows(const OpCall& c, int64_t) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  const int64_t lead = c.spec(0).ndim() - static_cast<int64_t>(c.args[1].toIntList().size());
+  for (int64_t d = 0; d < lead; ++d) {
+    Row r = rules::replicateRow(c);
+    r.in[0] = Shard(d);
+    r.out.assign(c.num_outputs, Shard(d));
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
+// weight?, bias?, mask) -> (grad_input, grad_weight, grad_bias): with the batch
+// sharded, parameter gradients are sums over local rows: P(sum).
+std::vector<Row> layerNormBackwardRows(const OpCall& c, int64_t) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  const int64_t lead = c.spec(1).ndim() - static_cast<int64_t>(c.args[2].toIntList().size());
+  for (int64_t d = 0; d < lead; ++d) {
+    Row r = rules::replicateRow(c);
+    for (int a : {0, 1, 3, 4}) {
+      int s = c.slot_of_arg(a);
+      if (s >= 0) r.in[s] = Shard(d);
+    }
+    r.out = {Shard(d), Partial(), Partial()};
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// item(): the value of the whole (replicated) tensor.
+void localScalarDense(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  at::Tensor t = torch::jit::pop(*stack).toTensor();
+  auto* impl = unsafeGetDTensorImpl(t);
+  at::Tensor full = redistribute_local(impl->local(), impl->spec(),
+                                       Placements(impl->spec().placements.size(), Replicate()));
+  stack->emplace_back(full);
+  op.callBoxed(stack);
+}
+
+}  // namespace
+
+void registerTensorOpRules(RuleRegistry& r) {
+  for (const char* op : {"aten::empty_like", "aten::zeros_like", "aten::ones_like",
+                         "aten::full_like"})
+    r.add(op, likeRows);
+  for (const char* op : {"aten::new_zeros", "aten::new_empty", "aten::new_ones",
+                         "aten::new_full", "aten::new_empty_strided"})
+    r.add(op, newRows);
+  r.add("aten::copy_", copyRows);
+  r.add("aten::embedding", embeddingRows, nullptr, maskedEmbedding);
+  r.add("aten::embedding_dense_backward", embeddingBackwardRows);
+  r.add("aten::native_layer_norm", layerNormRows);
+  r.add("aten::native_layer_norm_backward", layerNormBackwardRows);
+  r.add_handler("aten::_local_scalar_dense", localScalarDense);
+}
+
+}  // namespace dtp

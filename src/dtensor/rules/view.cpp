@@ -1,0 +1,155 @@
+// View and shape ops as dim-maps: input dim d sharded -> output dim map[d]
+// sharded, or -1 when the op mixes that dim (then the input is gathered).
+// Partial passes through: every such op is linear.
+#include "dtensor/rules/common.h"
+
+#include <ATen/ATen.h>
+
+namespace dtp {
+namespace {
+
+int64_t wrapDim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
+
+std::vector<Row> dimMapRows(const OpCall& call, int64_t m, const std::vector<int64_t>& map) {
+  std::vector<Row> rows{rules::replicateRow(call)};
+  const size_t n = call.specs.size();
+  for (size_t d = 0; d < map.size(); ++d) {
+    if (map[d] < 0) continue;
+    rows.push_back(Row{Placements(n, Shard(static_cast<int64_t>(d))),
+                       Placements(call.num_outputs, Shard(map[d]))});
+  }
+  const Placement p = rules::linearPartial(call, m);
+  rows.push_back(Row{Placements(n, p), Placements(call.num_outputs, p)});
+  return rows;
+}
+
+StrategyFn dimMap(std::function<std::vector<int64_t>(const OpCall&)> fn) {
+  return [fn](const OpCall& call, int64_t m) { return dimMapRows(call, m, fn(call)); };
+}
+
+// view/reshape: dims are grouped where the products of sizes agree
+// ([4,6] -> [2,2,6]: {0}->{0,1}, {1}->{2}). A shard survives on the first dim
+// of a group when the group is 1:1, or when both first dims divide evenly by
+// the mesh dim (else chunk boundaries would move: f32[5,2] S(0) on 2 ranks is
+// rows 3,2 = 6,4 elements, but chunking the 10 flat elements gives 5,5).
+std::vector<Row> viewRows(const OpCall& call, int64_t m) {
+  const auto& a = call.spec(0).shape;
+  const auto& b = call.out_shapes[0];
+  const int64_t w = call.mesh().size(m);
+  std::vector<int64_t> map(a.size(), -1);
+  size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    const size_t i0 = i, j0 = j;
+    int64_t pa = 1, pb = 1;
+    if (i < a.size()) pa *= a[i++];
+    if (j < b.size()) pb *= b[j++];
+    while (pa != pb && (i < a.size() || j < b.size())) {
+      if ((pa < pb && i < a.size()) || j >= b.size()) pa *= a[i++];
+      else pb *= b[j++];
+    }
+    if (i0 < i && j0 < j) {
+      const bool one_to_one = i - i0 == 1 && j - j0 == 1;
+      if (one_to_one || (a[i0] % w == 0 && b[j0] % w == 0)) map[i0] = static_cast<int64_t>(j0);
+    }
+  }
+  return dimMapRows(call, m, map);
+}
+
+void runReshapeLocal(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
+  const size_t nargs = op.schema().arguments().size();
+  at::Tensor x = (*stack)[stack->size() - nargs].toTensor();
+  torch::jit::drop(*stack, nargs);
+  const auto& sizes = d.out[0]->local_sizes;
+  stack->emplace_back(x.is_contiguous() ? x.view(sizes) : x.reshape(sizes));
+}
+
+void runExpandLocal(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
+  const size_t nargs = op.schema().arguments().size();
+  at::Tensor x = (*stack)[stack->size() - nargs].toTensor();
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(x.expand(d.out[0]->local_sizes));
+}
+
+}  // namespace
+
+void registerViewRules(RuleRegistry& r) {
+  for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"})
+    r.add(op, viewRows, nullptr, runReshapeLocal);
+  r.add("aten::expand", dimMap([](const OpCall& c) {
+    const auto& a = c.spec(0).shape;
+    const auto& b = c.out_shapes[0];
+    const int64_t off = static_cast<int64_t>(b.size() - a.size());
+    std::vector<int64_t> map;
+    for (size_t d = 0; d < a.size(); ++d) map.push_back(a[d] == b[d + off] ? d + off : -1);
+    return map;
+  }), nullptr, runExpandLocal);
+  r.add("aten::permute", dimMap([](const OpCall& c) {
+    const int64_t nd = c.spec(0).ndim();
+    auto dims = c.args[1].toIntVector();
+    std::vector<int64_t> map(nd);
+    for (int64_t o = 0; o < nd; ++o) map[wrapDim(dims[o], nd)] = o;
+    return map;
+  }));
+  r.add("aten::transpose.int", dimMap([](const OpCall& c) {
+    const int64_t nd = c.spec(0).ndim();
+    std::vector<int64_t> map(nd);
+    for (int64_t d = 0; d < nd; ++d) map[d] = d;
+    std::swap(map[wrapDim(c.arg_int(1), nd)], map[wrapDim(c.arg_int(2), nd)]);
+    return map;
+  }));
+  r.add("aten::t", dimMap([](const OpCall& c) {
+    return c.spec(0).ndim() == 2 ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{0};
+  }));
+  r.add("aten::unsqueeze", dimMap([](const OpCall& c) {
+    const int64_t nd = c.spec(0).ndim();
+    const int64_t at = wrapDim(c.arg_int(1), nd + 1);
+    std::vector<int64_t> map;
+    for (int64_t d = 0; d < nd; ++d) map.push_back(d >= at ? d + 1 : d);
+    return map;
+  }));
+  auto squeezeMap = [](const OpCall& c, std::vector<bool> drop) {
+    std::vector<int64_t> map;
+    int64_t o = 0;
+    for (size_t d = 0; d < drop.size(); ++d) map.push_back(drop[d] ? -1 : o++);
+    return map;
+  };
+  r.add("aten::squeeze.dim", dimMap([squeezeMap](const OpCall& c) {
+    const auto& a = c.spec(0).shape;
+    std::vector<bool> drop(a.size(), false);
+    if (!a.empty()) {
+      const int64_t d = wrapDim(c.arg_int(1), static_cast<int64_t>(a.size()));
+      drop[d] = a[d] == 1;
+    }
+    return squeezeMap(c, drop);
+  }));
+  r.add("aten::squeeze", dimMap([squeezeMap](const OpCall& c) {
+    std::vector<bool> drop;
+    for (int64_t s : c.spec(0).shape) drop.push_back(s == 1);
+    return squeezeMap(c, drop);
+  }));
+  // Ops indexing along `dim` keep shards on the other dims only.
+  auto exceptDim = [](int64_t dim_arg, bool removes_dim) {
+    return dimMap([=](const OpCall& c) {
+      const int64_t nd = c.spec(0).ndim();
+      const int64_t dim = wrapDim(c.arg_int(dim_arg), nd);
+      std::vector<int64_t> map;
+      for (int64_t d = 0; d < nd; ++d)
+        map.push_back(d == dim ? -1 : (removes_dim && d > dim ? d - 1 : d));
+      return map;
+    });
+  };
+  r.add("aten::slice.Tensor", exceptDim(1, false));
+  r.add("aten::select.int", exceptDim(1, true));
+  r.add("aten::split.Tensor", exceptDim(2, false));
+  r.add("aten::split_with_sizes", exceptDim(2, false));
+  r.add("aten::unbind.int", exceptDim(1, true));
+  r.add("aten::cat", dimMap([](const OpCall& c) {
+    const int64_t nd = c.spec(0).ndim();
+    const int64_t dim = wrapDim(c.arg_int(1), nd);
+    std::vector<int64_t> map;
+    for (int64_t d = 0; d < nd; ++d) map.push_back(d == dim ? -1 : d);
+    return map;
+  }));
+}
+
+}  // namespace dtp

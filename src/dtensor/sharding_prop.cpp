@@ -1,0 +1,331 @@
+#include "dtensor/sharding_prop.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+namespace dtp {
+
+int64_t OpCall::arg_int(size_t i, int64_t dflt) const {
+  if (i >= args.size() || args[i].isNone()) return dflt;
+  return args[i].toInt();
+}
+
+int OpCall::slot_of_arg(int i) const {
+  for (size_t s = 0; s < slot_arg.size(); ++s)
+    if (slot_arg[s] == i) return static_cast<int>(s);
+  return -1;
+}
+
+RuleRegistry& RuleRegistry::get() {
+  static RuleRegistry* registry = [] {
+    auto* r = new RuleRegistry();
+    registerPointwiseRules(*r);
+    registerMatrixRules(*r);
+    registerViewRules(*r);
+    registerReductionRules(*r);
+    registerTensorOpRules(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+namespace {
+
+c10::OperatorName parseName(const std::string& op) {
+  auto dot = op.find('.');
+  c10::OperatorName name{op.substr(0, dot), dot == std::string::npos ? "" : op.substr(dot + 1)};
+  // Start-up check: a rule for an op that does not exist is a typo.
+  TORCH_CHECK(c10::Dispatcher::singleton().findOp(name).has_value(),
+              "dtp: sharding rule registered for unknown op '", op,
+              "'. Fix the name in src/dtensor/rules/.");
+  return name;
+}
+
+}  // namespace
+
+void RuleRegistry::add(const std::string& op, StrategyFn strategy, ShapeFn shape,
+                       LocalFn local) {
+  rules_[parseName(op)] = Rule{std::move(strategy), std::move(shape), local};
+}
+
+void RuleRegistry::add_handler(const std::string& op, Handler handler) {
+  handlers_[parseName(op)] = handler;
+}
+
+const Rule* RuleRegistry::find(const c10::OperatorName& name) const {
+  auto it = rules_.find(name);
+  return it == rules_.end() ? nullptr : &it->second;
+}
+
+Handler RuleRegistry::find_handler(const c10::OperatorName& name) const {
+  auto it = handlers_.find(name);
+  return it == handlers_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> RuleRegistry::names() const {
+  std::vector<std::string> out;
+  auto full = [](const c10::OperatorName& n) {
+    return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  };
+  for (const auto& kv : rules_) out.push_back(full(kv.first));
+  for (const auto& kv : handlers_) out.push_back(full(kv.first));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double transition_cost(const Placement& from, const Placement& to, double bytes,
+                       int64_t group_size) {
+  if (from == to) return 0;
+  const double w = static_cast<double>(group_size);
+  if (from.is_replicate()) return bytes * 1e-3;  // local chunk or zeroing
+  if (from.is_shard()) {
+    if (to.is_shard()) return bytes * (w - 1) / w;  // all_to_all
+    return bytes * (w - 1);                         // all_gather (then zeroing for P)
+  }
+  if (to.is_shard()) return bytes * (w - 1) / w;  // reduce_scatter
+  return 2 * bytes * (w - 1) / w;                 // all_reduce
+}
+
+namespace {
+
+using Signature = std::vector<int64_t>;
+
+struct SignatureHash {
+  size_t operator()(const Signature& s) const {
+    size_t h = s.size();
+    for (int64_t v : s) h = c10::hash_combine(h, std::hash<int64_t>()(v));
+    return h;
+  }
+};
+
+void encodeSpec(Signature& sig, const DTensorSpec& spec) {
+  sig.push_back(reinterpret_cast<intptr_t>(spec.mesh.id()));
+  sig.push_back(static_cast<int64_t>(spec.dtype));
+  sig.push_back(spec.ndim());
+  sig.insert(sig.end(), spec.shape.begin(), spec.shape.end());
+  for (const auto& p : spec.placements)
+    sig.push_back(static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op)));
+}
+
+void encodeValue(Signature& sig, const c10::IValue& v) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (auto* impl = maybeGetDTensorImpl(t)) {
+      sig.push_back(1);
+      encodeSpec(sig, impl->spec());
+    } else {
+      sig.push_back(t.defined() ? 2 : 3);
+      if (t.defined()) sig.push_back(static_cast<int64_t>(t.scalar_type()));
+    }
+  } else if (v.isNone()) {
+    sig.push_back(3);
+  } else if (v.isInt()) {
+    sig.push_back(4);
+    sig.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    sig.push_back(5);
+    double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    sig.push_back(bits);
+  } else if (v.isBool()) {
+    sig.push_back(6);
+    sig.push_back(v.toBool());
+  } else if (v.isIntList()) {
+    sig.push_back(7);
+    auto l = v.toIntList();
+    sig.push_back(static_cast<int64_t>(l.size()));
+    for (int64_t x : l) sig.push_back(x);
+  } else if (v.isTensorList()) {
+    sig.push_back(8);
+    for (const auto& t : v.toTensorList()) encodeValue(sig, c10::IValue(at::Tensor(t)));
+  } else if (v.isString()) {
+    sig.push_back(9);
+    sig.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+  } else if (v.isDevice()) {
+    sig.push_back(10);
+    sig.push_back(static_cast<int64_t>(v.toDevice().type()) * 256 + v.toDevice().index());
+  } else if (v.isDoubleList()) {
+    sig.push_back(11);
+    for (double d : v.toDoubleList()) encodeValue(sig, c10::IValue(d));
+  } else if (v.isBoolList()) {
+    sig.push_back(12);
+    for (bool b : v.toBoolList()) sig.push_back(b);
+  } else {
+    sig.push_back(13);  // e.g. a Generator: no bearing on sharding
+  }
+}
+
+std::string describeInputs(const OpCall& call) {
+  std::ostringstream os;
+  for (size_t i = 0; i < call.args.size(); ++i) {
+    const auto& v = call.args[i];
+    os << (i ? ", " : "");
+    int slot = call.slot_of_arg(static_cast<int>(i));
+    if (slot >= 0) {
+      os << call.spec(slot).str();
+      if (v.isTensorList()) os << "...";
+    } else if (v.isTensor()) {
+      os << (v.toTensor().defined() ? "tensor" : "None");
+    } else {
+      os << v;
+    }
+  }
+  return os.str();
+}
+
+std::string opName(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+// Output shapes and dtypes from running the op on meta tensors of the global
+// shapes. Runs on cache misses only.
+struct MetaResult {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<c10::ScalarType> dtypes;
+};
+
+MetaResult runOnMeta(const OpCall& call) {
+  torch::jit::Stack stack;
+  auto toMeta = [](const at::Tensor& t) -> at::Tensor {
+    if (auto* impl = maybeGetDTensorImpl(t)) {
+      const auto& s = impl->spec();
+      return at::empty(s.shape, at::TensorOptions().dtype(s.dtype).device(at::kMeta));
+    }
+    return t;  // plain 0-dim scalars stay as they are
+  };
+  for (const auto& v : call.args) {
+    if (v.isTensor()) {
+      stack.emplace_back(toMeta(v.toTensor()));
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> l;
+      for (const auto& t : v.toTensorList()) l.push_back(toMeta(t));
+      stack.emplace_back(l);
+    } else {
+      stack.push_back(v);
+    }
+  }
+  call.op.callBoxed(&stack);
+  MetaResult r;
+  auto add = [&](const at::Tensor& t) {
+    r.shapes.push_back(t.sizes().vec());
+    r.dtypes.push_back(t.scalar_type());
+  };
+  for (const auto& v : stack) {
+    if (v.isTensor()) add(v.toTensor());
+    else if (v.isTensorList())
+      for (const auto& t : v.toTensorList()) add(t);
+  }
+  return r;
+}
+
+bool isWrittenSlot(const OpCall& call, size_t slot) {
+  const auto& a = call.op.schema().arguments()[call.slot_arg[slot]];
+  return a.alias_info() != nullptr && a.alias_info()->isWrite();
+}
+
+Decision compute(const OpCall& call) {
+  const Rule* rule = RuleRegistry::get().find(call.op.operator_name());
+  TORCH_CHECK(rule != nullptr, "dtp: no sharding rule for ", opName(call.op), " (inputs: ",
+              describeInputs(call),
+              "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
+              "enable dtp::ReplicateFallbackGuard to do that automatically.");
+  // Shapes first: list-returning ops (split, unbind) tell their output count.
+  MetaResult meta;
+  const auto& returns = call.op.schema().returns();
+  bool all_inplace = !returns.empty();
+  for (const auto& r : returns)
+    all_inplace &= r.alias_info() != nullptr && r.alias_info()->isWrite();
+  if (rule->shape) {
+    meta.shapes = rule->shape(call);
+  } else if (!all_inplace) {
+    try {
+      meta = runOnMeta(call);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "dtp: cannot infer the output shape of ", opName(call.op),
+                  " on meta tensors (inputs: ", describeInputs(call),
+                  "): ", e.what_without_backtrace(), "\nNYI: give its rule a shape function.");
+    }
+  }
+  OpCall sized = call;
+  sized.num_outputs = static_cast<int64_t>(all_inplace ? returns.size() : meta.shapes.size());
+  sized.out_shapes = meta.shapes;
+  if (all_inplace) {
+    for (const auto& r : returns) {
+      (void)r;
+      sized.out_shapes.push_back(call.spec(0).shape);
+    }
+  }
+
+  Decision d;
+  d.local = rule->local;
+  const int64_t ndim = call.mesh().ndim();
+  d.in.assign(call.specs.size(), Placements(ndim));
+  std::vector<Placements> out(sized.num_outputs, Placements(ndim));
+  for (int64_t m = 0; m < ndim; ++m) {
+    const auto rows = rule->strategy(sized, m);
+    const Row* best = nullptr;
+    double best_cost = std::numeric_limits<double>::infinity();
+    for (const auto& row : rows) {
+      TORCH_INTERNAL_ASSERT(row.in.size() == call.specs.size() &&
+                                static_cast<int64_t>(row.out.size()) == sized.num_outputs,
+                            "rule for ", opName(call.op), " produced a malformed row");
+      double cost = 0;
+      for (size_t s = 0; s < row.in.size(); ++s) {
+        const auto& cur = call.spec(s).placements[m];
+        if (isWrittenSlot(call, s) && cur != row.in[s]) {
+          cost = std::numeric_limits<double>::infinity();
+          break;
+        }
+        const auto& spec = call.spec(s);
+        int64_t local_numel = 1;
+        for (int64_t x : spec.local_sizes) local_numel *= x;
+        cost += transition_cost(cur, row.in[s], static_cast<double>(local_numel),
+                                call.mesh().size(m));
+      }
+      if (cost < best_cost) {
+        best_cost = cost;
+        best = &row;
+      }
+    }
+    TORCH_CHECK(best != nullptr, "dtp: no valid sharding for ", opName(call.op), " (inputs: ",
+                describeInputs(call), ") on mesh dim ", m,
+                rows.empty() ? "." : ": it writes an argument whose placement would have to "
+                                     "change. Redistribute that argument first.");
+    for (size_t s = 0; s < best->in.size(); ++s) d.in[s][m] = best->in[s];
+    for (int64_t o = 0; o < sized.num_outputs; ++o) out[o][m] = best->out[o];
+  }
+  for (size_t s = 0; s < d.in.size(); ++s)
+    d.in_specs.push_back(make_spec(call.mesh(), d.in[s], call.spec(s).shape, call.spec(s).dtype));
+  for (int64_t o = 0; o < sized.num_outputs; ++o) {
+    if (all_inplace) {
+      d.out.push_back(nullptr);
+    } else {
+      const auto dtype = o < static_cast<int64_t>(meta.dtypes.size()) ? meta.dtypes[o]
+                                                                         : call.spec(0).dtype;
+      d.out.push_back(make_spec(call.mesh(), out[o], meta.shapes[o], dtype));
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+const Decision& propagate(const OpCall& call) {
+  // Per thread: ranks may run as threads, and no lock sits on the hot path.
+  thread_local std::unordered_map<Signature, Decision, SignatureHash> cache;
+  thread_local Signature sig;
+  sig.clear();
+  sig.push_back(reinterpret_cast<intptr_t>(&call.op.schema()));
+  for (const auto& v : call.args) encodeValue(sig, v);
+  auto it = cache.find(sig);
+  if (it != cache.end()) return it->second;
+  Decision d = compute(call);
+  return cache.emplace(sig, std::move(d)).first->second;
+}
+
+}  // namespace dtp
