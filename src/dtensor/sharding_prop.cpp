@@ -281,10 +281,9 @@ Decision compute(const OpCall& call) {
           cost = std::numeric_limits<double>::infinity();
           break;
         }
-        const auto& spec = call.spec(s);
-        int64_t local_numel = 1;
-        for (int64_t x : spec.local_sizes) local_numel *= x;
-        cost += transition_cost(cur, row.in[s], static_cast<double>(local_numel),
+        // Global sizes, never local ones: every rank must pick the same row
+        // (an empty shard would otherwise make all rows free on one rank).
+        cost += transition_cost(cur, row.in[s], static_cast<double>(call.spec(s).numel()),
                                 call.mesh().size(m));
       }
       if (cost < best_cost) {
