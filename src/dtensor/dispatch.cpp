@@ -195,7 +195,8 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       *ret = originals[writtenArgFor(schema, returns[r])];
       ++out;
     } else if (ret->isTensor()) {
-      *ret = makeDTensor(ret->toTensor(), d.out[out++]);
+      const auto& spec = d.out[out++];
+      if (spec) *ret = makeDTensor(ret->toTensor(), spec);
     } else if (ret->isTensorList()) {
       std::vector<at::Tensor> l;
       for (const auto& t : ret->toTensorList()) l.push_back(makeDTensor(t, d.out[out++]));

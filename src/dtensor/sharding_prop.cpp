@@ -184,12 +184,7 @@ std::string opName(const c10::OperatorHandle& op) {
 
 // Output shapes and dtypes from running the op on meta tensors of the global
 // shapes. Runs on cache misses only.
-struct MetaResult {
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<c10::ScalarType> dtypes;
-};
-
-MetaResult runOnMeta(const OpCall& call) {
+OutputMeta runOnMeta(const OpCall& call) {
   torch::jit::Stack stack;
   auto toMeta = [](const at::Tensor& t) -> at::Tensor {
     if (auto* impl = maybeGetDTensorImpl(t)) {
@@ -210,10 +205,12 @@ MetaResult runOnMeta(const OpCall& call) {
     }
   }
   call.op.callBoxed(&stack);
-  MetaResult r;
+  OutputMeta r;
   auto add = [&](const at::Tensor& t) {
-    r.shapes.push_back(t.sizes().vec());
-    r.dtypes.push_back(t.scalar_type());
+    // An undefined output (layer norm backward with a false output_mask)
+    // is marked by an Undefined dtype and stays undefined.
+    r.shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+    r.dtypes.push_back(t.defined() ? t.scalar_type() : c10::ScalarType::Undefined);
   };
   for (const auto& v : stack) {
     if (v.isTensor()) add(v.toTensor());
@@ -235,20 +232,19 @@ Decision compute(const OpCall& call) {
               "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
               "enable dtp::ReplicateFallbackGuard to do that automatically.");
   // Shapes first: list-returning ops (split, unbind) tell their output count.
-  MetaResult meta;
+  OutputMeta meta;
   const auto& returns = call.op.schema().returns();
   bool all_inplace = !returns.empty();
   for (const auto& r : returns)
     all_inplace &= r.alias_info() != nullptr && r.alias_info()->isWrite();
-  if (rule->shape) {
-    meta.shapes = rule->shape(call);
-  } else if (!all_inplace) {
+  if (!all_inplace) {
     try {
       meta = runOnMeta(call);
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "dtp: cannot infer the output shape of ", opName(call.op),
+      TORCH_CHECK(rule->shape, "dtp: cannot infer the output shape of ", opName(call.op),
                   " on meta tensors (inputs: ", describeInputs(call),
                   "): ", e.what_without_backtrace(), "\nNYI: give its rule a shape function.");
+      meta = rule->shape(call);
     }
   }
   OpCall sized = call;
@@ -304,9 +300,10 @@ Decision compute(const OpCall& call) {
     if (all_inplace) {
       d.out.push_back(nullptr);
     } else {
-      const auto dtype = o < static_cast<int64_t>(meta.dtypes.size()) ? meta.dtypes[o]
-                                                                         : call.spec(0).dtype;
-      d.out.push_back(make_spec(call.mesh(), out[o], meta.shapes[o], dtype));
+      const auto dtype = meta.dtypes[o];
+      d.out.push_back(dtype == c10::ScalarType::Undefined
+                          ? nullptr
+                          : make_spec(call.mesh(), out[o], meta.shapes[o], dtype));
     }
   }
   return d;

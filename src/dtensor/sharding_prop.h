@@ -46,8 +46,14 @@ struct Row {
 };
 
 using StrategyFn = std::function<std::vector<Row>(const OpCall& call, int64_t mesh_dim)>;
-// Output shapes for ops whose meta kernel is missing or unusable.
-using ShapeFn = std::function<std::vector<std::vector<int64_t>>(const OpCall& call)>;
+// Global shapes and dtypes of an op's tensor outputs.
+struct OutputMeta {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<c10::ScalarType> dtypes;
+};
+// Output shapes for ops whose meta kernel is missing in some libtorch version
+// (tried when running on meta tensors fails).
+using ShapeFn = std::function<OutputMeta(const OpCall& call)>;
 // Computes the outputs from the unwrapped (local) arguments on the stack, in
 // place of running the op, for ops whose arguments are global (view sizes).
 struct Decision;

@@ -33,4 +33,8 @@ enum class Linearity {
 // targets) keep their placement through the cost model.
 std::vector<Row> pointwiseRows(const OpCall& call, int64_t mesh_dim, Linearity lin);
 
+// Output dtypes from running the op on one-element CPU stand-ins of the
+// inputs, for ops without meta kernels. Shapes are left to the caller.
+std::vector<c10::ScalarType> dtypesFromStandIns(const OpCall& call);
+
 }  // namespace dtp::rules

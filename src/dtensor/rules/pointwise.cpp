@@ -1,6 +1,9 @@
 // Pointwise ops: one table per linearity class, expanded over broadcasting.
 #include "dtensor/rules/common.h"
 
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+
 namespace dtp {
 namespace rules {
 
@@ -42,13 +45,44 @@ std::vector<Row> pointwiseRows(const OpCall& call, int64_t m, Linearity lin) {
   return rows;
 }
 
+std::vector<c10::ScalarType> dtypesFromStandIns(const OpCall& call) {
+  torch::jit::Stack stack;
+  auto standIn = [](const at::Tensor& t) -> at::Tensor {
+    if (auto* impl = maybeGetDTensorImpl(t)) {
+      return at::ones(std::vector<int64_t>(impl->spec().ndim(), 1),
+                      at::TensorOptions().dtype(impl->spec().dtype));
+    }
+    return t;
+  };
+  for (const auto& v : call.args) {
+    if (v.isTensor()) stack.emplace_back(standIn(v.toTensor()));
+    else stack.push_back(v);
+  }
+  call.op.callBoxed(&stack);
+  std::vector<c10::ScalarType> dtypes;
+  for (const auto& v : stack)
+    if (v.isTensor()) dtypes.push_back(v.toTensor().scalar_type());
+  return dtypes;
+}
+
 }  // namespace rules
 
 namespace {
 
+// Broadcast shape of all tensor inputs (for ops without meta kernels in 1.13).
+OutputMeta pointwiseShape(const OpCall& call) {
+  std::vector<int64_t> shape;
+  for (const auto* s : call.specs) shape = at::infer_size(shape, s->shape);
+  OutputMeta m;
+  m.dtypes = rules::dtypesFromStandIns(call);
+  m.shapes.assign(m.dtypes.size(), shape);
+  return m;
+}
+
 void addAll(RuleRegistry& r, std::initializer_list<const char*> ops, rules::Linearity lin) {
   for (const char* op : ops) {
-    r.add(op, [lin](const OpCall& call, int64_t m) { return rules::pointwiseRows(call, m, lin); });
+    r.add(op, [lin](const OpCall& call, int64_t m) { return rules::pointwiseRows(call, m, lin); },
+          pointwiseShape);
   }
 }
 

@@ -42,8 +42,12 @@ StrategyFn reduction(Reduce kind, int dim_arg, int keepdim_arg) {
             if (shape[d] % w != 0) continue;
             out = Partial(ReduceOp::Avg);
             break;
-          case Reduce::Max: out = Partial(ReduceOp::Max); break;
-          case Reduce::Min: out = Partial(ReduceOp::Min); break;
+          // max/min of an empty shard is an error: only when no shard is empty.
+          case Reduce::Max:
+          case Reduce::Min:
+            if (chunk_size(shape[d], w, w - 1) == 0) continue;
+            out = Partial(kind == Reduce::Max ? ReduceOp::Max : ReduceOp::Min);
+            break;
           case Reduce::Norm: continue;  // NYI: a norm Partial; gathers instead
         }
         rows.push_back(Row{{Shard(d)}, {out}});
@@ -95,6 +99,8 @@ void registerReductionRules(RuleRegistry& r) {
   r.add("aten::max", reduction(Reduce::Max, -1, -1));
   r.add("aten::min", reduction(Reduce::Min, -1, -1));
   r.add("aten::linalg_vector_norm", reduction(Reduce::Norm, 2, 3));
+  r.add("aten::norm.Scalar", reduction(Reduce::Norm, -1, -1));
+  r.add("aten::norm.ScalarOpt_dim", reduction(Reduce::Norm, 2, 3));
   r.add("aten::_softmax", alongDim(1));
   r.add("aten::_log_softmax", alongDim(1));
   r.add("aten::_softmax_backward_data", alongDim(2));

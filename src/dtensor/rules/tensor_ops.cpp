@@ -39,6 +39,13 @@ std::vector<Row> embeddingRows(const OpCall& c, int64_t) {
   return rows;
 }
 
+// No meta kernel for index_select in libtorch 1.13: indices.shape + [D].
+OutputMeta embeddingShape(const OpCall& c) {
+  auto shape = c.spec(1).shape;
+  shape.push_back(c.spec(0).shape[1]);
+  return OutputMeta{{shape}, {c.spec(0).dtype}};
+}
+
 void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
   const auto& wspec = *d.in_specs[0];
   bool vocab_sharded = false;
@@ -70,6 +77,10 @@ std::vector<Row> embeddingBackwardRows(const OpCall& c, int64_t m) {
   return rows;
 }
 
+OutputMeta embeddingBackwardShape(const OpCall& c) {
+  return OutputMeta{{{c.arg_int(2), c.spec(0).shape.back()}}, {c.spec(0).dtype}};
+}
+
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps): shards on
 // the leading (not normalized) dims stay; weight and bias are replicated.
 std::vector<Row> layerNormRows(const OpCall& c, int64_t) {
@@ -82,6 +93,34 @@ std::vector<Row> layerNormRows(const OpCall& c, int64_t) {
     rows.push_back(r);
   }
   return rows;
+}
+
+// No meta kernels for layer norm in libtorch 1.13.
+OutputMeta layerNormShape(const OpCall& c) {
+  const auto& in = c.spec(0);
+  const int64_t lead = in.ndim() - static_cast<int64_t>(c.args[1].toIntList().size());
+  std::vector<int64_t> stat(in.shape.begin(), in.shape.begin() + lead);
+  stat.resize(in.shape.size(), 1);
+  return OutputMeta{{in.shape, stat, stat}, {in.dtype, in.dtype, in.dtype}};
+}
+
+OutputMeta layerNormBackwardShape(const OpCall& c) {
+  OutputMeta m;
+  auto mask = c.args[7].toBoolList();
+  auto add = [&](int arg, bool want) {
+    int s = c.slot_of_arg(arg);
+    if (want && s >= 0) {
+      m.shapes.push_back(c.spec(s).shape);
+      m.dtypes.push_back(c.spec(s).dtype);
+    } else {
+      m.shapes.emplace_back();
+      m.dtypes.push_back(c10::ScalarType::Undefined);
+    }
+  };
+  add(1, mask.get(0));
+  add(5, mask.get(1));
+  add(6, mask.get(2));
+  return m;
 }
 
 // native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
@@ -122,10 +161,10 @@ void registerTensorOpRules(RuleRegistry& r) {
                          "aten::new_full", "aten::new_empty_strided"})
     r.add(op, newRows);
   r.add("aten::copy_", copyRows);
-  r.add("aten::embedding", embeddingRows, nullptr, maskedEmbedding);
-  r.add("aten::embedding_dense_backward", embeddingBackwardRows);
-  r.add("aten::native_layer_norm", layerNormRows);
-  r.add("aten::native_layer_norm_backward", layerNormBackwardRows);
+  r.add("aten::embedding", embeddingRows, embeddingShape, maskedEmbedding);
+  r.add("aten::embedding_dense_backward", embeddingBackwardRows, embeddingBackwardShape);
+  r.add("aten::native_layer_norm", layerNormRows, layerNormShape);
+  r.add("aten::native_layer_norm_backward", layerNormBackwardRows, layerNormBackwardShape);
   r.add_handler("aten::_local_scalar_dense", localScalarDense);
 }
 

@@ -70,6 +70,15 @@ void runExpandLocal(const c10::OperatorHandle& op, torch::jit::Stack* stack, con
   stack->emplace_back(x.expand(d.out[0]->local_sizes));
 }
 
+// Backward ops of views take the input's global sizes; locally they need the
+// shard's sizes (argument 1 of slice_backward and select_backward).
+void runWithLocalInputSizes(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                            const Decision& d) {
+  const size_t nargs = op.schema().arguments().size();
+  (*stack)[stack->size() - nargs + 1] = c10::IValue(d.out[0]->local_sizes);
+  op.callBoxed(stack);
+}
+
 }  // namespace
 
 void registerViewRules(RuleRegistry& r) {
@@ -143,6 +152,21 @@ void registerViewRules(RuleRegistry& r) {
   r.add("aten::split.Tensor", exceptDim(2, false));
   r.add("aten::split_with_sizes", exceptDim(2, false));
   r.add("aten::unbind.int", exceptDim(1, true));
+  r.add("aten::slice_backward", exceptDim(2, false), nullptr, runWithLocalInputSizes);
+  r.add("aten::select_backward", dimMap([](const OpCall& c) {
+    const int64_t nd = c.spec(0).ndim();
+    const int64_t dim = wrapDim(c.arg_int(2), nd + 1);
+    std::vector<int64_t> map;
+    for (int64_t d = 0; d < nd; ++d) map.push_back(d >= dim ? d + 1 : d);
+    return map;
+  }), nullptr, runWithLocalInputSizes);
+  r.add("aten::stack", dimMap([](const OpCall& c) {
+    const int64_t nd = c.spec(0).ndim();
+    const int64_t dim = wrapDim(c.arg_int(1), nd + 1);
+    std::vector<int64_t> map;
+    for (int64_t d = 0; d < nd; ++d) map.push_back(d >= dim ? d + 1 : d);
+    return map;
+  }));
   r.add("aten::cat", dimMap([](const OpCall& c) {
     const int64_t nd = c.spec(0).ndim();
     const int64_t dim = wrapDim(c.arg_int(1), nd);

@@ -1,0 +1,206 @@
+// Every rule family against a single device, forward and backward, on 1-D
+// meshes of 2 and 4 ranks and a (2,2) mesh, with even and uneven shapes.
+#include "dist.h"
+#include "parity.h"
+
+#include "dtp/comm_counter.h"
+
+using namespace dtp;
+using dtp::test::data;
+using dtp::test::expect_parity;
+using dtp::test::run_ranks;
+using V = std::vector<at::Tensor>;
+
+namespace {
+
+// Mesh shapes: (2), (4), (2,2).
+class OpsTest : public ::testing::TestWithParam<std::vector<int64_t>> {
+ protected:
+  void run(const std::function<void(const DeviceMesh&, int64_t w)>& body) {
+    const auto shape = GetParam();
+    int world = 1;
+    for (auto s : shape) world *= static_cast<int>(s);
+    run_ranks(world, [&](int) {
+      auto mesh = init_device_mesh("cpu", shape);
+      body(mesh, mesh.size(mesh.ndim() - 1));
+    });
+  }
+  // The placement `p` on the last mesh dim, R elsewhere (or `other` there).
+  static Placements on(const DeviceMesh& mesh, Placement p, Placement other = Replicate()) {
+    Placements pl(mesh.ndim(), other);
+    pl.back() = p;
+    return pl;
+  }
+};
+
+std::vector<int64_t> rowCounts(int64_t w) { return {4 * w, 4 * w + 1, 4 * w + 3, w - 1}; }
+
+TEST_P(OpsTest, PointwiseBinaryWithBroadcasting) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    for (int64_t rows : rowCounts(w)) {
+      at::Tensor x = data({rows, 6}), b = data({6}, 1.0), y = data({rows, 6}, 2.0);
+      for (auto px : {Shard(0), Shard(1), Replicate()}) {
+        SCOPED_TRACE(px.str() + " rows " + std::to_string(rows));
+        expect_parity(mesh, {x, b}, {on(mesh, px), on(mesh, Replicate())},
+                      [](const V& v) { return v[0] + v[1]; });
+        expect_parity(mesh, {x, y}, {on(mesh, px), on(mesh, Shard(0))},
+                      [](const V& v) { return v[0] * v[1] - v[1] / (v[0].abs() + 1); });
+        expect_parity(mesh, {x}, {on(mesh, px)},
+                      [](const V& v) { return at::silu(v[0]).exp() + at::relu(v[0]) * 2; });
+      }
+    }
+  });
+}
+
+TEST_P(OpsTest, PartialInputsStayPartialThroughLinearOps) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    at::Tensor a = data({5, 3}), b = data({5, 3}, 1.0);
+    // mm with the contraction dim sharded gives P(sum); adding another
+    // partial and scaling keeps it partial: no collective until the end.
+    at::Tensor k1 = data({5, 2 * w}), k2 = data({2 * w, 3});
+    at::Tensor m1 = distribute_tensor(k1, mesh, on(mesh, Shard(1)));
+    at::Tensor m2 = distribute_tensor(k2, mesh, on(mesh, Shard(0)));
+    CommCounter comm;
+    at::Tensor p = at::mm(m1, m2);
+    EXPECT_EQ(placements(p).back(), Partial());
+    at::Tensor q = (p + p) * 0.5 - p / 4;
+    EXPECT_EQ(placements(q).back(), Partial());
+    EXPECT_EQ(comm.total_count(), 0);
+    at::Tensor full = full_tensor(q);
+    EXPECT_EQ(comm.count(CollectiveType::AllReduce), 1);
+    at::Tensor ref = at::mm(k1, k2);
+    EXPECT_TRUE(full.allclose(ref * 0.75));
+    // A nonlinear op must reduce first.
+    EXPECT_TRUE(full_tensor(at::exp(p)).allclose(at::exp(ref)));
+    (void)a;
+    (void)b;
+  });
+}
+
+TEST_P(OpsTest, MatmulEveryPlacementPair) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    for (int64_t m : {2 * w, 2 * w + 1, w - 1}) {
+      at::Tensor a = data({m, 2 * w + 1}), b = data({2 * w + 1, w + 2}, 1.0);
+      for (auto pa : {Shard(0), Shard(1), Replicate()})
+        for (auto pb : {Shard(0), Shard(1), Replicate()}) {
+          SCOPED_TRACE(pa.str() + "," + pb.str() + " m " + std::to_string(m));
+          expect_parity(mesh, {a, b}, {on(mesh, pa), on(mesh, pb)},
+                        [](const V& v) { return at::mm(v[0], v[1]); });
+        }
+    }
+  });
+}
+
+TEST_P(OpsTest, LinearAndBatchedMatmul) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    at::Tensor x = data({2, 3 * w + 1, 8}), wt = data({4 * w, 8}, 1.0), bias = data({4 * w}, 2.0);
+    for (auto pw : {Shard(0), Shard(1), Replicate()})
+      for (auto px : {Shard(0), Shard(1), Shard(2), Replicate()}) {
+        SCOPED_TRACE(pw.str() + " x " + px.str());
+        Placement pb = pw.is_shard(0) ? Shard(0) : Replicate();
+        expect_parity(mesh, {x, wt, bias}, {on(mesh, px), on(mesh, pw), on(mesh, pb)},
+                      [](const V& v) { return at::linear(v[0], v[1], v[2]); });
+      }
+    at::Tensor q = data({3, 2 * w + 1, 5}), k = data({3, 5, w + 1}, 1.0);
+    for (auto pq : {Shard(0), Shard(1), Shard(2), Replicate()}) {
+      expect_parity(mesh, {q, k}, {on(mesh, pq), on(mesh, Shard(0))},
+                    [](const V& v) { return at::matmul(v[0], v[1]); });
+    }
+  });
+}
+
+TEST_P(OpsTest, ViewsAndShapeOps) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    for (int64_t rows : {4 * w, 4 * w + 1, w - 1}) {
+      at::Tensor x = data({rows, 2 * w, 3});
+      for (auto px : {Shard(0), Shard(1), Shard(2), Replicate()}) {
+        SCOPED_TRACE(px.str() + " rows " + std::to_string(rows));
+        auto pl = std::vector<Placements>{on(mesh, px)};
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].transpose(0, 1) * 2; });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].permute({2, 0, 1}).contiguous(); });
+        expect_parity(mesh, {x}, pl, [&](const V& v) { return v[0].reshape({rows, 2 * w * 3}); });
+        expect_parity(mesh, {x}, pl, [&](const V& v) { return v[0].view({rows, w, 2, 3}) + 1; });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].flatten(0, 1); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].unsqueeze(1).expand({-1, 4, -1, -1}); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].narrow(2, 1, 2); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].select(2, 1); });
+        expect_parity(mesh, {x}, pl, [](const V& v) {
+          auto parts = v[0].split(1, 2);
+          return at::cat({parts[2], parts[0], parts[1]}, 2);
+        });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return at::stack({v[0], v[0] * 2}, 1); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].select(1, 0).t() * 3; });
+      }
+    }
+  });
+}
+
+TEST_P(OpsTest, ReductionsAndSoftmax) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    for (int64_t rows : rowCounts(w)) {
+      at::Tensor x = data({rows, 2 * w + 1});
+      for (auto px : {Shard(0), Shard(1), Replicate()}) {
+        SCOPED_TRACE(px.str() + " rows " + std::to_string(rows));
+        auto pl = std::vector<Placements>{on(mesh, px)};
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].sum(); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].sum(0); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].sum({1}, true); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].mean(); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].mean(1); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].amax(0); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return at::softmax(v[0], 1); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return at::log_softmax(v[0], 0); });
+        expect_parity(mesh, {x}, pl, [](const V& v) { return v[0].norm(); });
+      }
+    }
+  });
+}
+
+TEST_P(OpsTest, LayerNormAndEmbedding) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    at::Tensor x = data({3, 2 * w + 1, 8}), g = data({8}, 1.0) + 1, b = data({8}, 2.0);
+    for (auto px : {Shard(0), Shard(1), Shard(2), Replicate()}) {
+      expect_parity(mesh, {x, g, b}, {on(mesh, px), on(mesh, Replicate()), on(mesh, Replicate())},
+                    [](const V& v) { return at::layer_norm(v[0], {8}, v[1], v[2]); });
+    }
+    const int64_t vocab = 4 * w + 1;
+    at::Tensor table = data({vocab, 6});
+    at::Tensor idx = at::remainder(at::arange(2 * 5, at::kLong) * 7, vocab).view({2, 5});
+    for (auto pt : {Shard(0), Shard(1), Replicate()})
+      for (auto pi : {Shard(0), Shard(1), Replicate()}) {
+        SCOPED_TRACE("table " + pt.str() + " idx " + pi.str());
+        expect_parity(mesh, {table, idx}, {on(mesh, pt), on(mesh, pi)},
+                      [](const V& v) { return at::embedding(v[0], v[1]); });
+      }
+  });
+}
+
+TEST_P(OpsTest, InPlaceAndOutOpsReturnTheDTensor) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    at::Tensor full = data({2 * w + 1, 3});
+    at::Tensor x = distribute_tensor(full, mesh, on(mesh, Shard(0)));
+    at::Tensor y = distribute_tensor(full * 2, mesh, on(mesh, Replicate()));
+    at::Tensor& r = x.mul_(3).add_(y);
+    EXPECT_TRUE(r.is_same(x));
+    EXPECT_EQ(placements(x), on(mesh, Shard(0)));
+    EXPECT_TRUE(full_tensor(x).allclose(full * 5));
+    at::Tensor z = at::zeros_like(x);
+    at::mul_out(z, x, y);
+    EXPECT_TRUE(full_tensor(z).allclose(full * full * 10));
+    z.copy_(y);
+    EXPECT_EQ(placements(z), on(mesh, Shard(0)));
+    EXPECT_TRUE(full_tensor(z).allclose(full * 2));
+    EXPECT_NEAR(x.sum().item<double>(), (full * 5).sum().item<double>(), 1e-9);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, OpsTest,
+                         ::testing::Values(std::vector<int64_t>{2}, std::vector<int64_t>{4},
+                                           std::vector<int64_t>{2, 2}),
+                         [](const auto& info) {
+                           std::string s = "mesh";
+                           for (auto d : info.param) s += "_" + std::to_string(d);
+                           return s;
+                         });
+
+}  // namespace
