@@ -27,6 +27,7 @@ RuleRegistry& RuleRegistry::get() {
     registerViewRules(*r);
     registerReductionRules(*r);
     registerTensorOpRules(*r);
+    registerRandomRules(*r);
     return r;
   }();
   return *registry;

@@ -106,5 +106,6 @@ void registerMatrixRules(RuleRegistry& r);
 void registerViewRules(RuleRegistry& r);
 void registerReductionRules(RuleRegistry& r);
 void registerTensorOpRules(RuleRegistry& r);
+void registerRandomRules(RuleRegistry& r);
 
 }  // namespace dtp
