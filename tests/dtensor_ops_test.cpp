@@ -175,6 +175,38 @@ TEST_P(OpsTest, LayerNormAndEmbedding) {
   });
 }
 
+TEST_P(OpsTest, FullNormMovesOneScalarPerShardedMeshDim) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    at::Tensor full = data({4 * w + 3, 5});
+    for (double p : {2.0, 1.0, 3.0, static_cast<double>(INFINITY)}) {
+      at::Tensor x = distribute_tensor(full, mesh, on(mesh, Shard(0), Shard(1)));
+      CommCounter comm;
+      at::Tensor n = at::linalg_vector_norm(x, p);
+      EXPECT_EQ(comm.count(CollectiveType::AllReduce), mesh.ndim());
+      EXPECT_EQ(comm.count(CollectiveType::AllGather), 0);
+      EXPECT_NEAR(full_tensor(n).item<double>(), at::linalg_vector_norm(full, p).item<double>(), 1e-9);
+    }
+    expect_parity(mesh, {full}, {on(mesh, Shard(0))}, [](const V& v) { return v[0].norm(); });
+  });
+}
+
+TEST_P(OpsTest, CrossEntropyOnBatchShardedLogits) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    const int64_t n = 4 * w + 1, classes = 7;
+    at::Tensor logits = data({n, classes});
+    at::Tensor target = at::remainder(at::arange(n, at::kLong) * 3, classes);
+    target[1] = -100;  // ignored
+    for (auto pl : {Shard(0), Replicate()}) {
+      for (int64_t reduction : {0, 1, 2}) {
+        SCOPED_TRACE(pl.str() + " reduction " + std::to_string(reduction));
+        expect_parity(mesh, {logits, target}, {on(mesh, pl), on(mesh, pl)}, [&](const V& v) {
+          return at::nll_loss(at::log_softmax(v[0], 1), v[1], {}, reduction, -100);
+        });
+      }
+    }
+  });
+}
+
 TEST_P(OpsTest, InPlaceAndOutOpsReturnTheDTensor) {
   run([&](const DeviceMesh& mesh, int64_t w) {
     at::Tensor full = data({2 * w + 1, 3});

@@ -147,7 +147,8 @@ int writtenArgFor(const c10::FunctionSchema& schema, const c10::Argument& ret) {
 }
 
 // The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
-//  - Ops with a handler (random ops, scalar reads...) are handed over whole.
+//  - Ops with a handler (random ops, scalar reads...) are handed over whole
+//    when the handler takes them.
 //  - Unwrap: find the DTensor arguments ("slots"); check they share a mesh;
 //    plain tensors are an error unless ImplicitReplicationGuard is on
 //    (0-dim plain tensors pass as scalars).
@@ -160,8 +161,7 @@ int writtenArgFor(const c10::FunctionSchema& schema, const c10::Argument& ret) {
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   if (Handler h = RuleRegistry::get().find_handler(op.operator_name())) {
-    h(op, stack);
-    return;
+    if (h(op, stack)) return;
   }
   const size_t nargs = schema.arguments().size();
   OpCall call = collectSlots(op, stack, nargs);

@@ -42,7 +42,7 @@ size_t generatorArg(const c10::FunctionSchema& schema) {
 
 // In-place fills whose result does not depend on self's values (uniform_,
 // normal_, bernoulli_(float)): draw a full tensor, copy the shard into self.
-void fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
   at::Tensor self = args[0].toTensor();
@@ -62,11 +62,12 @@ void fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::Tensor full = torch::jit::pop(*stack).toTensor();
   impl->local().copy_(shardOf(full, spec));
   stack->emplace_back(self);
+  return true;
 }
 
 // native_dropout(input, p, train) -> (output, mask), with CPU's arithmetic:
 // mask ~ bernoulli(1-p) drawn for the global shape, output = input*mask*scale.
-void nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto train = torch::jit::pop(*stack).toOptional<bool>();
   const double p = torch::jit::pop(*stack).toDouble();
   at::Tensor input = torch::jit::pop(*stack).toTensor();
@@ -77,7 +78,7 @@ void nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (train.has_value() && !*train) {
     stack->emplace_back(makeDTensor(local.clone(), impl->spec_ptr()));
     stack->emplace_back(makeDTensor(at::ones_like(local, local.options().dtype(at::kBool)), mask_spec));
-    return;
+    return true;
   }
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
@@ -87,12 +88,13 @@ void nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Dropout is linear in its input: a Partial input stays Partial.
   stack->emplace_back(makeDTensor(local.mul(mask).mul_(scale), impl->spec_ptr()));
   stack->emplace_back(makeDTensor(mask, mask_spec));
+  return true;
 }
 
 // Functional random ops whose result depends on the input's values
 // (bernoulli(probs)) or shape only (rand_like): run on the full input with
 // the shared generator, keep the shard.
-void onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
   at::Tensor input = args[0].toTensor();
@@ -105,12 +107,13 @@ void onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::Tensor full = torch::jit::pop(*stack).toTensor();
   auto out_spec = withoutPartial(spec, full.scalar_type());
   stack->emplace_back(makeDTensor(shardOf(full, *out_spec).contiguous(), out_spec));
+  return true;
 }
 
 // rand_like / randn_like(self, dtype?, ...): empty_like(self).uniform_(0, 1)
 // (normal_(0, 1)) for the global shape, as a single device computes them.
 template <bool Normal>
-void randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();
   auto args = torch::jit::last(*stack, nargs);
   at::Tensor self = args[0].toTensor();
@@ -123,6 +126,7 @@ void randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::drop(*stack, nargs);
   auto out_spec = withoutPartial(spec, full.scalar_type());
   stack->emplace_back(makeDTensor(shardOf(full, *out_spec).contiguous(), out_spec));
+  return true;
 }
 
 }  // namespace

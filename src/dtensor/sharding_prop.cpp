@@ -28,6 +28,7 @@ RuleRegistry& RuleRegistry::get() {
     registerReductionRules(*r);
     registerTensorOpRules(*r);
     registerRandomRules(*r);
+    registerLossRules(*r);
     return r;
   }();
   return *registry;

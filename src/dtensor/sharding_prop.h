@@ -59,8 +59,9 @@ using ShapeFn = std::function<OutputMeta(const OpCall& call)>;
 struct Decision;
 using LocalFn = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                          const Decision& d);
-// Takes the whole op over (random ops, factories, scalar reads).
-using Handler = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Takes the whole op over (random ops, scalar reads, full norms); returns
+// false, leaving the stack untouched, to hand the call to the op's rule.
+using Handler = bool (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 struct Rule {
   StrategyFn strategy;
@@ -107,5 +108,6 @@ void registerViewRules(RuleRegistry& r);
 void registerReductionRules(RuleRegistry& r);
 void registerTensorOpRules(RuleRegistry& r);
 void registerRandomRules(RuleRegistry& r);
+void registerLossRules(RuleRegistry& r);
 
 }  // namespace dtp

@@ -142,13 +142,14 @@ std::vector<Row> layerNormBackwardRows(const OpCall& c, int64_t) {
 }
 
 // item(): the value of the whole (replicated) tensor.
-void localScalarDense(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool localScalarDense(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::Tensor t = torch::jit::pop(*stack).toTensor();
   auto* impl = unsafeGetDTensorImpl(t);
   at::Tensor full = redistribute_local(impl->local(), impl->spec(),
                                        Placements(impl->spec().placements.size(), Replicate()));
   stack->emplace_back(full);
   op.callBoxed(stack);
+  return true;
 }
 
 }  // namespace
