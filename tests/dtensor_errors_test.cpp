@@ -54,7 +54,8 @@ TEST(DTensorErrorsTest, MixedPlainTensorIsAnErrorUnlessImplicitReplication) {
     auto mesh = init_device_mesh("cpu", {2});
     at::Tensor full = data({4, 3});
     at::Tensor x = distribute_tensor(full, mesh, {Shard(0)});
-    EXPECT_ERROR(x + at::ones({3}, at::kDouble), "mix of plain at::Tensor and DTensor");
+    EXPECT_ERROR(x + at::ones({3}, at::kDouble),
+                 "mix of plain at::Tensor and DTensor arguments: 'other' (f64[3]) is a plain tensor");
     // 0-dim plain tensors are scalars.
     EXPECT_TRUE(full_tensor(x * at::scalar_tensor(2.0, at::kDouble)).allclose(full * 2));
     ImplicitReplicationGuard implicit;

@@ -28,6 +28,8 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
   const DTensorSpec* first = nullptr;
   bool mixed = false;
+  std::string plain;  // the first plain tensor argument, for the error
+  size_t current = 0;
   auto visit = [&](const at::Tensor& t) {
     if (auto* impl = maybeGetDTensorImpl(t)) {
       if (first == nullptr) first = &impl->spec();
@@ -35,10 +37,15 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
                   " got DTensors on different meshes: ", first->mesh.str(), " and ",
                   impl->spec().mesh.str(), ". Redistribute them onto one mesh first.");
     } else if (t.defined() && t.dim() > 0) {
+      if (!mixed) {
+        plain = "'" + op.schema().arguments()[current].name() + "' (" +
+                short_dtype_name(t.scalar_type()) + c10::str(t.sizes()) + ")";
+      }
       mixed = true;
     }
   };
   for (size_t i = 0; i < nargs; ++i) {
+    current = i;
     if (args[i].isTensor()) visit(args[i].toTensor());
     else if (args[i].isTensorList())
       for (const auto& t : args[i].toTensorList()) visit(t);
@@ -46,9 +53,10 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
   TORCH_INTERNAL_ASSERT(first != nullptr, "DTensor fallback reached without a DTensor argument");
   if (mixed) {
     TORCH_CHECK(implicit_replication, "dtp: ", opName(op),
-                " got a mix of plain at::Tensor and DTensor arguments. Convert the plain "
-                "tensor with dtp::distribute_tensor or dtp::from_local, or run the op inside "
-                "dtp::ImplicitReplicationGuard to treat it as replicated.");
+                " got a mix of plain at::Tensor and DTensor arguments: ", plain,
+                " is a plain tensor. Convert it with dtp::distribute_tensor or "
+                "dtp::from_local, or run the op inside dtp::ImplicitReplicationGuard to treat "
+                "it as replicated.");
     auto wrap = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.dim() == 0 || isDTensor(t)) return t;
       return makeDTensor(t, make_spec(first->mesh, Placements(first->mesh.ndim(), Replicate()),
