@@ -48,6 +48,7 @@ class CommCounter {
   static void record(CollectiveType type, int64_t bytes);
   // The FQN that per_module() attributes collectives to, on this thread.
   static void set_current_module(const std::string* fqn);
+  static const std::string* current_module();
 
  private:
   static size_t idx(CollectiveType t) { return static_cast<size_t>(t); }

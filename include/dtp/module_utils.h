@@ -3,7 +3,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
+#include <typeindex>
 
 namespace torch::nn {
 class Module;
@@ -12,8 +14,25 @@ class Module;
 namespace dtp {
 
 // Replaces the module's own parameter `name` (not a child's: no dots) in its
-// registry, keeping its position and requires_grad. The module's public field
-// (e.g. Linear's `weight`) is a separate handle: callers update it too.
+// registry only, keeping its position and requires_grad.
 void replace_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value);
+
+// Replaces the parameter in the registry *and* in the module's public field
+// (Linear::weight...), which is a separate handle that forward() reads. Knows
+// the stock modules (Linear, Embedding, LayerNorm, RMSNorm); other module types
+// need register_parameter_fields, else this fails naming the type.
+void set_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value);
+
+using FieldSetter = std::function<void(torch::nn::Module&, const std::string&, const at::Tensor&)>;
+void register_parameter_fields(std::type_index impl_type, FieldSetter setter);
+
+// Teaches set_parameter the fields of a user module:
+//   dtp::register_parameter_fields<MyImpl>([](MyImpl& m, const std::string& n, const at::Tensor& t) {
+//     if (n == "w") m.w = t; });
+template <class Impl>
+void register_parameter_fields(std::function<void(Impl&, const std::string&, const at::Tensor&)> f) {
+  register_parameter_fields(typeid(Impl), [f](torch::nn::Module& m, const std::string& n,
+                                              const at::Tensor& t) { f(dynamic_cast<Impl&>(m), n, t); });
+}
 
 }  // namespace dtp

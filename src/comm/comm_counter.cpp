@@ -8,7 +8,7 @@ namespace dtp {
 namespace {
 // Per thread, so that W ranks can run as W threads of one test process.
 thread_local std::vector<CommCounter*> active_counters;
-thread_local const std::string* current_module = nullptr;
+thread_local const std::string* active_module = nullptr;
 }  // namespace
 
 const char* to_string(CollectiveType type) {
@@ -66,10 +66,11 @@ void CommCounter::record(CollectiveType type, int64_t bytes) {
   for (CommCounter* c : active_counters) {
     c->counts_[idx(type)] += 1;
     c->bytes_[idx(type)] += bytes;
-    c->per_module_[current_module ? *current_module : ""][to_string(type)] += 1;
+    c->per_module_[active_module ? *active_module : ""][to_string(type)] += 1;
   }
 }
 
-void CommCounter::set_current_module(const std::string* fqn) { current_module = fqn; }
+void CommCounter::set_current_module(const std::string* fqn) { active_module = fqn; }
+const std::string* CommCounter::current_module() { return active_module; }
 
 }  // namespace dtp

@@ -1,0 +1,126 @@
+// Forward hooks for libtorch modules. libtorch's ModuleHolder calls
+// impl->forward directly and nn::Module has no hooks, so dtp ships a drop-in
+// holder: dtp::nn::Hooked<Impl> holds HookedImpl<Impl>, which *is* the stock
+// Impl (fields, forward, parameters) plus a HookHost that parallelize_module
+// and distribute_module fill. A user changes only a field's type:
+//   torch::nn::Linear fc{nullptr};   ->   dtp::nn::Linear fc{nullptr};
+#pragma once
+
+#include "dtp/comm_counter.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/pimpl.h>
+
+#include <array>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace dtp::nn {
+
+// What a module needs to run hooks. Pre-hooks see the forward's tensor
+// arguments in order (others pass through untouched); post-hooks see its
+// tensor output.
+struct HookHost {
+  using PreHook = std::function<void(std::vector<at::Tensor>& inputs)>;
+  using PostHook = std::function<void(at::Tensor& output)>;
+  std::vector<PreHook> pre_hooks;
+  std::vector<PostHook> post_hooks;
+  std::string fqn;  // set by parallelize_module; CommCounter attributes to it
+  virtual ~HookHost() = default;
+};
+
+template <class Impl>
+class HookedImpl : public Impl, public HookHost {
+ public:
+  using Impl::Impl;
+};
+
+namespace detail {
+
+template <class T>
+constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, at::Tensor>;
+
+// For each argument, its index among the tensor arguments (or -1).
+template <class... Args>
+constexpr std::array<int, sizeof...(Args)> tensorIndices() {
+  std::array<int, sizeof...(Args)> idx{};
+  constexpr bool is_tensor[] = {is_tensor_v<Args>..., false};
+  int next = 0;
+  for (size_t i = 0; i < sizeof...(Args); ++i) idx[i] = is_tensor[i] ? next++ : -1;
+  return idx;
+}
+
+template <int I, class Arg>
+decltype(auto) pick(Arg&& arg, std::vector<at::Tensor>& tensors) {
+  if constexpr (I >= 0) return at::Tensor(tensors[I]);
+  else return std::forward<Arg>(arg);
+}
+
+template <class M, class Tuple, size_t... Is, class... Args>
+auto callWith(M& m, Tuple&& args, std::vector<at::Tensor>& tensors, std::index_sequence<Is...>,
+              std::tuple<Args...>*) {
+  constexpr auto idx = tensorIndices<Args...>();
+  return m.forward(pick<idx[Is]>(std::get<Is>(std::forward<Tuple>(args)), tensors)...);
+}
+
+class ModuleScope {
+ public:
+  explicit ModuleScope(const std::string* fqn) : prev_(CommCounter::current_module()) {
+    CommCounter::set_current_module(fqn);
+  }
+  ~ModuleScope() { CommCounter::set_current_module(prev_); }
+
+ private:
+  const std::string* prev_;
+};
+
+}  // namespace detail
+
+// Runs m.forward(args...) with m's hooks around it.
+template <class M, class... Args>
+auto run_hooked(M& m, Args&&... args) {
+  HookHost& host = m;
+  if (host.pre_hooks.empty() && host.post_hooks.empty()) return m.forward(std::forward<Args>(args)...);
+  detail::ModuleScope scope(&host.fqn);
+  std::vector<at::Tensor> tensors;
+  (
+      [&](auto&& a) {
+        if constexpr (detail::is_tensor_v<decltype(a)>) tensors.push_back(a);
+      }(args),
+      ...);
+  for (auto& hook : host.pre_hooks) hook(tensors);
+  auto out = detail::callWith(m, std::forward_as_tuple(std::forward<Args>(args)...), tensors,
+                              std::index_sequence_for<Args...>{},
+                              static_cast<std::tuple<Args...>*>(nullptr));
+  if constexpr (std::is_same_v<decltype(out), at::Tensor>) {
+    for (auto& hook : host.post_hooks) hook(out);
+  } else {
+    TORCH_CHECK(host.post_hooks.empty(), "dtp::nn: module '", host.fqn,
+                "' has output hooks but its forward does not return one at::Tensor. NYI: hooks "
+                "on other outputs; prepare the output in the caller instead.");
+  }
+  return out;
+}
+
+template <class Impl>
+class Hooked : public torch::nn::ModuleHolder<HookedImpl<Impl>> {
+ public:
+  using torch::nn::ModuleHolder<HookedImpl<Impl>>::ModuleHolder;
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return run_hooked(*this->get(), std::forward<Args>(args)...);
+  }
+};
+
+}  // namespace dtp::nn
+
+// Like TORCH_MODULE(Name), but the holder runs hooks: for user modules that
+// parallelize_module should be able to prepare inputs and outputs of.
+#define DTP_MODULE(Name)                                           \
+  class Name : public ::dtp::nn::Hooked<Name##Impl> {             \
+   public:                                                         \
+    using ::dtp::nn::Hooked<Name##Impl>::Hooked;                   \
+  }

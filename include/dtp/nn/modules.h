@@ -1,0 +1,43 @@
+// Hooked versions of the stock libtorch modules, and RMSNorm (which libtorch
+// 1.13 lacks). Each is the stock Impl: same options, fields and forward.
+#pragma once
+
+#include "dtp/nn/hooked.h"
+
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+namespace dtp::nn {
+
+class Linear : public Hooked<torch::nn::LinearImpl> {
+ public:
+  using Hooked<torch::nn::LinearImpl>::Hooked;
+};
+class Embedding : public Hooked<torch::nn::EmbeddingImpl> {
+ public:
+  using Hooked<torch::nn::EmbeddingImpl>::Hooked;
+};
+class LayerNorm : public Hooked<torch::nn::LayerNormImpl> {
+ public:
+  using Hooked<torch::nn::LayerNormImpl>::Hooked;
+};
+class Dropout : public Hooked<torch::nn::DropoutImpl> {
+ public:
+  using Hooked<torch::nn::DropoutImpl>::Hooked;
+};
+
+// y = x / sqrt(mean(x^2, last dim) + eps) * weight
+class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl> {
+ public:
+  explicit RMSNormImpl(int64_t dim, double eps = 1e-6);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  int64_t dim;
+  double eps;
+  at::Tensor weight;
+};
+DTP_MODULE(RMSNorm);
+
+}  // namespace dtp::nn

@@ -1,0 +1,31 @@
+#include "dtp/distribute_module.h"
+
+#include "dtp/dtensor.h"
+#include "dtp/module_utils.h"
+#include "dtp/nn/hooked.h"
+
+#include <torch/nn/module.h>
+
+namespace dtp {
+
+void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh, PartitionFn partition_fn,
+                       InputFn input_fn, OutputFn output_fn) {
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    torch::nn::Module& sub = *item.value();
+    if (partition_fn) partition_fn(item.key(), sub, mesh);
+    for (const auto& p : sub.named_parameters(/*recurse=*/false)) {
+      if (is_dtensor(p.value())) continue;
+      at::Tensor local = p.value().detach().requires_grad_(p.value().requires_grad());
+      set_parameter(sub, p.key(), distribute_tensor(local, mesh, Placements(mesh.ndim(), Replicate())));
+    }
+  }
+  if (!input_fn && !output_fn) return;
+  auto* host = dynamic_cast<nn::HookHost*>(&module);
+  TORCH_CHECK(host != nullptr, "distribute_module: input_fn/output_fn need hooks, but the root "
+              "module (", module.name(), ") cannot run them. Hold it in a dtp::nn::Hooked "
+              "holder: declare it with DTP_MODULE instead of TORCH_MODULE, or use dtp::nn::Linear.");
+  if (input_fn) host->pre_hooks.push_back([input_fn, mesh](std::vector<at::Tensor>& in) { input_fn(in, mesh); });
+  if (output_fn) host->post_hooks.push_back([output_fn, mesh](at::Tensor& out) { output_fn(out, mesh); });
+}
+
+}  // namespace dtp
