@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace dtp {
 namespace {
 
@@ -47,9 +49,17 @@ std::vector<Row> viewRows(const OpCall& call, int64_t m) {
       if ((pa < pb && i < a.size()) || j >= b.size()) pa *= a[i++];
       else pb *= b[j++];
     }
-    if (i0 < i && j0 < j) {
-      const bool one_to_one = i - i0 == 1 && j - j0 == 1;
-      if (one_to_one || (a[i0] % w == 0 && b[j0] % w == 0)) map[i0] = static_cast<int64_t>(j0);
+    // Size-1 dims carry no data: the group's first dims are its first non-1
+    // ones ([1,8] -> [8] keeps S(1) as S(0)).
+    size_t fi = i0, fj = j0;
+    while (fi < i && a[fi] == 1) ++fi;
+    while (fj < j && b[fj] == 1) ++fj;
+    if (fi < i && fj < j) {
+      auto nonOne = [](const std::vector<int64_t>& s, size_t from, size_t to) {
+        return std::count_if(s.begin() + from, s.begin() + to, [](int64_t x) { return x != 1; });
+      };
+      const bool one_to_one = nonOne(a, i0, i) == 1 && nonOne(b, j0, j) == 1;
+      if (one_to_one || (a[fi] % w == 0 && b[fj] % w == 0)) map[fi] = static_cast<int64_t>(fj);
     }
   }
   return dimMapRows(call, m, map);

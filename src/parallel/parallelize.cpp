@@ -1,0 +1,85 @@
+#include "dtp/parallel/parallelize.h"
+
+#include <torch/nn/module.h>
+
+#include <fnmatch.h>
+
+namespace dtp {
+namespace {
+
+thread_local std::optional<DeviceMesh> current_mesh;
+
+std::vector<std::string> atoms(const std::string& fqn) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    auto dot = fqn.find('.', start);
+    out.push_back(fqn.substr(start, dot - start));
+    if (dot == std::string::npos) return out;
+    start = dot + 1;
+  }
+}
+
+// "layers.*.attention.wq" matches "layers.3.attention.wq": atom by atom.
+bool matches(const std::string& pattern, const std::string& fqn) {
+  const auto p = atoms(pattern), n = atoms(fqn);
+  if (p.size() != n.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (fnmatch(p[i].c_str(), n[i].c_str(), 0) != 0) return false;
+  return true;
+}
+
+void checkMesh(const DeviceMesh& mesh) {
+  TORCH_CHECK(mesh.valid(), "parallelize_module: invalid DeviceMesh.");
+  TORCH_CHECK(mesh.ndim() == 1, "parallelize_module: tensor parallelism needs a 1-D mesh, got ",
+              mesh.str(), ". Slice the tensor-parallel dimension by name, e.g. mesh[\"tp\"].");
+}
+
+}  // namespace
+
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh, const ParallelStyle& style,
+                        std::optional<int> src_data_rank) {
+  checkMesh(mesh);
+  style.apply(module, "", mesh, src_data_rank);
+}
+
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
+                        const ParallelizePlan& plan, std::optional<int> src_data_rank) {
+  checkMesh(mesh);
+  const auto modules = module.named_modules("", /*include_self=*/false);
+  // Check every entry before changing anything.
+  std::vector<std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>> targets;
+  for (const auto& entry : plan) {
+    targets.emplace_back();
+    for (const auto& item : modules)
+      if (matches(entry.pattern, item.key())) targets.back().emplace_back(item.key(), item.value());
+    if (targets.back().empty()) {
+      std::vector<std::string> names;
+      for (const auto& item : modules) names.push_back(item.key());
+      if (names.size() > 24) {
+        names.resize(24);
+        names.push_back("...");
+      }
+      TORCH_CHECK(false, "parallelize_module: plan entry '", entry.pattern, "' (",
+                  entry.style->name(), ") matches no submodule of ", module.name(),
+                  ". Its submodules are: ", c10::Join(", ", names),
+                  ". Fix the pattern or drop the entry.");
+    }
+  }
+  for (size_t i = 0; i < plan.size(); ++i)
+    for (auto& [fqn, m] : targets[i]) plan[i].style->apply(*m, fqn, mesh, src_data_rank);
+}
+
+void parallelize_module(torch::nn::Module& module, const ParallelizePlan& plan,
+                        std::optional<int> src_data_rank) {
+  auto mesh = DeviceMeshGuard::current();
+  TORCH_CHECK(mesh.has_value(), "parallelize_module: no mesh given and no dtp::DeviceMeshGuard "
+              "is active on this thread. Pass the mesh, or create a DeviceMeshGuard(mesh[\"tp\"]).");
+  parallelize_module(module, *mesh, plan, src_data_rank);
+}
+
+DeviceMeshGuard::DeviceMeshGuard(DeviceMesh mesh) : prev_(current_mesh) { current_mesh = std::move(mesh); }
+DeviceMeshGuard::~DeviceMeshGuard() { current_mesh = prev_; }
+std::optional<DeviceMesh> DeviceMeshGuard::current() { return current_mesh; }
+
+}  // namespace dtp

@@ -1,0 +1,226 @@
+// Tensor-parallel styles on single modules, ported from PyTorch's
+// test_tp_style.py: outputs, input and parameter gradients against one
+// device, and the exact collectives forward and backward.
+#include "dist.h"
+#include "parity.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/nn/modules.h"
+#include "dtp/parallel/parallelize.h"
+
+using namespace dtp;
+using dtp::test::data;
+using dtp::test::run_ranks;
+
+namespace {
+
+template <class M>
+void setDeterministic(M& m) {
+  torch::NoGradGuard g;
+  double seed = 0;
+  for (auto& p : m->parameters()) p.copy_(data(p.sizes().vec(), seed += 1).to(p.scalar_type()));
+}
+
+at::Tensor chunk(const at::Tensor& t, int64_t dim, int w, int r) {
+  return t.narrow(dim, chunk_start(t.size(dim), w, r), chunk_size(t.size(dim), w, r));
+}
+
+struct Counts {
+  int64_t fwd_total, fwd_coll, bwd_total, bwd_coll;
+  CollectiveType fwd_type, bwd_type;
+};
+
+// Runs `m` on `in` (this rank's input) and the reference on `full_in`,
+// checking outputs, gradients and collective counts.
+template <class M>
+void checkLinear(M& m, M& ref, const at::Tensor& in, const at::Tensor& full_in,
+                 const std::function<at::Tensor(const at::Tensor&)>& gather_out,
+                 const std::function<at::Tensor(const at::Tensor&)>& gather_in_grad, Counts c) {
+  at::Tensor x = in.detach().requires_grad_(true);
+  at::Tensor fx = full_in.detach().requires_grad_(true);
+  CommCounter fwd;
+  at::Tensor y = m(x);
+  EXPECT_EQ(fwd.total_count(), c.fwd_total) << fwd.str();
+  EXPECT_EQ(fwd.count(c.fwd_type), c.fwd_coll) << fwd.str();
+  at::Tensor ry = ref(fx);
+  EXPECT_TRUE(gather_out(y).allclose(ry, 1e-5, 1e-5));
+  at::Tensor g = data(ry.sizes().vec(), 3.0).to(at::kFloat);
+  CommCounter bwd;
+  (gather_out(y) * g).sum().backward();
+  (ry * g).sum().backward();
+  // gather_out's own collective (for checking) is not the module's.
+  (void)bwd;
+  EXPECT_TRUE(gather_in_grad(x.grad()).allclose(fx.grad(), 1e-5, 1e-5));
+  for (const auto& p : ref->named_parameters()) {
+    at::Tensor mine = m->named_parameters()[p.key()];
+    ASSERT_TRUE(mine.grad().defined()) << p.key();
+    EXPECT_EQ(placements(mine.grad()), placements(mine)) << p.key();
+    EXPECT_TRUE(full_tensor(mine.grad()).allclose(p.value().grad(), 1e-5, 1e-5)) << p.key();
+  }
+}
+
+TEST(TpStyleTest, ColwiseLinearNoForwardCommOneBackwardAllReduce) {
+  for (int w : {2, 4}) {
+    run_ranks(w, [&](int) {
+      auto mesh = init_device_mesh("cpu", {w});
+      for (int64_t out : {4 * w, 4 * w + 1}) {  // even and uneven output features
+        dtp::nn::Linear m(6, out), ref(6, out);
+        setDeterministic(m);
+        setDeterministic(ref);
+        parallelize_module(*m, mesh, ColwiseParallel());
+        at::Tensor x = data({5, 6}).to(at::kFloat).detach().requires_grad_(true);
+        CommCounter fwd;
+        at::Tensor y = m(x);  // local shard of the last dim (use_local_output)
+        EXPECT_EQ(fwd.total_count(), 0) << fwd.str();
+        EXPECT_FALSE(is_dtensor(y));
+        at::Tensor ry = ref(x.detach());
+        EXPECT_TRUE(y.allclose(chunk(ry, 1, w, mesh.get_local_rank()), 1e-5, 1e-5));
+        CommCounter bwd;
+        y.sum().backward();
+        // The replicated input's gradient is Partial: one all_reduce.
+        EXPECT_EQ(bwd.count(CollectiveType::AllReduce), 1) << bwd.str();
+        EXPECT_EQ(bwd.total_count(), 1) << bwd.str();
+        at::Tensor rx = data({5, 6}).to(at::kFloat).requires_grad_(true);
+        ref(rx).sum().backward();
+        EXPECT_TRUE(x.grad().allclose(rx.grad(), 1e-5, 1e-5));
+        EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
+        EXPECT_TRUE(full_tensor(m->bias.grad()).allclose(ref->bias.grad(), 1e-5, 1e-5));
+      }
+    });
+  }
+}
+
+TEST(TpStyleTest, RowwiseLinearOneForwardAllReduceNoBackwardComm) {
+  for (int w : {2, 4}) {
+    run_ranks(w, [&](int rank) {
+      auto mesh = init_device_mesh("cpu", {w});
+      for (int64_t in : {4 * w, 4 * w + 3}) {
+        dtp::nn::Linear m(in, 5), ref(in, 5);
+        setDeterministic(m);
+        setDeterministic(ref);
+        parallelize_module(*m, mesh, RowwiseParallel());
+        at::Tensor full = data({3, in}).to(at::kFloat);
+        at::Tensor x = chunk(full, 1, w, rank).clone().requires_grad_(true);
+        CommCounter fwd;
+        at::Tensor y = m(x);
+        EXPECT_EQ(fwd.count(CollectiveType::AllReduce), 1) << fwd.str();
+        EXPECT_EQ(fwd.total_count(), 1) << fwd.str();
+        at::Tensor rx = full.clone().requires_grad_(true);
+        at::Tensor ry = ref(rx);
+        EXPECT_TRUE(y.allclose(ry, 1e-5, 1e-5));
+        at::Tensor g = data(ry.sizes().vec(), 2.0).to(at::kFloat);
+        CommCounter bwd;
+        (y * g).sum().backward();
+        EXPECT_EQ(bwd.total_count(), 0) << bwd.str();
+        (ry * g).sum().backward();
+        EXPECT_TRUE(x.grad().allclose(chunk(rx.grad(), 1, w, rank), 1e-5, 1e-5));
+        EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
+        EXPECT_TRUE(full_tensor(m->bias.grad()).allclose(ref->bias.grad(), 1e-5, 1e-5));
+      }
+    });
+  }
+}
+
+TEST(TpStyleTest, RowwiseLinearToShardOneReduceScatter) {
+  run_ranks(2, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    dtp::nn::Linear m(8, 6), ref(8, 6);
+    setDeterministic(m);
+    setDeterministic(ref);
+    parallelize_module(*m, mesh, RowwiseParallel(RowwiseParallelOptions().output_layouts(Shard(0))));
+    at::Tensor full = data({5, 8}).to(at::kFloat);
+    CommCounter fwd;
+    at::Tensor y = m(chunk(full, 1, 2, rank));
+    EXPECT_EQ(fwd.count(CollectiveType::ReduceScatter), 1) << fwd.str();
+    EXPECT_EQ(fwd.total_count(), 1);
+    EXPECT_TRUE(y.allclose(chunk(ref(full), 0, 2, rank), 1e-5, 1e-5));
+  });
+}
+
+TEST(TpStyleTest, EmbeddingColwiseAndRowwise) {
+  for (int w : {2, 4}) {
+    run_ranks(w, [&](int rank) {
+      auto mesh = init_device_mesh("cpu", {w});
+      at::Tensor ids = at::remainder(at::arange(12, at::kLong) * 5, 4 * w + 1).view({3, 4});
+      {
+        dtp::nn::Embedding m(4 * w + 1, 2 * w), ref(4 * w + 1, 2 * w);
+        setDeterministic(m);
+        setDeterministic(ref);
+        parallelize_module(*m, mesh, ColwiseParallel());
+        CommCounter fwd;
+        at::Tensor y = m(ids);
+        EXPECT_EQ(fwd.total_count(), 0);
+        ASSERT_EQ(y.sizes(), chunk(ref(ids), 2, w, rank).sizes());
+        EXPECT_TRUE(y.allclose(chunk(ref(ids), 2, w, rank)));
+      }
+      {
+        dtp::nn::Embedding m(4 * w + 1, 6), ref(4 * w + 1, 6);  // uneven vocab
+        setDeterministic(m);
+        setDeterministic(ref);
+        // As in PyTorch's test_tp_style: Rowwise's default input layout is Shard(-1), so the ids are
+        // declared replicated.
+        parallelize_module(*m, mesh, RowwiseParallel(RowwiseParallelOptions().input_layouts(Replicate())));
+        CommCounter fwd;
+        at::Tensor y = m(ids);
+        EXPECT_EQ(fwd.count(CollectiveType::AllReduce), 1) << fwd.str();
+        EXPECT_EQ(fwd.total_count(), 1) << fwd.str();
+        EXPECT_TRUE(y.allclose(ref(ids)));
+        y.pow(2).sum().backward();
+        ref(ids).pow(2).sum().backward();
+        EXPECT_EQ(placements(m->weight.grad()), Placements{Shard(0)});
+        EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
+      }
+    });
+  }
+}
+
+TEST(TpStyleTest, SequenceParallelLayerNormAndRMSNorm) {
+  run_ranks(2, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    dtp::nn::LayerNorm ln(torch::nn::LayerNormOptions({6})), ref_ln(torch::nn::LayerNormOptions({6}));
+    dtp::nn::RMSNorm rms(6), ref_rms(6);
+    setDeterministic(ln);
+    setDeterministic(ref_ln);
+    setDeterministic(rms);
+    setDeterministic(ref_rms);
+    parallelize_module(*ln, mesh, SequenceParallel());
+    parallelize_module(*rms, mesh, SequenceParallel());
+    at::Tensor full = data({2, 8, 6}).to(at::kFloat);
+    CommCounter fwd;
+    at::Tensor y = rms(ln(chunk(full, 1, 2, rank)));
+    EXPECT_EQ(fwd.total_count(), 0) << fwd.str();
+    EXPECT_EQ(placements(y), Placements{Shard(1)});
+    at::Tensor ry = ref_rms(ref_ln(full));
+    EXPECT_TRUE(full_tensor(y).allclose(ry, 1e-5, 1e-5));
+    CommCounter bwd;
+    to_local(y).sum().backward();
+    // Each replicated weight's Partial gradient is all-reduced once.
+    EXPECT_EQ(bwd.count(CollectiveType::AllReduce), 3) << bwd.str();
+    ry.sum().backward();
+    EXPECT_TRUE(full_tensor(ln->weight.grad()).allclose(ref_ln->weight.grad(), 1e-5, 1e-5));
+    EXPECT_TRUE(full_tensor(rms->weight.grad()).allclose(ref_rms->weight.grad(), 1e-5, 1e-5));
+  });
+}
+
+TEST(TpStyleTest, PrepareModuleInputAndOutput) {
+  run_ranks(2, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    dtp::nn::Linear m(4, 4);
+    setDeterministic(m);
+    at::Tensor w = m->weight.detach().clone(), b = m->bias.detach().clone();
+    parallelize_module(*m, mesh, PrepareModuleInputOutput(
+        PrepareModuleInputOptions().input_layouts({Shard(0)}).desired_input_layouts({Replicate()}),
+        PrepareModuleOutputOptions().output_layouts(Replicate()).desired_output_layouts(Shard(0))));
+    // Parameters stay plain: the plain weights meet a Replicate DTensor input
+    // only under implicit replication.
+    at::Tensor full = data({6, 4}).to(at::kFloat);
+    ImplicitReplicationGuard implicit;
+    CommCounter fwd;
+    at::Tensor y = m(chunk(full, 0, 2, rank));
+    EXPECT_EQ(fwd.count(CollectiveType::AllGather), 1) << fwd.str();
+    EXPECT_FALSE(is_dtensor(y));
+    EXPECT_TRUE(y.allclose(chunk(at::linear(full, w, b), 0, 2, rank), 1e-5, 1e-5));
+  });
+}
+
+}  // namespace
