@@ -1,0 +1,1 @@
+// safetensors reader/writer: being written.

@@ -1,0 +1,1 @@
+// safetensors tests: being written.
