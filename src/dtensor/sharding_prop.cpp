@@ -1,4 +1,5 @@
 #include "dtensor/sharding_prop.h"
+#include "dtp/parallel/loss_parallel.h"
 
 #include <ATen/ATen.h>
 
@@ -29,6 +30,7 @@ RuleRegistry& RuleRegistry::get() {
     registerTensorOpRules(*r);
     registerRandomRules(*r);
     registerLossRules(*r);
+    registerLossParallelRules(*r);
     return r;
   }();
   return *registry;
@@ -232,7 +234,12 @@ Decision compute(const OpCall& call) {
   TORCH_CHECK(rule != nullptr, "dtp: no sharding rule for ", opName(call.op), " (inputs: ",
               describeInputs(call),
               "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
-              "enable dtp::ReplicateFallbackGuard to do that automatically.");
+              "enable dtp::ReplicateFallbackGuard to do that automatically.",
+              LossParallelGuard::enabled()
+                  ? " Inside dtp::LossParallelGuard, cross_entropy runs on class-sharded logits "
+                    "without label_smoothing (or with it and reduction none/sum); for a mean with "
+                    "label smoothing, gather the logits (full_tensor) and compute it outside the guard."
+                  : "");
   // Shapes first: list-returning ops (split, unbind) tell their output count.
   OutputMeta meta;
   const auto& returns = call.op.schema().returns();

@@ -109,5 +109,6 @@ void registerReductionRules(RuleRegistry& r);
 void registerTensorOpRules(RuleRegistry& r);
 void registerRandomRules(RuleRegistry& r);
 void registerLossRules(RuleRegistry& r);
+void registerLossParallelRules(RuleRegistry& r);  // src/parallel/loss_parallel.cpp
 
 }  // namespace dtp

@@ -152,6 +152,46 @@ bool localScalarDense(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
+// index_put(_)(self, indices, values, accumulate) writing one scalar into a
+// replicated or partial tensor through replicated indices (cross_entropy's
+// label smoothing zeroes ignored rows this way). Zeros keep partial sums
+// exact; anything else on a Partial tensor, or sharded operands, go to the
+// rules (and fail there with the usual message).
+bool indexPutScalar(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 4);
+  at::Tensor self = args[0].toTensor();
+  auto* impl = maybeGetDTensorImpl(self);
+  const at::Tensor values = args[2].toTensor();
+  if (impl == nullptr || isDTensor(values) || values.dim() != 0 || args[3].toBool()) return false;
+  bool partial = false;
+  for (const auto& p : impl->spec().placements) {
+    if (p.is_shard() || (p.is_partial() && p.op != ReduceOp::Sum)) return false;
+    partial |= p.is_partial();
+  }
+  if (partial && values.item<double>() != 0.0) return false;
+  c10::List<c10::optional<at::Tensor>> local_indices;
+  for (const c10::optional<at::Tensor>& i : args[1].toOptionalTensorList()) {
+    if (i.has_value() && isDTensor(*i)) {
+      auto* ii = unsafeGetDTensorImpl(*i);
+      if (!ii->spec().is_replicated()) return false;
+      local_indices.push_back(ii->local());
+    } else {
+      local_indices.push_back(i);
+    }
+  }
+  at::Tensor local = impl->local();
+  torch::jit::drop(*stack, 4);
+  torch::jit::push(*stack, local, local_indices, values, false);
+  op.callBoxed(stack);
+  if (op.schema().is_mutable()) {
+    torch::jit::drop(*stack, 1);
+    stack->emplace_back(self);
+  } else {
+    stack->back() = makeDTensor(stack->back().toTensor(), impl->spec_ptr());
+  }
+  return true;
+}
+
 }  // namespace
 
 void registerTensorOpRules(RuleRegistry& r) {
@@ -167,6 +207,8 @@ void registerTensorOpRules(RuleRegistry& r) {
   r.add("aten::native_layer_norm", layerNormRows, layerNormShape);
   r.add("aten::native_layer_norm_backward", layerNormBackwardRows, layerNormBackwardShape);
   r.add_handler("aten::_local_scalar_dense", localScalarDense);
+  r.add_handler("aten::index_put_", indexPutScalar);
+  r.add_handler("aten::index_put", indexPutScalar);
 }
 
 }  // namespace dtp

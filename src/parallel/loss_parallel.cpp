@@ -1,0 +1,296 @@
+// loss_parallel: log_softmax and nll_loss on class-sharded logits, computed
+// from the local columns and row statistics instead of gathering the logits
+// (include/dtp/parallel/loss_parallel.h).
+//
+// Forward (under the guard), per class-sharded mesh dim:
+//   _log_softmax:     all_reduce(max) of row maxima, all_reduce(sum) of
+//                     row sums of exp -> log-probabilities stay class-sharded;
+//   nll_loss_forward: all_reduce(sum) of the target's log-probability, which
+//                     lives on one rank per row.
+// Backward (guard or not):
+//   nll_loss_backward:           the usual sparse gradient, on local columns;
+//   _log_softmax_backward_data:  g - exp(out) * rowsum(g). The row sums of the
+//     gradient nll_loss_backward just made are known on every rank without
+//     communication (-weight[target] * grad_out), so that case moves nothing;
+//     any other gradient (label smoothing adds one) all-reduces its row sums.
+#include "dtensor/redistribute.h"
+#include "dtensor/sharding_prop.h"
+#include "dtp/parallel/loss_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+
+#include <limits>
+
+namespace dtp {
+namespace {
+
+thread_local bool loss_parallel_on = false;
+
+// The row sums of the last gradient nll_loss_backward produced on this thread,
+// recognised by its local shard (alive, same data, unmodified; views of it
+// such as nll_loss_nd's reshape match too).
+struct NllGradRowSums {
+  c10::weak_intrusive_ptr<c10::TensorImpl> local{c10::intrusive_ptr<c10::TensorImpl>()};
+  const void* data = nullptr;
+  int64_t numel = 0;
+  uint32_t version = 0;
+  at::Tensor rowsum;  // one per row, rows in the order of movedim(class, -1)
+
+  bool matches(const at::Tensor& g) const {
+    return rowsum.defined() && !local.expired() && g.data_ptr() == data && g.numel() == numel &&
+           g._version() == version;
+  }
+};
+thread_local NllGradRowSums last_nll_grad;
+
+enum Reduction { kNone = 0, kMean = 1, kSum = 2 };
+
+// Mesh dims sharding the class dim and (for 2-D logits) the batch dim.
+struct ClassSharding {
+  std::vector<size_t> class_dims, batch_dims;
+  Placements rows;  // per-row tensors (targets, losses): Shard(0) on batch dims
+};
+
+std::optional<ClassSharding> classSharding(const DTensorSpec& s, int64_t class_dim) {
+  ClassSharding cs;
+  for (size_t m = 0; m < s.placements.size(); ++m) {
+    const Placement& p = s.placements[m];
+    if (p.is_shard() && p.dim == class_dim) cs.class_dims.push_back(m);
+    else if (p.is_shard() && p.dim == 0 && class_dim == 1) cs.batch_dims.push_back(m);
+    else if (!p.is_replicate()) return std::nullopt;
+    cs.rows.push_back(p.is_shard() && p.dim == 0 && class_dim == 1 ? Shard(0) : Replicate());
+  }
+  if (cs.class_dims.empty()) return std::nullopt;
+  return cs;
+}
+
+void allReduce(const DTensorSpec& s, const std::vector<size_t>& dims, at::Tensor& t, ReduceOp op) {
+  for (size_t m : dims) s.mesh.get_group(m).all_reduce(t, op);
+}
+
+// This rank's part of a per-row argument laid out as `want`: a DTensor is
+// redistributed, a plain tensor is taken as the replicated whole.
+at::Tensor localAs(const at::Tensor& t, const DeviceMesh& mesh, const Placements& want) {
+  if (auto* impl = maybeGetDTensorImpl(t)) return redistribute_local(impl->local(), impl->spec(), want);
+  if (t.dim() == 0) return t;
+  auto whole = make_spec(mesh, Placements(want.size(), Replicate()), t.sizes().vec(), t.scalar_type());
+  return redistribute_local(t, *whole, want);
+}
+
+// The full class weight, or undefined.
+at::Tensor fullWeight(const c10::IValue& v) {
+  if (v.isNone()) return {};
+  const at::Tensor w = v.toTensor();
+  if (auto* impl = maybeGetDTensorImpl(w))
+    return redistribute_local(impl->local(), impl->spec(), Placements(impl->spec().placements.size(), Replicate()));
+  return w;
+}
+
+at::Tensor wrap(at::Tensor local, const DTensorSpec& like, Placements placements, std::vector<int64_t> shape) {
+  auto dtype = local.scalar_type();
+  return makeDTensor(std::move(local), make_spec(like.mesh, std::move(placements), std::move(shape), dtype));
+}
+
+// Per-row pieces shared by nll_loss forward and backward, on 2-D local
+// log-probabilities [rows, local classes].
+struct NllRows {
+  at::Tensor index;     // [rows, 1] local column of the target (clamped)
+  at::Tensor here;      // [rows] target's column is on this rank
+  at::Tensor weight;    // [rows] weight of the target, 0 where ignored
+};
+
+NllRows nllRows(const at::Tensor& lp, const at::Tensor& target, const at::Tensor& weight,
+                int64_t ignore_index, int64_t class_offset, int64_t num_classes) {
+  const int64_t local_classes = lp.size(1);
+  const at::Tensor valid = target.ne(ignore_index);
+  const at::Tensor t = at::where(valid, target, at::zeros_like(target));
+  TORCH_CHECK(t.numel() == 0 || (t.min().item<int64_t>() >= 0 && t.max().item<int64_t>() < num_classes),
+              "dtp::loss_parallel: target out of range [0, ", num_classes, "): fix the labels or the "
+              "vocabulary size.");
+  NllRows r;
+  r.here = valid & t.ge(class_offset) & t.lt(class_offset + local_classes);
+  r.index = (t - class_offset).clamp(0, std::max<int64_t>(local_classes - 1, 0)).unsqueeze(1);
+  r.weight = weight.defined() ? weight.to(lp.scalar_type()).index_select(0, t) * valid
+                              : valid.to(lp.scalar_type());
+  return r;
+}
+
+// nll_loss/nll_loss2d logits: [C], [N, C] or [N, C, H, W], class dim sharded.
+bool classShardedLogits(const at::Tensor& self, int64_t& class_dim, const DTensorImpl*& impl,
+                        std::optional<ClassSharding>& cs) {
+  impl = maybeGetDTensorImpl(self);
+  if (impl == nullptr) return false;
+  class_dim = self.dim() == 1 ? 0 : 1;
+  cs = classSharding(impl->spec(), class_dim);
+  return cs.has_value();
+}
+
+// Local log-probabilities as [rows, local classes].
+at::Tensor asRows(const at::Tensor& local, int64_t class_dim) {
+  const int64_t classes = local.size(class_dim);
+  int64_t rows = 1;
+  for (int64_t d = 0; d < local.dim(); ++d)
+    if (d != class_dim) rows *= local.size(d);
+  return local.movedim(class_dim, -1).reshape({rows, classes});
+}
+
+// The per-row target of this rank and its global shape.
+at::Tensor targetRows(const at::Tensor& target, const DeviceMesh& mesh, const ClassSharding& cs,
+                      std::vector<int64_t>* global_shape = nullptr) {
+  if (global_shape) {
+    auto* impl = maybeGetDTensorImpl(target);
+    *global_shape = impl ? impl->spec().shape : target.sizes().vec();
+  }
+  return localAs(target, mesh, cs.rows);
+}
+
+bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  if (!loss_parallel_on) return false;
+  const at::Tensor self = args[0].toTensor();
+  auto* impl = maybeGetDTensorImpl(self);
+  if (impl == nullptr) return false;
+  const int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), self.dim());
+  auto cs = classSharding(impl->spec(), dim);
+  if (!cs) return false;
+  const bool half_to_float = args[2].toBool();
+  const DTensorSpec& s = impl->spec();
+  at::Tensor x = half_to_float ? impl->local().to(at::kFloat) : impl->local();
+  at::Tensor max;
+  if (x.size(dim) == 0) {  // an empty shard (fewer classes than ranks)
+    auto shape = x.sizes().vec();
+    shape[dim] = 1;
+    max = at::full(shape, -std::numeric_limits<double>::infinity(), x.options());
+  } else {
+    max = std::get<0>(x.max(dim, /*keepdim=*/true)).contiguous();
+  }
+  allReduce(s, cs->class_dims, max, ReduceOp::Max);
+  at::Tensor shifted = x - max;
+  at::Tensor sumexp = shifted.exp().sum(dim, /*keepdim=*/true);
+  allReduce(s, cs->class_dims, sumexp, ReduceOp::Sum);
+  at::Tensor out = shifted - sumexp.log();
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(wrap(std::move(out), s, s.placements, s.shape));
+  return true;
+}
+
+bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 4);
+  const at::Tensor grad = args[0].toTensor(), output = args[1].toTensor();
+  auto* out_impl = maybeGetDTensorImpl(output);
+  if (out_impl == nullptr) return false;
+  const DTensorSpec& s = out_impl->spec();
+  const int64_t dim = c10::maybe_wrap_dim(args[2].toInt(), output.dim());
+  auto cs = classSharding(s, dim);
+  if (!cs) return false;
+  const auto input_dtype = static_cast<at::ScalarType>(args[3].toInt());
+  at::Tensor g = localAs(grad, s.mesh, s.placements);
+  at::Tensor rowsum;
+  if (last_nll_grad.matches(g)) {
+    auto shape = g.movedim(dim, -1).sizes().vec();
+    shape.back() = 1;
+    rowsum = last_nll_grad.rowsum.reshape(shape).movedim(-1, dim);
+  } else {
+    rowsum = g.sum(dim, /*keepdim=*/true);
+    allReduce(s, cs->class_dims, rowsum, ReduceOp::Sum);
+  }
+  last_nll_grad = NllGradRowSums{};
+  at::Tensor grad_in = (g - out_impl->local().exp() * rowsum).to(input_dtype);
+  torch::jit::drop(*stack, 4);
+  stack->emplace_back(wrap(std::move(grad_in), s, s.placements, s.shape));
+  return true;
+}
+
+bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 5);
+  if (!loss_parallel_on) return false;
+  int64_t class_dim = 0;
+  const DTensorImpl* impl = nullptr;
+  std::optional<ClassSharding> cs;
+  if (!classShardedLogits(args[0].toTensor(), class_dim, impl, cs)) return false;
+  const DTensorSpec& s = impl->spec();
+  const int64_t reduction = args[3].toInt();
+  const at::Tensor lp = asRows(impl->local(), class_dim);
+  std::vector<int64_t> target_shape;
+  const at::Tensor target = targetRows(args[1].toTensor(), s.mesh, *cs, &target_shape);
+  NllRows r = nllRows(lp, target.reshape({-1}), fullWeight(args[2]), args[4].toInt(),
+                      s.local_offset()[class_dim], s.shape[class_dim]);
+  at::Tensor picked = lp.size(1) == 0 ? at::zeros({lp.size(0)}, lp.options())
+                                      : lp.gather(1, r.index).squeeze(1) * r.here;
+  allReduce(s, cs->class_dims, picked, ReduceOp::Sum);
+  at::Tensor loss = -picked * r.weight;
+  at::Tensor total = r.weight.sum();
+
+  // Per-row losses follow the rows; sums are partial over batch-sharded dims.
+  Placements sums = cs->rows;
+  for (auto& p : sums)
+    if (p.is_shard()) p = Partial();
+  at::Tensor out;
+  Placements out_placements = sums, total_placements = sums;
+  std::vector<int64_t> out_shape;
+  if (reduction == kNone) {
+    out = loss.reshape(target.sizes());
+    out_placements = cs->rows;
+    out_shape = target_shape;
+  } else if (reduction == kSum) {
+    out = loss.sum();
+  } else {
+    allReduce(s, cs->batch_dims, total, ReduceOp::Sum);
+    total_placements = Placements(s.placements.size(), Replicate());
+    out = loss.sum() / total;
+  }
+  torch::jit::drop(*stack, 5);
+  stack->emplace_back(wrap(std::move(out), s, out_placements, out_shape));
+  stack->emplace_back(wrap(std::move(total), s, total_placements, {}));
+  return true;
+}
+
+bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 7);
+  int64_t class_dim = 0;
+  const DTensorImpl* impl = nullptr;
+  std::optional<ClassSharding> cs;
+  if (!classShardedLogits(args[1].toTensor(), class_dim, impl, cs)) return false;
+  const DTensorSpec& s = impl->spec();
+  const int64_t reduction = args[4].toInt();
+  const at::Tensor lp = asRows(impl->local(), class_dim);
+  NllRows r = nllRows(lp, targetRows(args[2].toTensor(), s.mesh, *cs).reshape({-1}), fullWeight(args[3]),
+                      args[5].toInt(), s.local_offset()[class_dim], s.shape[class_dim]);
+  const Placements replicated(s.placements.size(), Replicate());
+  at::Tensor g = localAs(args[0].toTensor(), s.mesh, reduction == kNone ? cs->rows : replicated);
+  at::Tensor coeff = -g.reshape({-1}).to(lp.scalar_type()) * r.weight;
+  if (reduction == kMean) coeff = coeff / localAs(args[6].toTensor(), s.mesh, replicated).to(lp.scalar_type());
+  at::Tensor grad = at::zeros_like(lp);
+  if (lp.size(1) > 0) grad.scatter_(1, r.index, (coeff * r.here).unsqueeze(1));
+  const at::Tensor moved = impl->local().movedim(class_dim, -1);
+  grad = grad.reshape(moved.sizes()).movedim(-1, class_dim);
+  last_nll_grad = NllGradRowSums{c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()),
+                                 grad.data_ptr(), grad.numel(), grad._version(), coeff};
+  torch::jit::drop(*stack, 7);
+  stack->emplace_back(wrap(std::move(grad), s, s.placements, s.shape));
+  return true;
+}
+
+}  // namespace
+
+void registerLossParallelRules(RuleRegistry& r) {
+  r.add_handler("aten::_log_softmax", logSoftmax);
+  r.add_handler("aten::_log_softmax_backward_data", logSoftmaxBackward);
+  r.add_handler("aten::nll_loss_forward", nllLossForward);
+  r.add_handler("aten::nll_loss_backward", nllLossBackward);
+  r.add_handler("aten::nll_loss2d_forward", nllLossForward);
+  r.add_handler("aten::nll_loss2d_backward", nllLossBackward);
+}
+
+LossParallelGuard::LossParallelGuard() : prev_(loss_parallel_on) { loss_parallel_on = true; }
+LossParallelGuard::~LossParallelGuard() { loss_parallel_on = prev_; }
+bool LossParallelGuard::enabled() { return loss_parallel_on; }
+
+at::Tensor loss_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                                       const torch::nn::functional::CrossEntropyFuncOptions& options) {
+  LossParallelGuard guard;
+  return torch::nn::functional::cross_entropy(logits, target, options);
+}
+
+}  // namespace dtp

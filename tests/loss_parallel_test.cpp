@@ -1,0 +1,170 @@
+// loss_parallel: cross-entropy on class-sharded logits, ported from PyTorch's
+// test_math_ops.py::test_loss_parallel (3 all-reduces forward, none backward,
+// values equal to one device) plus what PyTorch leaves out: uneven and empty
+// class shards, batch sharding, 2-D meshes, ignore_index, label smoothing.
+#include "dist.h"
+#include "parity.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/parallel/loss_parallel.h"
+
+#include <torch/nn/functional/loss.h>
+
+using namespace dtp;
+using dtp::test::data;
+using dtp::test::run_ranks;
+namespace F = torch::nn::functional;
+
+namespace {
+
+F::CrossEntropyFuncOptions::reduction_t reductionOf(int i) {
+  if (i == 0) return torch::kNone;
+  if (i == 1) return torch::kMean;
+  return torch::kSum;
+}
+
+at::Tensor targets(std::vector<int64_t> shape, int64_t classes, bool with_ignored = false) {
+  at::Tensor t = at::remainder(at::arange(c10::multiply_integers(shape), at::kLong) * 7 + 3, classes).view(shape);
+  if (with_ignored) t.view(-1).index_put_({at::arange(0, t.numel(), 3)}, -100);
+  return t;
+}
+
+// Cross-entropy of `logits` sharded by `pls` against one device: value,
+// gradient and collectives forward and backward.
+void checkCrossEntropy(const DeviceMesh& mesh, const at::Tensor& x, const at::Tensor& target,
+                       const Placements& pls, const F::CrossEntropyFuncOptions& opts,
+                       int64_t fwd_all_reduces, int64_t bwd_total, bool dtensor_target = false) {
+  at::Tensor ref_x = x.detach().clone().requires_grad_(true);
+  at::Tensor y = F::cross_entropy(ref_x, target, opts);
+  at::Tensor dx = distribute_tensor(x.detach().clone().requires_grad_(true), mesh, pls);
+  at::Tensor t = target;
+  if (dtensor_target) {
+    Placements tp;
+    for (const auto& p : pls) tp.push_back(p.is_shard() && p.dim == 0 ? Shard(0) : Replicate());
+    t = distribute_tensor(target, mesh, tp);
+  }
+  LossParallelGuard guard;
+  CommCounter fwd;
+  at::Tensor dy = F::cross_entropy(dx, t, opts);
+  if (fwd_all_reduces >= 0) {
+    EXPECT_EQ(fwd.count(CollectiveType::AllReduce), fwd_all_reduces) << fwd.str();
+    EXPECT_EQ(fwd.total_count(), fwd_all_reduces) << fwd.str();
+  }
+  ASSERT_TRUE(is_dtensor(dy));
+  at::Tensor full_y = full_tensor(dy);
+  ASSERT_EQ(full_y.sizes(), y.sizes());
+  EXPECT_TRUE(full_y.allclose(y, 1e-6, 1e-6)) << full_y << y;
+  CommCounter bwd;
+  (opts.reduction().index() == 0 ? dy.sum() : dy).backward();
+  if (bwd_total >= 0) EXPECT_EQ(bwd.total_count(), bwd_total) << bwd.str();
+  (opts.reduction().index() == 0 ? y.sum() : y).backward();
+  ASSERT_TRUE(dx.grad().defined());
+  EXPECT_EQ(placements(dx.grad()), pls);
+  EXPECT_TRUE(full_tensor(dx.grad()).allclose(ref_x.grad(), 1e-6, 1e-6));
+}
+
+class LossParallelTest : public ::testing::TestWithParam<int> {};
+
+// PyTorch's test: [8, C] (nll_loss) and [8, C, 12] (nll_loss2d), weight,
+// every reduction; here also with an uneven class count and an empty shard.
+TEST_P(LossParallelTest, ClassShardedMatchesOneDeviceWithThreeAllReducesForward) {
+  const int w = GetParam();
+  run_ranks(w, [&](int) {
+    auto mesh = init_device_mesh("cpu", {w});
+    for (int64_t classes : {16, 2 * w + 1, w - 1 > 1 ? w - 1 : 3}) {
+      at::Tensor weight = data({classes}, 2.0).abs().to(at::kFloat) + 0.1;
+      for (bool three_d : {false, true}) {
+        std::vector<int64_t> shape = three_d ? std::vector<int64_t>{8, classes, 12}
+                                             : std::vector<int64_t>{8, classes};
+        std::vector<int64_t> tshape = three_d ? std::vector<int64_t>{8, 12} : std::vector<int64_t>{8};
+        at::Tensor x = data(shape).to(at::kFloat) * 3;
+        for (int red = 0; red < 3; ++red) {
+          SCOPED_TRACE("classes " + std::to_string(classes) + (three_d ? " 3-D" : " 2-D") + " reduction " +
+                       std::to_string(red));
+          checkCrossEntropy(mesh, x, targets(tshape, classes), {Shard(1)},
+                            F::CrossEntropyFuncOptions().weight(weight).reduction(reductionOf(red)), 3, 0);
+        }
+      }
+    }
+  });
+}
+
+TEST_P(LossParallelTest, IgnoreIndexDTensorTargetAndOneSample) {
+  const int w = GetParam();
+  run_ranks(w, [&](int) {
+    auto mesh = init_device_mesh("cpu", {w});
+    at::Tensor x = data({6, 11}).to(at::kFloat);
+    for (int red = 0; red < 3; ++red) {
+      checkCrossEntropy(mesh, x, targets({6}, 11, /*with_ignored=*/true), {Shard(1)},
+                        F::CrossEntropyFuncOptions().reduction(reductionOf(red)), 3, 0, /*dtensor_target=*/true);
+    }
+    // One sample: logits [C], target 0-dim.
+    checkCrossEntropy(mesh, data({11}).to(at::kFloat), at::scalar_tensor(4, at::kLong), {Shard(0)},
+                      F::CrossEntropyFuncOptions(), 3, 0);
+  });
+}
+
+// Label smoothing goes through the general path: exact for none and sum;
+// a mean needs masked_select on the smoothing term, which is a clear error.
+TEST_P(LossParallelTest, LabelSmoothingIsExactOrAClearError) {
+  const int w = GetParam();
+  run_ranks(w, [&](int) {
+    auto mesh = init_device_mesh("cpu", {w});
+    at::Tensor x = data({5, 9}).to(at::kFloat) * 2;
+    for (int red : {0, 2}) {
+      checkCrossEntropy(mesh, x, targets({5}, 9), {Shard(1)},
+                        F::CrossEntropyFuncOptions().label_smoothing(0.1).reduction(reductionOf(red)), -1, -1);
+    }
+    at::Tensor dx = distribute_tensor(x, mesh, {Shard(1)});
+    LossParallelGuard guard;
+    try {
+      F::cross_entropy(dx, targets({5}, 9), F::CrossEntropyFuncOptions().label_smoothing(0.1));
+      ADD_FAILURE() << "label smoothing with a mean did not raise";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("label_smoothing"), std::string::npos) << e.what();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LossParallelTest, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// PyTorch raises for non-class sharding under loss_parallel; dtp computes it
+// (batch rows are independent) and supports dp x tp meshes.
+TEST(LossParallelMeshTest, BatchShardingAndTwoDimensionalMesh) {
+  run_ranks(4, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    at::Tensor x = data({6, 10}).to(at::kFloat);
+    at::Tensor weight = data({10}, 1.0).abs().to(at::kFloat);
+    for (int red = 0; red < 3; ++red) {
+      auto opts = F::CrossEntropyFuncOptions().weight(weight).reduction(reductionOf(red));
+      // 3 all-reduces on tp; a mean also sums the total weight over dp.
+      checkCrossEntropy(mesh, x, targets({6}, 10), {Shard(0), Shard(1)}, opts, red == 1 ? 4 : 3, -1,
+                        /*dtensor_target=*/true);
+      checkCrossEntropy(mesh, x, targets({6}, 10), {Replicate(), Shard(1)}, opts, 3, 0);
+    }
+    auto m1 = init_device_mesh("cpu", {4});
+    checkCrossEntropy(m1, x, targets({6}, 10), {Shard(0)}, F::CrossEntropyFuncOptions(), -1, -1);
+  });
+}
+
+TEST(LossParallelMeshTest, DirectFunctionNeedsNoGuard) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor x = data({4, 6}).to(at::kFloat);
+    at::Tensor t = targets({4}, 6);
+    at::Tensor dx = distribute_tensor(x.detach().clone().requires_grad_(true), mesh, {Shard(1)});
+    EXPECT_FALSE(LossParallelGuard::enabled());
+    CommCounter comm;
+    at::Tensor loss = loss_parallel_cross_entropy(dx, t);
+    loss.backward();
+    EXPECT_EQ(comm.total_count(), 3) << comm.str();
+    EXPECT_FALSE(LossParallelGuard::enabled());
+    at::Tensor rx = x.detach().clone().requires_grad_(true);
+    F::cross_entropy(rx, t).backward();
+    EXPECT_TRUE(full_tensor(loss).allclose(F::cross_entropy(x, t), 1e-6, 1e-6));
+    EXPECT_TRUE(full_tensor(dx.grad()).allclose(rx.grad(), 1e-6, 1e-6));
+  });
+}
+
+}  // namespace
