@@ -33,7 +33,7 @@ inline c10d::TCPStoreOptions tcpStoreOptions(
   opts.port = port;
   opts.isServer = is_server;
   opts.numWorkers = world_size;
-  opts.waitWorkers = true;
+  opts.waitWorkers = false;  // rendezvous.cpp counts the ranks that joined itself
   opts.timeout = timeout;
 #if TORCH_VERSION_MAJOR >= 2 && TORCH_VERSION_MINOR >= 4
   opts.useLibUV = false;

@@ -1,6 +1,7 @@
 #include "dtp/process_group.h"
 
 #include "comm/compat.h"
+#include "comm/error_text.h"
 #include "dtp/comm_counter.h"
 
 #include <ATen/ATen.h>
@@ -148,7 +149,7 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "dtp: rank ", rank, " could not connect to the other ", size - 1,
                 " ranks of the world group (timeout ", options.timeout.count() / 1000,
-                " s): ", e.what(),
+                " s): ", error_text(e),
                 "\nCheck that all WORLD_SIZE ranks were started with the same "
                 "MASTER_ADDR/MASTER_PORT.");
   }
@@ -201,7 +202,7 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
       TORCH_CHECK(false, "dtp: could not create a sub-group of ranks ",
                   c10::IntArrayRef(std::vector<int64_t>(impl->global_ranks.begin(),
                                                         impl->global_ranks.end())),
-                  ": ", e.what(),
+                  ": ", error_text(e),
                   "\nEvery rank of the parent group must call new_group in the same order.");
     }
   }
@@ -222,7 +223,7 @@ Work finish(const ProcessGroup::Impl& g, const char* what,
     try {
       work->wait();
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "dtp: ", where, " failed: ", e.what(),
+      TORCH_CHECK(false, "dtp: ", where, " failed: ", error_text(e),
                   "\nA peer rank exited, crashed or did not reach this collective within ",
                   timeout_s, " s. Check the other ranks' output.");
     }

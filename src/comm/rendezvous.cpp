@@ -2,10 +2,12 @@
 #include "dtp/process_group.h"
 
 #include "comm/compat.h"
+#include "comm/error_text.h"
 
 #include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 namespace dtp {
 namespace {
@@ -74,10 +76,21 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "dtp: rendezvous failed for rank ", *rank, " of ", *world, " at ",
                 addr, ":", port, " (timeout ", options.timeout.count() / 1000, " s): ",
-                e.what(),
+                error_text(e),
                 "\nCheck that all WORLD_SIZE ranks were started, that MASTER_ADDR/MASTER_PORT "
                 "are the same everywhere and reachable, and that the port is free.");
   }
+  // libtorch 1.13's TCPStore stops waiting for workers silently: count the
+  // ranks that joined so that a missing one is named here, after the timeout.
+  store->add("dtp/joined", 1);
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  int64_t joined = 0;
+  while ((joined = store->add("dtp/joined", 0)) < *world && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  TORCH_CHECK(joined >= *world, "dtp: rendezvous at ", addr, ":", port, " timed out after ",
+              options.timeout.count() / 1000, " s: only ", joined, " of WORLD_SIZE=", *world,
+              " ranks joined. Start every rank (dtprun -n ", *world, " ...), or raise DTP_TIMEOUT_S "
+              "if they start slowly.");
   ProcessGroup world_group = ProcessGroup::create(store, *rank, *world, options);
   set_default_process_group(world_group);
   return world_group;

@@ -34,7 +34,7 @@ struct NllGradRowSums {
   c10::weak_intrusive_ptr<c10::TensorImpl> local{c10::intrusive_ptr<c10::TensorImpl>()};
   const void* data = nullptr;
   int64_t numel = 0;
-  uint32_t version = 0;
+  int64_t version = 0;
   at::Tensor rowsum;  // one per row, rows in the order of movedim(class, -1)
 
   bool matches(const at::Tensor& g) const {
