@@ -1,5 +1,7 @@
 #include "dtp/parallel/parallelize.h"
 
+#include "dtp/module_utils.h"
+
 #include <torch/nn/module.h>
 
 #include <fnmatch.h>
@@ -35,12 +37,31 @@ void checkMesh(const DeviceMesh& mesh) {
               mesh.str(), ". Slice the tensor-parallel dimension by name, e.g. mesh[\"tp\"].");
 }
 
+// Applies `style` to `m`, then hands each parameter it replaced to every other
+// module of `root` that held the same tensor, so tied weights stay tied (a
+// Rowwise Embedding and a Colwise output Linear sharing one Shard(0) weight).
+void applyKeepingTies(torch::nn::Module& root, torch::nn::Module& m, const std::string& fqn,
+                      const ParallelStyle& style, const DeviceMesh& mesh, std::optional<int> src) {
+  std::vector<std::pair<std::string, at::Tensor>> before;
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) before.emplace_back(p.key(), p.value());
+  style.apply(m, fqn, mesh, src);
+  const auto after = m.named_parameters(/*recurse=*/false);
+  for (const auto& [name, old] : before) {
+    const at::Tensor* now = after.find(name);
+    if (now == nullptr || now->is_same(old)) continue;
+    for (const auto& other : root.modules(/*include_self=*/true)) {
+      for (const auto& q : other->named_parameters(/*recurse=*/false))
+        if (q.value().is_same(old)) set_parameter(*other, q.key(), *now);
+    }
+  }
+}
+
 }  // namespace
 
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh, const ParallelStyle& style,
                         std::optional<int> src_data_rank) {
   checkMesh(mesh);
-  style.apply(module, "", mesh, src_data_rank);
+  applyKeepingTies(module, module, "", style, mesh, src_data_rank);
 }
 
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
@@ -67,7 +88,7 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
     }
   }
   for (size_t i = 0; i < plan.size(); ++i)
-    for (auto& [fqn, m] : targets[i]) plan[i].style->apply(*m, fqn, mesh, src_data_rank);
+    for (auto& [fqn, m] : targets[i]) applyKeepingTies(module, *m, fqn, *plan[i].style, mesh, src_data_rank);
 }
 
 void parallelize_module(torch::nn::Module& module, const ParallelizePlan& plan,

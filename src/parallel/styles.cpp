@@ -27,9 +27,15 @@ void shardParam(torch::nn::Module& m, const std::string& fqn, const std::string&
   auto params = m.named_parameters(/*recurse=*/false);
   const at::Tensor* t = params.find(name);
   if (t == nullptr || !t->defined()) return;  // e.g. Linear without bias
-  TORCH_CHECK(!is_dtensor(*t), "parallelize_module: parameter '", name, "' of '", fqn,
-              "' is already a DTensor ", dtensor_spec(*t).str(),
-              ". Each module can be parallelized once; check for overlapping plan entries.");
+  if (is_dtensor(*t)) {
+    // A weight tied to one parallelized before (parallelize.cpp keeps ties).
+    if (device_mesh(*t) == mesh && placements(*t) == Placements{p}) return;
+    TORCH_CHECK(false, "parallelize_module: parameter '", name, "' of '", fqn, "' is already a DTensor ",
+                dtensor_spec(*t).str(), ", and this style wants ", to_string(Placements{p}),
+                ". Each module can be parallelized once (check for overlapping plan entries); a weight "
+                "tied to another module's must get the same placement from both (Rowwise Embedding "
+                "and Colwise Linear both use Shard(0)).");
+  }
   at::Tensor local = t->detach().requires_grad_(t->requires_grad());
   set_parameter(m, name, distribute_tensor(local, mesh, {p}, src));
 }

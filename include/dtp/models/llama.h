@@ -1,0 +1,112 @@
+// A Llama-style decoder written with dtp::nn fields, so that
+// apply_tensor_parallel can parallelize it the way torchtitan does:
+// token embedding, RMSNorm, rotary embeddings, grouped-query attention with a
+// causal mask, SwiGLU MLP, final norm, output head (optionally tied).
+#pragma once
+
+#include "dtp/device_mesh.h"
+#include "dtp/nn/modules.h"
+
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <optional>
+
+namespace dtp::models {
+
+struct LlamaConfig {
+  int64_t vocab_size = 256;  // byte-level tokens
+  int64_t dim = 128;
+  int64_t n_layers = 2;
+  int64_t n_heads = 4;
+  int64_t n_kv_heads = 2;
+  int64_t ffn_hidden = 0;  // 0: the SwiGLU default, 2/3 of 4*dim rounded up to 32
+  int64_t max_seq_len = 256;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  double dropout = 0.0;  // after attention and MLP, before the residual add
+  bool tie_embeddings = false;
+  // A pipeline stage holds some layers only: no embedding, no head.
+  bool with_embedding = true;
+  bool with_head = true;
+  uint64_t seed = 0;  // deterministic init
+
+  int64_t head_dim() const { return dim / n_heads; }
+  int64_t hidden() const;
+  // Checks sizes; errors name the value and the fix.
+  void validate() const;
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const LlamaConfig& c);
+  // x: [batch, seq, dim] -> [batch, seq, dim]
+  at::Tensor forward(const at::Tensor& x);
+
+  dtp::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  at::Tensor rope_cos, rope_sin;  // [max_seq_len, head_dim / 2]
+  int64_t head_dim, n_rep;
+};
+DTP_MODULE(Attention);
+
+// SwiGLU: w2(silu(w1 x) * w3 x); w1 is the gate, w3 the up and w2 the down
+// projection (torchtitan's names).
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  explicit FeedForwardImpl(const LlamaConfig& c);
+  at::Tensor forward(const at::Tensor& x);
+  dtp::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+DTP_MODULE(FeedForward);
+
+class TransformerBlockImpl : public torch::nn::Module {
+ public:
+  explicit TransformerBlockImpl(const LlamaConfig& c);
+  at::Tensor forward(const at::Tensor& x);
+  dtp::nn::RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
+  Attention attention{nullptr};
+  FeedForward feed_forward{nullptr};
+  dtp::nn::Dropout dropout{nullptr};
+};
+DTP_MODULE(TransformerBlock);
+
+class LlamaImpl : public torch::nn::Module {
+ public:
+  explicit LlamaImpl(LlamaConfig c);
+  // tokens [batch, seq] (i64) -> logits [batch, seq, vocab]; a stage maps
+  // activations [batch, seq, dim] to activations.
+  at::Tensor forward(const at::Tensor& input);
+  // Parameters without the tied duplicate, in a fixed order (for optimizers
+  // and checkpoints).
+  std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters() const;
+  std::vector<at::Tensor> unique_parameters() const;
+
+  LlamaConfig config;
+  dtp::nn::Embedding tok_embeddings{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  dtp::nn::RMSNorm norm{nullptr};
+  dtp::nn::Linear output{nullptr};
+};
+DTP_MODULE(Llama);
+
+// Mean cross-entropy of logits [batch, seq, vocab] against targets
+// [batch, seq]; vocab-sharded DTensor logits go through loss_parallel.
+at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+// The "tp" dimension of `mesh`, or nothing when it has none.
+std::optional<DeviceMesh> get_tp_mesh(const DeviceMesh& mesh);
+
+struct TensorParallelOptions {
+  bool sequence_parallel = true;
+  int64_t seq_len = 0;  // the training sequence length, checked under SP (0: unchecked)
+};
+
+// Parallelizes the model over mesh["tp"] as torchtitan does: q/k/v and w1/w3
+// Colwise, wo and w2 Rowwise, norms SequenceParallel with PrepareModuleInput
+// on attention and MLP, embedding Rowwise (output Shard(1) under SP), output
+// head Colwise with vocab-sharded logits for loss_parallel. A mesh without
+// "tp" leaves the model unchanged with a warning. A pipeline stage (no
+// embedding or head) gets TP without SP. Validation happens before anything
+// changes.
+void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options = {});
+
+}  // namespace dtp::models

@@ -1,0 +1,175 @@
+// The reference Llama-style decoder. Written for plain tensors; under tensor
+// parallelism the attention core sees this rank's heads as plain tensors (the
+// Colwise projections return local shards), so head counts come from -1.
+#include "dtp/models/llama.h"
+
+#include "dtp/dtensor.h"
+#include "dtp/module_utils.h"
+#include "dtp/parallel/loss_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+
+#include <cmath>
+#include <unordered_set>
+
+namespace dtp::models {
+
+int64_t LlamaConfig::hidden() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  const int64_t h = 2 * 4 * dim / 3;
+  return (h + 31) / 32 * 32;
+}
+
+void LlamaConfig::validate() const {
+  TORCH_CHECK(dim > 0 && n_layers >= 0 && n_heads > 0 && vocab_size > 0 && max_seq_len > 0,
+              "LlamaConfig: dim, n_heads, vocab_size and max_seq_len must be positive.");
+  TORCH_CHECK(dim % n_heads == 0, "LlamaConfig: dim=", dim, " is not divisible by n_heads=", n_heads,
+              ". Pick dim as a multiple of n_heads.");
+  TORCH_CHECK(head_dim() % 2 == 0, "LlamaConfig: head_dim=dim/n_heads=", head_dim(),
+              " must be even for rotary embeddings.");
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "LlamaConfig: n_heads=", n_heads,
+              " is not a multiple of n_kv_heads=", n_kv_heads, ". Pick n_kv_heads dividing n_heads.");
+  TORCH_CHECK(!tie_embeddings || (with_embedding && with_head),
+              "LlamaConfig: tie_embeddings needs both the embedding and the head in this module.");
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "LlamaConfig: dropout=", dropout, " must be in [0, 1).");
+}
+
+namespace {
+
+// Fills every parameter from one generator in registration order: normal(0,
+// 0.02), output projections of the residual branches scaled by
+// 1/sqrt(2 n_layers) (GPT-2), norms 1.
+void initParameters(torch::nn::Module& model, const LlamaConfig& c) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c.seed);
+  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(c.n_layers, 1));
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.named_parameters()) {
+    const std::string& name = p.key();
+    if (name.find("norm") != std::string::npos) {
+      p.value().fill_(1.0);
+    } else {
+      const bool residual = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
+      p.value().copy_(at::normal(0.0, residual ? residual_std : std, p.value().sizes(), gen));
+    }
+  }
+}
+
+// x: [batch, seq, heads, head_dim]; pairs (2i, 2i+1) rotate by position.
+at::Tensor applyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t seq = x.size(1);
+  auto pairs = x.unflatten(-1, {-1, 2});
+  auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
+  auto c = cos.narrow(0, 0, seq).view({1, seq, 1, -1}), s = sin.narrow(0, 0, seq).view({1, seq, 1, -1});
+  return at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(-2);
+}
+
+}  // namespace
+
+AttentionImpl::AttentionImpl(const LlamaConfig& c)
+    : head_dim(c.head_dim()), n_rep(c.n_heads / c.n_kv_heads) {
+  auto linear = [&](int64_t in, int64_t out) {
+    return dtp::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  wq = register_module("wq", linear(c.dim, c.n_heads * head_dim));
+  wk = register_module("wk", linear(c.dim, c.n_kv_heads * head_dim));
+  wv = register_module("wv", linear(c.dim, c.n_kv_heads * head_dim));
+  wo = register_module("wo", linear(c.n_heads * head_dim, c.dim));
+  const auto freqs = at::pow(c.rope_theta, -at::arange(0, head_dim, 2, at::kDouble) / head_dim);
+  const auto angles = at::outer(at::arange(c.max_seq_len, at::kDouble), freqs);
+  rope_cos = register_buffer("rope_cos", angles.cos().to(at::kFloat));
+  rope_sin = register_buffer("rope_sin", angles.sin().to(at::kFloat));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  TORCH_CHECK(seq <= rope_cos.size(0), "Attention: sequence length ", seq, " exceeds max_seq_len=",
+              rope_cos.size(0), ". Raise LlamaConfig::max_seq_len.");
+  // Under TP these are this rank's heads, plain tensors.
+  at::Tensor q = wq(x).view({batch, seq, -1, head_dim});
+  at::Tensor k = wk(x).view({batch, seq, -1, head_dim});
+  at::Tensor v = wv(x).view({batch, seq, -1, head_dim});
+  q = applyRope(q, rope_cos, rope_sin);
+  k = applyRope(k, rope_cos, rope_sin);
+  if (n_rep > 1) {
+    const int64_t kv = k.size(2);
+    k = k.unsqueeze(3).expand({batch, seq, kv, n_rep, head_dim}).reshape({batch, seq, kv * n_rep, head_dim});
+    v = v.unsqueeze(3).expand({batch, seq, kv, n_rep, head_dim}).reshape({batch, seq, kv * n_rep, head_dim});
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  const at::Tensor future = at::ones({seq, seq}, at::kBool).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  at::Tensor out = at::matmul(at::softmax(scores, -1), v);
+  return wo(out.transpose(1, 2).reshape({batch, seq, -1}));
+}
+
+FeedForwardImpl::FeedForwardImpl(const LlamaConfig& c) {
+  auto linear = [&](int64_t in, int64_t out) {
+    return dtp::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  w1 = register_module("w1", linear(c.dim, c.hidden()));
+  w2 = register_module("w2", linear(c.hidden(), c.dim));
+  w3 = register_module("w3", linear(c.dim, c.hidden()));
+}
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) { return w2(at::silu(w1(x)) * w3(x)); }
+
+TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& c) {
+  attention_norm = register_module("attention_norm", dtp::nn::RMSNorm(c.dim, c.norm_eps));
+  attention = register_module("attention", Attention(c));
+  ffn_norm = register_module("ffn_norm", dtp::nn::RMSNorm(c.dim, c.norm_eps));
+  feed_forward = register_module("feed_forward", FeedForward(c));
+  dropout = register_module("dropout", dtp::nn::Dropout(c.dropout));
+}
+
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x + dropout(attention(attention_norm(x)));
+  return h + dropout(feed_forward(ffn_norm(h)));
+}
+
+LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
+  config.validate();
+  if (config.with_embedding)
+    tok_embeddings = register_module("tok_embeddings", dtp::nn::Embedding(config.vocab_size, config.dim));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layers; ++i) layers->push_back(TransformerBlock(config));
+  if (config.with_head) {
+    norm = register_module("norm", dtp::nn::RMSNorm(config.dim, config.norm_eps));
+    output = register_module(
+        "output", dtp::nn::Linear(torch::nn::LinearOptions(config.dim, config.vocab_size).bias(false)));
+  }
+  initParameters(*this, config);
+  if (config.tie_embeddings) set_parameter(*output, "weight", tok_embeddings->weight);
+}
+
+at::Tensor LlamaImpl::forward(const at::Tensor& input) {
+  at::Tensor h = config.with_embedding ? tok_embeddings(input) : input;
+  for (const auto& layer : *layers) h = layer->as<TransformerBlockImpl>()->forward(h);
+  if (!config.with_head) return h;
+  return output(norm(h));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaImpl::unique_named_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : named_parameters())
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+std::vector<at::Tensor> LlamaImpl::unique_parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& p : unique_named_parameters()) out.push_back(p.second);
+  return out;
+}
+
+at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  const at::Tensor flat = logits.flatten(0, 1), t = targets.flatten();
+  if (is_dtensor(logits)) return loss_parallel_cross_entropy(flat, t);
+  return torch::nn::functional::cross_entropy(flat, t);
+}
+
+}  // namespace dtp::models

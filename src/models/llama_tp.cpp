@@ -1,0 +1,98 @@
+// apply_tensor_parallel: the torchtitan plan for the reference Llama.
+#include "dtp/distribute_module.h"
+#include "dtp/dtensor.h"
+#include "dtp/models/llama.h"
+#include "dtp/parallel/parallelize.h"
+
+#include <algorithm>
+#include <iostream>
+
+namespace dtp::models {
+
+std::optional<DeviceMesh> get_tp_mesh(const DeviceMesh& mesh) {
+  for (const auto& name : mesh.mesh_dim_names())
+    if (name == "tp") return mesh.ndim() == 1 ? mesh : mesh["tp"];
+  return std::nullopt;
+}
+
+namespace {
+
+void checkDivisible(const char* what, int64_t value, int64_t tp, const char* fix) {
+  TORCH_CHECK(value % tp == 0, "apply_tensor_parallel: ", what, "=", value, " is not divisible by the tp degree ",
+              tp, ". ", fix);
+}
+
+}  // namespace
+
+void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options) {
+  auto tp_mesh = get_tp_mesh(mesh);
+  if (!tp_mesh) {
+    std::cerr << "dtp: apply_tensor_parallel: " << mesh.str()
+              << " has no \"tp\" dimension; the model stays unparallelized. Name a mesh dimension "
+                 "\"tp\" to shard it.\n";
+    return;
+  }
+  const LlamaConfig& c = model->config;
+  const int64_t tp = tp_mesh->size();
+  const bool stage = !c.with_embedding || !c.with_head;
+  const bool sp = options.sequence_parallel && !stage;
+  checkDivisible("n_heads", c.n_heads, tp, "Use a tp degree that divides n_heads, or change n_heads.");
+  checkDivisible("n_kv_heads", c.n_kv_heads, tp,
+                 "Use a tp degree that divides n_kv_heads, or raise n_kv_heads (up to n_heads).");
+  if (sp && options.seq_len > 0)
+    checkDivisible("seq_len", options.seq_len, tp,
+                   "Sequence parallelism shards the sequence evenly: use a multiple of tp, or disable it "
+                   "(--no-sp).");
+
+  // Activations between blocks: sequence-sharded under SP, else replicated;
+  // kept as DTensors (use_local_output = false) so dropout draws the same
+  // mask as one device.
+  const Placement residual = sp ? Placement(Shard(1)) : Placement(Replicate());
+  ParallelizePlan plan;
+  if (c.with_embedding)
+    plan.emplace_back("tok_embeddings", RowwiseParallel(RowwiseParallelOptions()
+                                                            .input_layouts(Replicate())
+                                                            .output_layouts(residual)
+                                                            .use_local_output(false)));
+  if (c.with_head) {
+    plan.emplace_back("output", ColwiseParallel(ColwiseParallelOptions()
+                                                    .input_layouts(residual)
+                                                    .output_layouts(Shard(-1))
+                                                    .use_local_output(false)));
+  }
+  if (sp) {
+    plan.emplace_back("norm", SequenceParallel());
+    plan.emplace_back("layers.*.attention_norm", SequenceParallel());
+    plan.emplace_back("layers.*.ffn_norm", SequenceParallel());
+    for (const char* m : {"layers.*.attention", "layers.*.feed_forward"})
+      plan.emplace_back(m, PrepareModuleInput(PrepareModuleInputOptions()
+                                                  .input_layouts({Shard(1)})
+                                                  .desired_input_layouts({Replicate()})));
+  }
+  const auto rowwise_out = RowwiseParallel(RowwiseParallelOptions().output_layouts(residual).use_local_output(false));
+  for (const char* m : {"wq", "wk", "wv"}) plan.emplace_back(std::string("layers.*.attention.") + m, ColwiseParallel());
+  plan.emplace_back("layers.*.attention.wo", rowwise_out);
+  for (const char* m : {"w1", "w3"}) plan.emplace_back(std::string("layers.*.feed_forward.") + m, ColwiseParallel());
+  plan.emplace_back("layers.*.feed_forward.w2", rowwise_out);
+  if (c.n_layers == 0) {
+    plan.erase(std::remove_if(plan.begin(), plan.end(),
+                              [](const PlanEntry& e) { return e.pattern.rfind("layers.", 0) == 0; }),
+               plan.end());
+  }
+  parallelize_module(*model, *tp_mesh, plan);
+
+  // Whatever the plan left plain (the norms without SP) is replicated. A
+  // stage takes and returns plain activations, replicated on every rank.
+  if (!stage) {
+    distribute_module(*model, *tp_mesh);
+    return;
+  }
+  distribute_module(
+      *model, *tp_mesh, nullptr,
+      [](std::vector<at::Tensor>& in, const DeviceMesh& m) {
+        if (!is_dtensor(in[0])) in[0] = from_local(in[0], m, {Replicate()}, /*run_check=*/false);
+      },
+      [](at::Tensor& out, const DeviceMesh& m) { out = to_local(redistribute(out, m, {Replicate()})); });
+}
+
+}  // namespace dtp::models

@@ -1,0 +1,210 @@
+// The reference Llama under apply_tensor_parallel against the same model on
+// one device: 3 AdamW steps with SP, without SP, with tied embeddings and with
+// dropout, on 2 and 4 ranks; exact forward collective counts; a pipeline
+// stage; and every validation error.
+#include "dist.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/dtensor.h"
+#include "dtp/models/llama.h"
+#include "dtp/random.h"
+
+#include <torch/optim/adamw.h>
+
+using namespace dtp;
+using namespace dtp::models;
+using dtp::test::run_ranks;
+
+namespace {
+
+struct Variant {
+  bool sp = true, tied = false;
+  double dropout = 0.0;
+};
+
+LlamaConfig smallConfig(int tp, const Variant& v) {
+  LlamaConfig c;
+  c.vocab_size = 67;  // uneven over 2 and 4 ranks
+  c.dim = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = tp == 4 ? 4 : 2;
+  c.ffn_hidden = 40;  // 10 per rank on 4 ranks
+  c.max_seq_len = 16;
+  c.tie_embeddings = v.tied;
+  c.dropout = v.dropout;
+  c.seed = 7;
+  return c;
+}
+
+at::Tensor tokens(int64_t batch, int64_t seq, int64_t vocab, int64_t step) {
+  return at::remainder(at::arange(batch * (seq + 1), at::kLong) * 13 + step * 5, vocab).view({batch, seq + 1});
+}
+
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, at::Tensor>> params;  // full
+};
+
+constexpr int kSteps = 3;
+constexpr int64_t kBatch = 2, kSeq = 8;
+
+Trace train(Llama& model, bool distributed) {
+  torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  Trace t;
+  for (int step = 0; step < kSteps; ++step) {
+    at::Tensor batch = tokens(kBatch, kSeq, model->config.vocab_size, step);
+    at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    t.losses.push_back(loss.item<double>());
+  }
+  for (auto& [name, p] : model->unique_named_parameters())
+    t.params.emplace_back(name, distributed && is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
+  return t;
+}
+
+// Dropout masks come from at::'s default generator on one device and from
+// dtp's generator for DTensors: seeded alike right before training.
+Trace reference(const LlamaConfig& c) {
+  Llama model(c);
+  at::manual_seed(123);
+  return train(model, false);
+}
+
+void expectSame(const Trace& got, const Trace& want, double tol) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], tol) << "step " << i;
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < got.params.size(); ++i) {
+    EXPECT_EQ(got.params[i].first, want.params[i].first);
+    EXPECT_TRUE(got.params[i].second.allclose(want.params[i].second, tol, tol))
+        << got.params[i].first << " differs by " << (got.params[i].second - want.params[i].second).abs().max();
+  }
+}
+
+class LlamaTpTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LlamaTpTest, TrainsLikeOneDeviceInEveryVariant) {
+  const int w = GetParam();
+  for (Variant v : {Variant{true, false, 0.0}, Variant{false, false, 0.0}, Variant{true, true, 0.0},
+                    Variant{true, false, 0.1}, Variant{false, true, 0.1}}) {
+    SCOPED_TRACE(std::string("sp=") + (v.sp ? "1" : "0") + " tied=" + (v.tied ? "1" : "0") +
+                 " dropout=" + std::to_string(v.dropout));
+    const LlamaConfig c = smallConfig(w, v);
+    const Trace want = reference(c);
+    run_ranks(w, [&](int) {
+      auto mesh = init_device_mesh("cpu", {w}, {"tp"});
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{v.sp, kSeq});
+      dtp::manual_seed(123);
+      if (v.tied) EXPECT_TRUE(model->output->weight.is_same(model->tok_embeddings->weight));
+      expectSame(train(model, true), want, 1e-5);
+    });
+  }
+}
+
+// Forward collectives are exactly Megatron's: per layer 2 all-gathers and 2
+// reduce-scatters with SP (2 all-reduces without), plus the embedding, the
+// head's gather and loss_parallel's 3 all-reduces.
+TEST_P(LlamaTpTest, ForwardCollectivesMatchTheory) {
+  const int w = GetParam();
+  run_ranks(w, [&](int) {
+    auto mesh = init_device_mesh("cpu", {w}, {"tp"});
+    for (bool sp : {true, false}) {
+      LlamaConfig c = smallConfig(w, {});
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
+      at::Tensor batch = tokens(kBatch, kSeq, c.vocab_size, 0);
+      CommCounter comm;
+      at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
+      const int64_t L = c.n_layers;
+      if (sp) {
+        EXPECT_EQ(comm.count(CollectiveType::AllGather), 2 * L + 1) << comm.str();
+        EXPECT_EQ(comm.count(CollectiveType::ReduceScatter), 2 * L + 1) << comm.str();
+        EXPECT_EQ(comm.count(CollectiveType::AllReduce), 3) << comm.str();
+        EXPECT_EQ(comm.total_count(), 4 * L + 5) << comm.str();
+      } else {
+        EXPECT_EQ(comm.count(CollectiveType::AllReduce), 2 * L + 4) << comm.str();
+        EXPECT_EQ(comm.total_count(), 2 * L + 4) << comm.str();
+      }
+      loss.backward();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LlamaTpTest, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(LlamaTpStageTest, PipelineStageGetsTpWithoutSp) {
+  LlamaConfig c = smallConfig(2, {});
+  c.with_embedding = false;
+  c.with_head = false;
+  const at::Tensor x = at::sin(at::arange(kBatch * kSeq * c.dim, at::kFloat)).view({kBatch, kSeq, c.dim});
+  Llama ref(c);
+  const at::Tensor want = ref(x);
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    Llama model(c);
+    apply_tensor_parallel(model, mesh);  // SP requested, but a stage cannot take it
+    EXPECT_EQ(placements(model->layers->at<TransformerBlockImpl>(0).attention->wq->weight), Placements{Shard(0)});
+    EXPECT_EQ(placements(model->layers->at<TransformerBlockImpl>(0).attention_norm->weight), Placements{Replicate()});
+    CommCounter comm;
+    at::Tensor y = model(x);
+    EXPECT_FALSE(is_dtensor(y));
+    EXPECT_EQ(comm.count(CollectiveType::AllReduce), 2 * c.n_layers) << comm.str();
+    EXPECT_TRUE(y.allclose(want, 1e-5, 1e-5));
+  });
+}
+
+void expectError(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(LlamaTpValidationTest, EveryBadSizeIsNamedBeforeAnythingChanges) {
+  run_ranks(4, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    LlamaConfig c = smallConfig(2, {});
+    c.n_heads = 2;
+    c.n_kv_heads = 1;
+    {
+      Llama model(c);
+      expectError([&] { apply_tensor_parallel(model, mesh); }, {"n_kv_heads=1", "tp degree 2"});
+      EXPECT_FALSE(is_dtensor(model->output->weight));  // nothing changed
+    }
+    auto mesh4 = init_device_mesh("cpu", {4}, {"tp"});
+    c.n_heads = 6;
+    c.dim = 36;
+    c.n_kv_heads = 6;
+    {
+      Llama model(c);
+      expectError([&] { apply_tensor_parallel(model, mesh4); }, {"n_heads=6", "tp degree 4"});
+    }
+    c = smallConfig(2, {});
+    {
+      Llama model(c);
+      expectError([&] { apply_tensor_parallel(model, mesh, TensorParallelOptions{true, 7}); },
+                  {"seq_len=7", "--no-sp"});
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{false, 7});  // fine without SP
+      EXPECT_TRUE(is_dtensor(model->output->weight));
+    }
+    {
+      Llama model(c);
+      auto dp_only = init_device_mesh("cpu", {4}, {"dp"});
+      EXPECT_FALSE(get_tp_mesh(dp_only).has_value());
+      apply_tensor_parallel(model, dp_only);  // warns, leaves the model alone
+      EXPECT_FALSE(is_dtensor(model->output->weight));
+    }
+  });
+  LlamaConfig bad;
+  bad.n_heads = 3;
+  expectError([&] { Llama m(bad); }, {"dim=128", "n_heads=3"});
+}
+
+}  // namespace
