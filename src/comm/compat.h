@@ -6,7 +6,12 @@
 //   common base class.
 // - TCPStore gained a libuv server in 2.x; dtp keeps the classic one so that
 //   both lines behave the same.
+// - torch::optim keys per-parameter state by the TensorImpl's address: as a
+//   string in 1.13, as void* from 2.1.
 #pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_utils.h>
 
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -35,10 +40,18 @@ inline c10d::TCPStoreOptions tcpStoreOptions(
   opts.numWorkers = world_size;
   opts.waitWorkers = false;  // rendezvous.cpp counts the ranks that joined itself
   opts.timeout = timeout;
-#if TORCH_VERSION_MAJOR >= 2 && TORCH_VERSION_MINOR >= 4
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   opts.useLibUV = false;
 #endif
   return opts;
+}
+
+inline auto optimizer_state_key(const at::Tensor& param) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  return static_cast<void*>(param.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+#endif
 }
 
 }  // namespace dtp::compat

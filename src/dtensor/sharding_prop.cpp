@@ -320,16 +320,28 @@ Decision compute(const OpCall& call) {
 
 }  // namespace
 
+// Per thread: ranks may run as threads, and no lock sits on the hot path.
+thread_local std::unordered_map<Signature, Decision, SignatureHash> cache;
+
+void clear_propagation_cache() { cache.clear(); }
+
 const Decision& propagate(const OpCall& call) {
-  // Per thread: ranks may run as threads, and no lock sits on the hot path.
-  thread_local std::unordered_map<Signature, Decision, SignatureHash> cache;
   thread_local Signature sig;
   sig.clear();
-  sig.push_back(reinterpret_cast<intptr_t>(&call.op.schema()));
-  for (const auto& v : call.args) encodeValue(sig, v);
+  const auto& schema = call.op.schema();
+  sig.push_back(reinterpret_cast<intptr_t>(&schema));
+  for (size_t i = 0; i < call.args.size(); ++i) {
+    // Scalar operands (AdamW's bias corrections change every step) never
+    // change placements or shapes: their kind is enough.
+    if (schema.arguments()[i].type()->kind() == c10::TypeKind::NumberType) sig.push_back(14);
+    else encodeValue(sig, call.args[i]);
+  }
   auto it = cache.find(sig);
   if (it != cache.end()) return it->second;
   Decision d = compute(call);
+  // Bounded: programs with ever-new shapes must not grow it forever. Callers
+  // use a decision before the next propagate on their thread.
+  if (cache.size() >= 16384) cache.clear();
   return cache.emplace(sig, std::move(d)).first->second;
 }
 

@@ -95,6 +95,8 @@ class RuleRegistry {
 
 // The decision for `call`, from the per-thread cache or computed.
 const Decision& propagate(const OpCall& call);
+// Empties this thread's cache (benchmarks of the miss path).
+void clear_propagation_cache();
 
 // Cost of moving `bytes` of one rank's shard from `from` to `to` on one mesh
 // dimension; used to choose among rows.
