@@ -7,7 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # libopenblas0-openmp matters: without it Debian's libtorch runs matmul on the
 # reference BLAS, ~25x slower (shared/DESIGN.md, "Real components").
 packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-openmp libgtest-dev
-          libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
+          libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev fortunes)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,28 +1,175 @@
-// dtp-train: the main job. For now a demo of the mesh and a checked all-reduce.
-#include "dtp/device_mesh.h"
+// dtp-train: trains the reference Llama with tensor parallelism on byte-level
+// English text. Run it under the launcher: `dtprun -n 2 dtp-train`.
+#include "../common/corpus.h"
 
-#include <ATen/ATen.h>
+#include "dtp/comm_counter.h"
+#include "dtp/dtensor.h"
+#include "dtp/models/checkpoint.h"
+#include "dtp/models/llama.h"
+#include "dtp/random.h"
+
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <iostream>
 
+namespace {
+
+using namespace dtp;
+using namespace dtp::models;
+
+struct Options {
+  std::string data = apps::kDefaultCorpus;
+  int64_t dim = 128, layers = 2, heads = 4, kv_heads = 2, ffn = 0;
+  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0;
+  double lr = 3e-3, dropout = 0.0;
+  uint64_t seed = 0;
+  bool no_sp = false, tie = false, check_parity = false;
+  std::string save, resume;
+};
+
+// Peak resident memory of this process (VmHWM), MiB.
+double peakRssMiB() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmHWM:") {
+      double kb = 0;
+      in >> kb;
+      return kb / 1024.0;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return 0.0;
+}
+
+LlamaConfig configOf(const Options& o) {
+  LlamaConfig c;
+  c.dim = o.dim;
+  c.n_layers = o.layers;
+  c.n_heads = o.heads;
+  c.n_kv_heads = o.kv_heads;
+  c.ffn_hidden = o.ffn;
+  c.max_seq_len = o.seq;
+  c.dropout = o.dropout;
+  c.tie_embeddings = o.tie;
+  c.seed = o.seed;
+  return c;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, at::Tensor>> params;  // full, at the end
+};
+
+// Trains `model` from `first` to o.steps; logs on rank 0 when `log`.
+Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, const ProcessGroup& world) {
+  torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
+  int64_t first = 0;
+  if (!o.resume.empty()) first = load_checkpoint(o.resume, model, &opt);
+  Run run;
+  CommCounter comm;
+  auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  for (int64_t step = first; step < o.steps; ++step) {
+    at::Tensor b = apps::corpus_batch(corpus, o.batch, o.seq, o.seed, step);
+    at::Tensor loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    run.losses.push_back(loss.item<double>());
+    tokens += o.batch * o.seq;
+    if (log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      at::Tensor rss = at::full({1}, peakRssMiB(), at::kDouble);
+      if (world.size() > 1) world.all_reduce(rss, ReduceOp::Max);
+      if (world.rank() == 0) {
+        std::printf("step %5lld  loss %.4f  %8.0f tok/s  peak rss %.0f MiB/rank (max)  comm %.2f MiB/rank\n",
+                    static_cast<long long>(step + 1), run.losses.back(), tokens / s, rss.item<double>(),
+                    comm.total_bytes() / 1048576.0);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (!o.save.empty()) save_checkpoint(o.save, model, opt, o.steps);
+  for (auto& [name, p] : model->unique_named_parameters())
+    run.params.emplace_back(name, is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
+  if (log && world.rank() == 0) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("done: %lld steps in %.1f s, loss %.4f -> %.4f, %.0f tok/s, %lld collectives (%s)\n",
+                static_cast<long long>(o.steps - first), s, run.losses.empty() ? 0.0 : run.losses.front(),
+                run.losses.empty() ? 0.0 : run.losses.back(), tokens / s,
+                static_cast<long long>(comm.total_count()), comm.str().c_str());
+  }
+  return run;
+}
+
+// Same steps on one device (this rank, plain tensors), compared with the TP run.
+int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
+  Llama ref(configOf(o));
+  at::manual_seed(o.seed);
+  Options plain = o;
+  plain.save.clear();
+  Run one = train(ref, plain, corpus, /*log=*/false, ProcessGroup());
+  double loss_diff = 0, param_diff = 0;
+  for (size_t i = 0; i < one.losses.size(); ++i) loss_diff = std::max(loss_diff, std::abs(one.losses[i] - tp.losses[i]));
+  for (size_t i = 0; i < one.params.size(); ++i)
+    param_diff = std::max(param_diff, (one.params[i].second - tp.params[i].second).abs().max().item<double>());
+  const bool ok = loss_diff <= 1e-4 && param_diff <= 1e-4;
+  std::printf("parity vs one device over %zu steps: max |loss diff| %.3g, max |param diff| %.3g (tolerance 1e-4): %s\n",
+              one.losses.size(), loss_diff, param_diff, ok ? "ok" : "FAILED");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"dtp-train: tensor-parallel training with dtp (run under dtprun -n N)"};
+  Options o;
+  CLI::App app{"dtp-train: tensor-parallel Llama training on byte-level text (run under dtprun -n N)"};
+  app.add_option("--data", o.data, "Text file or directory [default: Debian's fortunes]");
+  app.add_option("--dim", o.dim, "Model width")->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "Transformer blocks")->check(CLI::NonNegativeNumber);
+  app.add_option("--heads", o.heads, "Attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", o.kv_heads, "Key/value heads (grouped-query attention)")->check(CLI::PositiveNumber);
+  app.add_option("--ffn", o.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "Sequences per step")->check(CLI::PositiveNumber);
+  app.add_option("--seq", o.seq, "Tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--dropout", o.dropout, "Dropout after attention and MLP")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--seed", o.seed, "Seed for init, batches and dropout");
+  app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE]")->check(CLI::PositiveNumber);
+  app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(CLI::PositiveNumber);
+  app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
+  app.add_flag("--tie-embeddings", o.tie, "Share the embedding and output weights");
+  app.add_flag("--check-parity", o.check_parity, "Also train on one device and compare");
+  app.add_option("--save", o.save, "Write a checkpoint here at the end (atomically)");
+  app.add_option("--resume", o.resume, "Continue from this checkpoint (any TP degree)");
   CLI11_PARSE(app, argc, argv);
   try {
-    auto world = dtp::init_process_group();
-    auto mesh = dtp::init_device_mesh("cpu", {world.size()}, {"tp"});
-    std::cout << "rank " << world.rank() << " of " << world.size() << ": " << mesh << "\n";
-    at::Tensor t = at::full({4}, world.rank() + 1, at::kFloat);
-    mesh.get_group("tp").all_reduce(t);
-    const float expect = world.size() * (world.size() + 1) / 2.0f;
-    if (!t.eq(expect).all().item<bool>()) {
-      std::cerr << "all_reduce gave " << t << ", expected " << expect << "\n";
-      return 1;
-    }
-    std::cout << "all_reduce(rank+1) = " << expect << " on every element: ok\n";
+    ProcessGroup world = init_process_group();
+    const int64_t tp = o.tp > 0 ? o.tp : world.size();
+    TORCH_CHECK(tp == world.size(), "dtp-train: --tp=", tp, " but WORLD_SIZE=", world.size(),
+                ". dtp-train runs tensor parallelism only: start it with dtprun -n ", tp, ".");
+    const at::Tensor corpus = apps::load_corpus(o.data);
+    Llama model(configOf(o));
+    DeviceMesh mesh = init_device_mesh("cpu", {tp}, {"tp"});
+    if (world.rank() == 0)
+      std::printf("dtp-train: %s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M parameters, %s%s%s; corpus %.1f MB\n",
+                  mesh.str().c_str(), static_cast<long long>(o.layers), static_cast<long long>(o.dim),
+                  static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
+                  [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
+                  tp > 1 && !o.no_sp ? "sequence parallel" : "no sequence parallelism",
+                  o.tie ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6);
+    if (tp > 1) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
+    dtp::manual_seed(o.seed);
+    at::manual_seed(o.seed);
+    Run run = train(model, o, corpus, /*log=*/true, world);
+    if (o.check_parity && world.rank() == 0) return checkParity(o, corpus, run);
   } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n";
+    std::cerr << "dtp-train: " << e.what() << "\n";
     return 1;
   }
   return 0;

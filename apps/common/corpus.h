@@ -1,0 +1,22 @@
+// Byte-level text corpus for dtp-train: every byte is a token (vocab 256).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dtp::apps {
+
+// Where setup installs the default corpus (Debian's `fortunes` package).
+inline const char* kDefaultCorpus = "/usr/share/games/fortunes";
+
+// Reads `path` (a file, or every plain-text file of a directory in name
+// order, skipping the .dat indexes and subdirectories) as i64 byte tokens.
+at::Tensor load_corpus(const std::string& path);
+
+// Batch `step` of `batch` windows of seq+1 tokens at offsets drawn from
+// (seed, step): the same on every rank and in every run.
+at::Tensor corpus_batch(const at::Tensor& tokens, int64_t batch, int64_t seq, uint64_t seed, int64_t step);
+
+}  // namespace dtp::apps
