@@ -1,6 +1,7 @@
 // dtp-train: trains the reference Llama with tensor parallelism on byte-level
 // English text. Run it under the launcher: `dtprun -n 2 dtp-train`.
 #include "../common/corpus.h"
+#include "../common/model_flags.h"
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
@@ -22,11 +23,11 @@ using namespace dtp::models;
 
 struct Options {
   std::string data = apps::kDefaultCorpus;
-  int64_t dim = 128, layers = 2, heads = 4, kv_heads = 2, ffn = 0;
+  apps::ModelFlags model;
   int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0;
   double lr = 3e-3, dropout = 0.0;
   uint64_t seed = 0;
-  bool no_sp = false, tie = false, check_parity = false;
+  bool no_sp = false, check_parity = false;
   std::string save, resume;
 };
 
@@ -45,19 +46,7 @@ double peakRssMiB() {
   return 0.0;
 }
 
-LlamaConfig configOf(const Options& o) {
-  LlamaConfig c;
-  c.dim = o.dim;
-  c.n_layers = o.layers;
-  c.n_heads = o.heads;
-  c.n_kv_heads = o.kv_heads;
-  c.ffn_hidden = o.ffn;
-  c.max_seq_len = o.seq;
-  c.dropout = o.dropout;
-  c.tie_embeddings = o.tie;
-  c.seed = o.seed;
-  return c;
-}
+LlamaConfig configOf(const Options& o) { return apps::config_of(o.model, o.seq, o.dropout, o.seed); }
 
 struct Run {
   std::vector<double> losses;
@@ -129,11 +118,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"dtp-train: tensor-parallel Llama training on byte-level text (run under dtprun -n N)"};
   app.add_option("--data", o.data, "Text file or directory [default: Debian's fortunes]");
-  app.add_option("--dim", o.dim, "Model width")->check(CLI::PositiveNumber);
-  app.add_option("--layers", o.layers, "Transformer blocks")->check(CLI::NonNegativeNumber);
-  app.add_option("--heads", o.heads, "Attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", o.kv_heads, "Key/value heads (grouped-query attention)")->check(CLI::PositiveNumber);
-  app.add_option("--ffn", o.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(CLI::NonNegativeNumber);
+  apps::add_model_flags(app, o.model);
   app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "Sequences per step")->check(CLI::PositiveNumber);
   app.add_option("--seq", o.seq, "Tokens per sequence")->check(CLI::PositiveNumber);
@@ -143,7 +128,6 @@ int main(int argc, char** argv) {
   app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE]")->check(CLI::PositiveNumber);
   app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(CLI::PositiveNumber);
   app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
-  app.add_flag("--tie-embeddings", o.tie, "Share the embedding and output weights");
   app.add_flag("--check-parity", o.check_parity, "Also train on one device and compare");
   app.add_option("--save", o.save, "Write a checkpoint here at the end (atomically)");
   app.add_option("--resume", o.resume, "Continue from this checkpoint (any TP degree)");
@@ -158,11 +142,11 @@ int main(int argc, char** argv) {
     DeviceMesh mesh = init_device_mesh("cpu", {tp}, {"tp"});
     if (world.rank() == 0)
       std::printf("dtp-train: %s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M parameters, %s%s%s; corpus %.1f MB\n",
-                  mesh.str().c_str(), static_cast<long long>(o.layers), static_cast<long long>(o.dim),
-                  static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
+                  mesh.str().c_str(), static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
+                  static_cast<long long>(o.model.heads), static_cast<long long>(o.model.kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   tp > 1 && !o.no_sp ? "sequence parallel" : "no sequence parallelism",
-                  o.tie ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6);
+                  o.model.tie ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6);
     if (tp > 1) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);

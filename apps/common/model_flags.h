@@ -1,0 +1,39 @@
+// Model-size flags shared by dtp-train and dtp-generate (a checkpoint loads
+// only into a model of the same shape).
+#pragma once
+
+#include "dtp/models/llama.h"
+
+#include <CLI/CLI.hpp>
+
+namespace dtp::apps {
+
+struct ModelFlags {
+  int64_t dim = 128, layers = 2, heads = 4, kv_heads = 2, ffn = 0;
+  bool tie = false;
+};
+
+inline void add_model_flags(CLI::App& app, ModelFlags& f) {
+  app.add_option("--dim", f.dim, "Model width")->check(CLI::PositiveNumber);
+  app.add_option("--layers", f.layers, "Transformer blocks")->check(CLI::NonNegativeNumber);
+  app.add_option("--heads", f.heads, "Attention heads")->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", f.kv_heads, "Key/value heads (grouped-query attention)")->check(CLI::PositiveNumber);
+  app.add_option("--ffn", f.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(CLI::NonNegativeNumber);
+  app.add_flag("--tie-embeddings", f.tie, "Share the embedding and output weights");
+}
+
+inline models::LlamaConfig config_of(const ModelFlags& f, int64_t seq, double dropout, uint64_t seed) {
+  models::LlamaConfig c;
+  c.dim = f.dim;
+  c.n_layers = f.layers;
+  c.n_heads = f.heads;
+  c.n_kv_heads = f.kv_heads;
+  c.ffn_hidden = f.ffn;
+  c.max_seq_len = seq;
+  c.dropout = dropout;
+  c.tie_embeddings = f.tie;
+  c.seed = seed;
+  return c;
+}
+
+}  // namespace dtp::apps
