@@ -81,36 +81,28 @@ TEST(DeviceMeshTest, ThreeDimMeshSlicesAndGroups) {
   });
 }
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
 
 TEST(DeviceMeshTest, ErrorsNameTheProblem) {
   run_ranks(4, [](int) {
-    EXPECT_NE(errorOf([] { dtp::init_device_mesh("cpu", {3}); })
+    EXPECT_NE(dtp::test::error_of([] { dtp::init_device_mesh("cpu", {3}); })
                   .find("holds 3 ranks, but the world has 4"),
               std::string::npos);
-    EXPECT_NE(errorOf([] { dtp::init_device_mesh("cpu", {2, 2}, {"tp", "tp"}); })
+    EXPECT_NE(dtp::test::error_of([] { dtp::init_device_mesh("cpu", {2, 2}, {"tp", "tp"}); })
                   .find("duplicate mesh dim name 'tp'"),
               std::string::npos);
-    EXPECT_NE(errorOf([] { dtp::init_device_mesh("cpu", {2, 2}, {"tp"}); })
+    EXPECT_NE(dtp::test::error_of([] { dtp::init_device_mesh("cpu", {2, 2}, {"tp"}); })
                   .find("got 1 mesh_dim_names for a 2-D mesh"),
               std::string::npos);
-    EXPECT_NE(errorOf([] { dtp::init_device_mesh("tpu", {4}); }).find("device_type 'tpu'"),
+    EXPECT_NE(dtp::test::error_of([] { dtp::init_device_mesh("tpu", {4}); }).find("device_type 'tpu'"),
               std::string::npos);
     auto mesh = dtp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-    EXPECT_NE(errorOf([&] { mesh["pp"]; }).find("no dimension named 'pp'"), std::string::npos);
-    EXPECT_NE(errorOf([&] { mesh[{"tp", "dp"}]; })
+    EXPECT_NE(dtp::test::error_of([&] { mesh["pp"]; }).find("no dimension named 'pp'"), std::string::npos);
+    EXPECT_NE(dtp::test::error_of([&] { mesh[{"tp", "dp"}]; })
                   .find("must be adjacent dimensions in mesh order"),
               std::string::npos);
-    EXPECT_NE(errorOf([&] { mesh.size(2); }).find("dim 2 out of range"), std::string::npos);
+    EXPECT_NE(dtp::test::error_of([&] { mesh.size(2); }).find("dim 2 out of range"), std::string::npos);
     auto unnamed = dtp::init_device_mesh("cpu", {4});
-    EXPECT_NE(errorOf([&] { unnamed["tp"]; }).find("Give init_device_mesh mesh_dim_names"),
+    EXPECT_NE(dtp::test::error_of([&] { unnamed["tp"]; }).find("Give init_device_mesh mesh_dim_names"),
               std::string::npos);
   });
 }

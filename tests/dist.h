@@ -50,4 +50,20 @@ inline std::vector<int64_t> chunk_sizes(int64_t n, int64_t parts) {
   return s;
 }
 
+// The message (without backtrace) of the c10::Error `f` throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "<no error>";
+}
+
+// Expects `f` to throw a c10::Error whose message contains every part.
+inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  const std::string msg = error_of(f);
+  for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+}
+
 }  // namespace dtp::test

@@ -12,23 +12,15 @@ using dtp::test::run_ranks;
 
 namespace {
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
 
 #define EXPECT_ERROR(stmt, text) \
-  EXPECT_NE(errorOf([&] { stmt; }).find(text), std::string::npos) << errorOf([&] { stmt; })
+  EXPECT_NE(dtp::test::error_of([&] { stmt; }).find(text), std::string::npos) << dtp::test::error_of([&] { stmt; })
 
 TEST(DTensorErrorsTest, OpWithoutRuleNamesOpInputsAndRemedy) {
   run_ranks(2, [](int) {
     auto mesh = init_device_mesh("cpu", {2});
     at::Tensor x = distribute_tensor(data({5, 3}).to(at::kFloat), mesh, {Shard(0)});
-    const std::string msg = errorOf([&] { at::cumsum(x, 0); });
+    const std::string msg = dtp::test::error_of([&] { at::cumsum(x, 0); });
     EXPECT_NE(msg.find("dtp: no sharding rule for aten::cumsum (inputs: f32[5,3](S(0)), 0, None)"),
               std::string::npos) << msg;
     EXPECT_NE(msg.find("ReplicateFallbackGuard"), std::string::npos) << msg;

@@ -158,14 +158,6 @@ TEST(LlamaTpStageTest, PipelineStageGetsTpWithoutSp) {
   });
 }
 
-void expectError(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const c10::Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
 
 TEST(LlamaTpValidationTest, EveryBadSizeIsNamedBeforeAnythingChanges) {
   run_ranks(4, [&](int) {
@@ -175,7 +167,7 @@ TEST(LlamaTpValidationTest, EveryBadSizeIsNamedBeforeAnythingChanges) {
     c.n_kv_heads = 1;
     {
       Llama model(c);
-      expectError([&] { apply_tensor_parallel(model, mesh); }, {"n_kv_heads=1", "tp degree 2"});
+      dtp::test::expect_error([&] { apply_tensor_parallel(model, mesh); }, {"n_kv_heads=1", "tp degree 2"});
       EXPECT_FALSE(is_dtensor(model->output->weight));  // nothing changed
     }
     auto mesh4 = init_device_mesh("cpu", {4}, {"tp"});
@@ -184,12 +176,12 @@ TEST(LlamaTpValidationTest, EveryBadSizeIsNamedBeforeAnythingChanges) {
     c.n_kv_heads = 6;
     {
       Llama model(c);
-      expectError([&] { apply_tensor_parallel(model, mesh4); }, {"n_heads=6", "tp degree 4"});
+      dtp::test::expect_error([&] { apply_tensor_parallel(model, mesh4); }, {"n_heads=6", "tp degree 4"});
     }
     c = smallConfig(2, {});
     {
       Llama model(c);
-      expectError([&] { apply_tensor_parallel(model, mesh, TensorParallelOptions{true, 7}); },
+      dtp::test::expect_error([&] { apply_tensor_parallel(model, mesh, TensorParallelOptions{true, 7}); },
                   {"seq_len=7", "--no-sp"});
       apply_tensor_parallel(model, mesh, TensorParallelOptions{false, 7});  // fine without SP
       EXPECT_TRUE(is_dtensor(model->output->weight));
@@ -204,7 +196,7 @@ TEST(LlamaTpValidationTest, EveryBadSizeIsNamedBeforeAnythingChanges) {
   });
   LlamaConfig bad;
   bad.n_heads = 3;
-  expectError([&] { Llama m(bad); }, {"dim=128", "n_heads=3"});
+  dtp::test::expect_error([&] { Llama m(bad); }, {"dim=128", "n_heads=3"});
 }
 
 }  // namespace

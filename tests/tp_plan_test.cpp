@@ -30,14 +30,6 @@ struct NetImpl : torch::nn::Module {
 };
 DTP_MODULE(Net);
 
-void expectError(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const c10::Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
 
 TEST(TpPlanTest, WildcardsMatchPerAtomAndEveryInvalidPlanIsNamed) {
   run_ranks(4, [&](int) {
@@ -53,28 +45,28 @@ TEST(TpPlanTest, WildcardsMatchPerAtomAndEveryInvalidPlanIsNamed) {
     }
     // Unmatched pattern: an error listing the submodules (PyTorch skips it).
     Net other;
-    expectError([&] { parallelize_module(*other, mesh, {{"layers.*.wq", ColwiseParallel()}}); },
+    dtp::test::expect_error([&] { parallelize_module(*other, mesh, {{"layers.*.wq", ColwiseParallel()}}); },
                 {"'layers.*.wq'", "matches no submodule", "layers.0.w1"});
     EXPECT_FALSE(is_dtensor(other->layers->at<BlockImpl>(0).w1->weight));  // checked before changing
     // A 2-D mesh: slice it.
-    expectError([&] { parallelize_module(*other, mesh2d, {{"layers.0.w1", ColwiseParallel()}}); },
+    dtp::test::expect_error([&] { parallelize_module(*other, mesh2d, {{"layers.0.w1", ColwiseParallel()}}); },
                 {"1-D mesh", "mesh[\"tp\"]"});
     parallelize_module(*other, mesh2d["tp"], {{"layers.0.w1", ColwiseParallel()}});
     EXPECT_EQ(device_mesh(other->layers->at<BlockImpl>(0).w1->weight), mesh2d["tp"]);
     // No mesh and no guard; then the guard supplies it.
-    expectError([&] { parallelize_module(*other, {{"layers.1.w1", ColwiseParallel()}}); }, {"DeviceMeshGuard"});
+    dtp::test::expect_error([&] { parallelize_module(*other, {{"layers.1.w1", ColwiseParallel()}}); }, {"DeviceMeshGuard"});
     {
       DeviceMeshGuard guard(mesh);
       parallelize_module(*other, {{"layers.1.w1", ColwiseParallel()}});
     }
     EXPECT_EQ(placements(other->layers->at<BlockImpl>(1).w1->weight), Placements{Shard(0)});
     // Parallelizing a module twice.
-    expectError([&] { parallelize_module(*other, mesh, {{"layers.0.w1", RowwiseParallel()}}); },
+    dtp::test::expect_error([&] { parallelize_module(*other, mesh, {{"layers.0.w1", RowwiseParallel()}}); },
                 {"layers.0.w1", "already a DTensor"});
     // Wrong module type for the style, and a module that cannot run hooks.
-    expectError([&] { parallelize_module(*other, mesh, {{"layers.0.norm", ColwiseParallel()}}); },
+    dtp::test::expect_error([&] { parallelize_module(*other, mesh, {{"layers.0.norm", ColwiseParallel()}}); },
                 {"layers.0.norm", "expected nn::Linear or nn::Embedding"});
-    expectError([&] { parallelize_module(*other, mesh, {{"layers.0.plain", ColwiseParallel()}}); },
+    dtp::test::expect_error([&] { parallelize_module(*other, mesh, {{"layers.0.plain", ColwiseParallel()}}); },
                 {"layers.0.plain", "cannot run hooks", "dtp::nn::Linear"});
     // An empty plan changes nothing.
     Net empty;
