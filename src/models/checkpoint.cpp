@@ -29,14 +29,21 @@ at::Tensor like(const at::Tensor& value, const at::Tensor& like) {
                            /*src_data_rank=*/std::nullopt);
 }
 
-bool isRankZero() {
-  ProcessGroup pg = default_process_group();
-  return !pg.valid() || pg.rank() == 0;
+// One device without a process group counts as rank 0 (default_process_group
+// throws when there is none).
+bool isRankZero() { return !is_initialized() || default_process_group().rank() == 0; }
+
+void checkNoAmsgrad(const torch::optim::AdamW& optimizer) {
+  for (const auto& g : optimizer.param_groups()) {
+    TORCH_CHECK(!static_cast<const torch::optim::AdamWOptions&>(g.options()).amsgrad(),
+                "dtp checkpoints: NYI: AdamW with amsgrad (max_exp_avg_sq is not saved). Use amsgrad(false).");
+  }
 }
 
 }  // namespace
 
 void save_checkpoint(const std::string& path, Llama& model, torch::optim::AdamW& optimizer, int64_t step) {
+  checkNoAmsgrad(optimizer);
   io::TensorMap tensors;
   auto& state = optimizer.state();
   for (auto& [name, p] : model->unique_named_parameters()) {
@@ -51,8 +58,24 @@ void save_checkpoint(const std::string& path, Llama& model, torch::optim::AdamW&
   auto meta = shapeFields(model->config);
   meta["format"] = kFormat;
   meta["step"] = std::to_string(step);
-  if (isRankZero()) io::save_safetensors(path, tensors, meta);
-  if (ProcessGroup pg = default_process_group(); pg.valid()) pg.barrier();
+  // Rank 0 writes; every rank learns whether it worked (no rank waits for a
+  // writer that failed).
+  std::string error;
+  if (isRankZero()) {
+    try {
+      io::save_safetensors(path, tensors, meta);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (is_initialized()) {
+    at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+    default_process_group().all_reduce(failed, ReduceOp::Max);
+    TORCH_CHECK(failed.item<int>() == 0, error.empty() ? "save_checkpoint: rank 0 could not write '" + path +
+                                                             "'; its error says why."
+                                                       : error);
+  }
+  TORCH_CHECK(error.empty(), error);
 }
 
 int64_t load_checkpoint(const std::string& path, Llama& model, torch::optim::AdamW* optimizer) {
@@ -70,6 +93,16 @@ int64_t load_checkpoint(const std::string& path, Llama& model, torch::optim::Ada
                 metaOf(field), " but this model has ", field, "=", value,
                 ". Pass the same model size options as the run that saved it.");
   }
+  const std::string step_text = metaOf("step");
+  size_t parsed = 0;
+  int64_t step = 0;
+  try {
+    step = std::stoll(step_text, &parsed);
+  } catch (const std::exception&) {
+    parsed = 0;
+  }
+  TORCH_CHECK(parsed > 0 && parsed == step_text.size(), "load_checkpoint: '", path, "' has step '", step_text,
+              "', expected an integer. The file is corrupt; re-save it or load the previous checkpoint.");
   std::map<std::string, at::Tensor> by_name(ck.tensors.begin(), ck.tensors.end());
   auto take = [&](const std::string& key, const at::Tensor& want) {
     auto it = by_name.find(key);
@@ -82,18 +115,22 @@ int64_t load_checkpoint(const std::string& path, Llama& model, torch::optim::Ada
   // Check everything before changing anything.
   const auto params = model->unique_named_parameters();
   const bool with_state = optimizer && by_name.count("adamw." + params.front().first + ".exp_avg");
+  if (optimizer) checkNoAmsgrad(*optimizer);
   for (auto& [name, p] : params) {
     take("model." + name, p);
     if (!with_state) continue;
     take("adamw." + name + ".exp_avg", p);
     take("adamw." + name + ".exp_avg_sq", p);
-    TORCH_CHECK(by_name.count("adamw." + name + ".step"), "load_checkpoint: '", path, "' lacks tensor 'adamw.",
-                name, ".step'.");
+    auto it = by_name.find("adamw." + name + ".step");
+    TORCH_CHECK(it != by_name.end(), "load_checkpoint: '", path, "' lacks tensor 'adamw.", name, ".step'.");
+    TORCH_CHECK(it->second.numel() == 1, "load_checkpoint: tensor 'adamw.", name, ".step' in '", path,
+                "' has shape ", it->second.sizes(), ", expected one value (the AdamW step count).");
   }
 
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : params) {
     p.copy_(like(take("model." + name, p), p));
+    if (optimizer && !with_state) optimizer->state().erase(compat::optimizer_state_key(p));  // saved before step 1
     if (!with_state) continue;
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->exp_avg(like(take("adamw." + name + ".exp_avg", p), p));
@@ -101,7 +138,7 @@ int64_t load_checkpoint(const std::string& path, Llama& model, torch::optim::Ada
     s->step(by_name.at("adamw." + name + ".step").item<int64_t>());
     optimizer->state()[compat::optimizer_state_key(p)] = std::move(s);
   }
-  return std::stoll(metaOf("step"));
+  return step;
 }
 
 }  // namespace dtp::models
