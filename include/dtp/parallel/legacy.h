@@ -1,0 +1,35 @@
+// The 2023 tensor-parallel API from PyTorch's older documentation, as thin
+// layers over the current one: PairwiseParallel and the make_input_* /
+// make_output_* helpers (for PrepareModule* style hooks or direct use). A
+// plain tensor passed to a make_input_* helper is this rank's part.
+#pragma once
+
+#include "dtp/parallel/style.h"
+
+#include <ATen/core/Tensor.h>
+
+namespace dtp {
+
+// A module whose children are exactly two nn::Linear (in registration order):
+// the first ColwiseParallel, the second RowwiseParallel, replicated input and
+// output (PyTorch's PairwiseParallel for an MLP).
+class PairwiseParallel : public ParallelStyle {
+ public:
+  void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+             std::optional<int> src_data_rank) const override;
+  std::string name() const override { return "PairwiseParallel"; }
+};
+
+at::Tensor make_input_replicate_1d(const at::Tensor& input, const DeviceMesh& mesh);
+at::Tensor make_input_shard_1d(const at::Tensor& input, const DeviceMesh& mesh, int64_t dim = 0);
+at::Tensor make_input_shard_1d_last_dim(const at::Tensor& input, const DeviceMesh& mesh);
+// A local shard of dim 0 gathered to Replicate.
+at::Tensor make_input_reshard_replicate(const at::Tensor& input, const DeviceMesh& mesh);
+at::Tensor make_output_replicate_1d(const at::Tensor& output, const DeviceMesh& mesh);
+at::Tensor make_output_shard_1d(const at::Tensor& output, const DeviceMesh& mesh, int64_t dim = 0);
+// Replicated, as a plain tensor.
+at::Tensor make_output_tensor(const at::Tensor& output, const DeviceMesh& mesh);
+// Sharded on dim 0, as this rank's plain tensor.
+at::Tensor make_output_reshard_tensor(const at::Tensor& output, const DeviceMesh& mesh);
+
+}  // namespace dtp
