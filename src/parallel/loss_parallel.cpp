@@ -78,71 +78,60 @@ at::Tensor localAs(const at::Tensor& t, const DeviceMesh& mesh, const Placements
   return redistribute_local(t, *whole, want);
 }
 
-// The full class weight, or undefined.
-at::Tensor fullWeight(const c10::IValue& v) {
-  if (v.isNone()) return {};
-  const at::Tensor w = v.toTensor();
-  if (auto* impl = maybeGetDTensorImpl(w))
-    return redistribute_local(impl->local(), impl->spec(), Placements(impl->spec().placements.size(), Replicate()));
-  return w;
-}
-
 at::Tensor wrap(at::Tensor local, const DTensorSpec& like, Placements placements, std::vector<int64_t> shape) {
   auto dtype = local.scalar_type();
   return makeDTensor(std::move(local), make_spec(like.mesh, std::move(placements), std::move(shape), dtype));
 }
 
-// Per-row pieces shared by nll_loss forward and backward, on 2-D local
-// log-probabilities [rows, local classes].
-struct NllRows {
-  at::Tensor index;     // [rows, 1] local column of the target (clamped)
-  at::Tensor here;      // [rows] target's column is on this rank
-  at::Tensor weight;    // [rows] weight of the target, 0 where ignored
+// What nll_loss(2d) forward and backward share: class-sharded logits ([C],
+// [N, C] or [N, C, H, W]) as rows [rows, local classes], this rank's targets,
+// and per row where the target's column lives and its weight. Nothing when
+// the logits are not class-sharded (the ordinary rules take the call).
+struct NllCall {
+  const DTensorImpl* impl;
+  int64_t class_dim;
+  ClassSharding cs;
+  at::Tensor lp;                      // [rows, local classes]
+  at::Tensor target;                  // this rank's targets, in their shape
+  std::vector<int64_t> target_shape;  // global
+  at::Tensor index;                   // [rows, 1] local column of the target (clamped)
+  at::Tensor here;                    // [rows] the target's column is on this rank
+  at::Tensor weight;                  // [rows] weight of the target, 0 where ignored
 };
 
-NllRows nllRows(const at::Tensor& lp, const at::Tensor& target, const at::Tensor& weight,
-                int64_t ignore_index, int64_t class_offset, int64_t num_classes) {
-  const int64_t local_classes = lp.size(1);
-  const at::Tensor valid = target.ne(ignore_index);
-  const at::Tensor t = at::where(valid, target, at::zeros_like(target));
-  TORCH_CHECK(t.numel() == 0 || (t.min().item<int64_t>() >= 0 && t.max().item<int64_t>() < num_classes),
-              "dtp::loss_parallel: target out of range [0, ", num_classes, "): fix the labels or the "
-              "vocabulary size.");
-  NllRows r;
-  r.here = valid & t.ge(class_offset) & t.lt(class_offset + local_classes);
-  r.index = (t - class_offset).clamp(0, std::max<int64_t>(local_classes - 1, 0)).unsqueeze(1);
-  r.weight = weight.defined() ? weight.to(lp.scalar_type()).index_select(0, t) * valid
-                              : valid.to(lp.scalar_type());
-  return r;
-}
-
-// nll_loss/nll_loss2d logits: [C], [N, C] or [N, C, H, W], class dim sharded.
-bool classShardedLogits(const at::Tensor& self, int64_t& class_dim, const DTensorImpl*& impl,
-                        std::optional<ClassSharding>& cs) {
-  impl = maybeGetDTensorImpl(self);
-  if (impl == nullptr) return false;
-  class_dim = self.dim() == 1 ? 0 : 1;
-  cs = classSharding(impl->spec(), class_dim);
-  return cs.has_value();
-}
-
-// Local log-probabilities as [rows, local classes].
-at::Tensor asRows(const at::Tensor& local, int64_t class_dim) {
-  const int64_t classes = local.size(class_dim);
+std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, size_t target, size_t weight,
+                               size_t ignore_index) {
+  auto* impl = maybeGetDTensorImpl(args[self].toTensor());
+  if (impl == nullptr) return std::nullopt;
+  const DTensorSpec& s = impl->spec();
+  const int64_t class_dim = s.ndim() == 1 ? 0 : 1;
+  auto cs = classSharding(s, class_dim);
+  if (!cs) return std::nullopt;
+  NllCall c{impl, class_dim, *cs};
+  const at::Tensor& local = impl->local();
   int64_t rows = 1;
   for (int64_t d = 0; d < local.dim(); ++d)
     if (d != class_dim) rows *= local.size(d);
-  return local.movedim(class_dim, -1).reshape({rows, classes});
-}
+  const int64_t local_classes = local.size(class_dim), num_classes = s.shape[class_dim];
+  const int64_t offset = s.local_offset()[class_dim];
+  c.lp = local.movedim(class_dim, -1).reshape({rows, local_classes});
+  const at::Tensor& t_arg = args[target].toTensor();
+  auto* t_impl = maybeGetDTensorImpl(t_arg);
+  c.target_shape = t_impl ? t_impl->spec().shape : t_arg.sizes().vec();
+  c.target = localAs(t_arg, s.mesh, c.cs.rows);
 
-// The per-row target of this rank and its global shape.
-at::Tensor targetRows(const at::Tensor& target, const DeviceMesh& mesh, const ClassSharding& cs,
-                      std::vector<int64_t>* global_shape = nullptr) {
-  if (global_shape) {
-    auto* impl = maybeGetDTensorImpl(target);
-    *global_shape = impl ? impl->spec().shape : target.sizes().vec();
-  }
-  return localAs(target, mesh, cs.rows);
+  const at::Tensor flat = c.target.reshape({-1});
+  const at::Tensor valid = flat.ne(args[ignore_index].toInt());
+  const at::Tensor t = at::where(valid, flat, at::zeros_like(flat));
+  TORCH_CHECK(t.numel() == 0 || (t.min().item<int64_t>() >= 0 && t.max().item<int64_t>() < num_classes),
+              "dtp::loss_parallel: target out of range [0, ", num_classes, "): fix the labels or the "
+              "vocabulary size.");
+  c.here = valid & t.ge(offset) & t.lt(offset + local_classes);
+  c.index = (t - offset).clamp(0, std::max<int64_t>(local_classes - 1, 0)).unsqueeze(1);
+  const Placements replicated(s.placements.size(), Replicate());
+  const at::Tensor w = args[weight].isNone() ? at::Tensor() : localAs(args[weight].toTensor(), s.mesh, replicated);
+  c.weight = w.defined() ? w.to(c.lp.scalar_type()).index_select(0, t) * valid : valid.to(c.lp.scalar_type());
+  return c;
 }
 
 bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
@@ -205,38 +194,31 @@ bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 5);
   if (!loss_parallel_on) return false;
-  int64_t class_dim = 0;
-  const DTensorImpl* impl = nullptr;
-  std::optional<ClassSharding> cs;
-  if (!classShardedLogits(args[0].toTensor(), class_dim, impl, cs)) return false;
-  const DTensorSpec& s = impl->spec();
+  auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4);
+  if (!c) return false;
+  const DTensorSpec& s = c->impl->spec();
   const int64_t reduction = args[3].toInt();
-  const at::Tensor lp = asRows(impl->local(), class_dim);
-  std::vector<int64_t> target_shape;
-  const at::Tensor target = targetRows(args[1].toTensor(), s.mesh, *cs, &target_shape);
-  NllRows r = nllRows(lp, target.reshape({-1}), fullWeight(args[2]), args[4].toInt(),
-                      s.local_offset()[class_dim], s.shape[class_dim]);
-  at::Tensor picked = lp.size(1) == 0 ? at::zeros({lp.size(0)}, lp.options())
-                                      : lp.gather(1, r.index).squeeze(1) * r.here;
-  allReduce(s, cs->class_dims, picked, ReduceOp::Sum);
-  at::Tensor loss = -picked * r.weight;
-  at::Tensor total = r.weight.sum();
+  at::Tensor picked = c->lp.size(1) == 0 ? at::zeros({c->lp.size(0)}, c->lp.options())
+                                         : c->lp.gather(1, c->index).squeeze(1) * c->here;
+  allReduce(s, c->cs.class_dims, picked, ReduceOp::Sum);
+  at::Tensor loss = -picked * c->weight;
+  at::Tensor total = c->weight.sum();
 
   // Per-row losses follow the rows; sums are partial over batch-sharded dims.
-  Placements sums = cs->rows;
+  Placements sums = c->cs.rows;
   for (auto& p : sums)
     if (p.is_shard()) p = Partial();
   at::Tensor out;
   Placements out_placements = sums, total_placements = sums;
   std::vector<int64_t> out_shape;
   if (reduction == kNone) {
-    out = loss.reshape(target.sizes());
-    out_placements = cs->rows;
-    out_shape = target_shape;
+    out = loss.reshape(c->target.sizes());
+    out_placements = c->cs.rows;
+    out_shape = c->target_shape;
   } else if (reduction == kSum) {
     out = loss.sum();
   } else {
-    allReduce(s, cs->batch_dims, total, ReduceOp::Sum);
+    allReduce(s, c->cs.batch_dims, total, ReduceOp::Sum);
     total_placements = Placements(s.placements.size(), Replicate());
     out = loss.sum() / total;
   }
@@ -248,23 +230,18 @@ bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 7);
-  int64_t class_dim = 0;
-  const DTensorImpl* impl = nullptr;
-  std::optional<ClassSharding> cs;
-  if (!classShardedLogits(args[1].toTensor(), class_dim, impl, cs)) return false;
-  const DTensorSpec& s = impl->spec();
+  auto c = nllCall(args, /*self=*/1, /*target=*/2, /*weight=*/3, /*ignore_index=*/5);
+  if (!c) return false;
+  const DTensorSpec& s = c->impl->spec();
+  const at::Tensor& lp = c->lp;
   const int64_t reduction = args[4].toInt();
-  const at::Tensor lp = asRows(impl->local(), class_dim);
-  NllRows r = nllRows(lp, targetRows(args[2].toTensor(), s.mesh, *cs).reshape({-1}), fullWeight(args[3]),
-                      args[5].toInt(), s.local_offset()[class_dim], s.shape[class_dim]);
   const Placements replicated(s.placements.size(), Replicate());
-  at::Tensor g = localAs(args[0].toTensor(), s.mesh, reduction == kNone ? cs->rows : replicated);
-  at::Tensor coeff = -g.reshape({-1}).to(lp.scalar_type()) * r.weight;
+  at::Tensor g = localAs(args[0].toTensor(), s.mesh, reduction == kNone ? c->cs.rows : replicated);
+  at::Tensor coeff = -g.reshape({-1}).to(lp.scalar_type()) * c->weight;
   if (reduction == kMean) coeff = coeff / localAs(args[6].toTensor(), s.mesh, replicated).to(lp.scalar_type());
   at::Tensor grad = at::zeros_like(lp);
-  if (lp.size(1) > 0) grad.scatter_(1, r.index, (coeff * r.here).unsqueeze(1));
-  const at::Tensor moved = impl->local().movedim(class_dim, -1);
-  grad = grad.reshape(moved.sizes()).movedim(-1, class_dim);
+  if (lp.size(1) > 0) grad.scatter_(1, c->index, (coeff * c->here).unsqueeze(1));
+  grad = grad.reshape(c->impl->local().movedim(c->class_dim, -1).sizes()).movedim(-1, c->class_dim);
   last_nll_grad = NllGradRowSums{c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()),
                                  grad.data_ptr(), grad.numel(), grad._version(), coeff};
   torch::jit::drop(*stack, 7);

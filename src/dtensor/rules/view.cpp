@@ -12,6 +12,18 @@ namespace {
 
 int64_t wrapDim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
 
+// Input dims of an op that inserts a new dim at argument `arg` of the output
+// (unsqueeze, stack, select_backward): dims from there on move up by one.
+std::function<std::vector<int64_t>(const OpCall&)> insertsDimAt(size_t arg) {
+  return [arg](const OpCall& c) {
+    const int64_t nd = c.spec(0).ndim();
+    const int64_t at = wrapDim(c.arg_int(arg), nd + 1);
+    std::vector<int64_t> map;
+    for (int64_t d = 0; d < nd; ++d) map.push_back(d >= at ? d + 1 : d);
+    return map;
+  };
+}
+
 std::vector<Row> dimMapRows(const OpCall& call, int64_t m, const std::vector<int64_t>& map) {
   std::vector<Row> rows{rules::replicateRow(call)};
   const size_t n = call.specs.size();
@@ -119,13 +131,7 @@ void registerViewRules(RuleRegistry& r) {
   r.add("aten::t", dimMap([](const OpCall& c) {
     return c.spec(0).ndim() == 2 ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{0};
   }));
-  r.add("aten::unsqueeze", dimMap([](const OpCall& c) {
-    const int64_t nd = c.spec(0).ndim();
-    const int64_t at = wrapDim(c.arg_int(1), nd + 1);
-    std::vector<int64_t> map;
-    for (int64_t d = 0; d < nd; ++d) map.push_back(d >= at ? d + 1 : d);
-    return map;
-  }));
+  r.add("aten::unsqueeze", dimMap(insertsDimAt(1)));
   auto squeezeMap = [](const OpCall& c, std::vector<bool> drop) {
     std::vector<int64_t> map;
     int64_t o = 0;
@@ -163,20 +169,8 @@ void registerViewRules(RuleRegistry& r) {
   r.add("aten::split_with_sizes", exceptDim(2, false));
   r.add("aten::unbind.int", exceptDim(1, true));
   r.add("aten::slice_backward", exceptDim(2, false), nullptr, runWithLocalInputSizes);
-  r.add("aten::select_backward", dimMap([](const OpCall& c) {
-    const int64_t nd = c.spec(0).ndim();
-    const int64_t dim = wrapDim(c.arg_int(2), nd + 1);
-    std::vector<int64_t> map;
-    for (int64_t d = 0; d < nd; ++d) map.push_back(d >= dim ? d + 1 : d);
-    return map;
-  }), nullptr, runWithLocalInputSizes);
-  r.add("aten::stack", dimMap([](const OpCall& c) {
-    const int64_t nd = c.spec(0).ndim();
-    const int64_t dim = wrapDim(c.arg_int(1), nd + 1);
-    std::vector<int64_t> map;
-    for (int64_t d = 0; d < nd; ++d) map.push_back(d >= dim ? d + 1 : d);
-    return map;
-  }));
+  r.add("aten::select_backward", dimMap(insertsDimAt(2)), nullptr, runWithLocalInputSizes);
+  r.add("aten::stack", dimMap(insertsDimAt(1)));
   r.add("aten::cat", dimMap([](const OpCall& c) {
     const int64_t nd = c.spec(0).ndim();
     const int64_t dim = wrapDim(c.arg_int(1), nd);
