@@ -4,6 +4,8 @@
 // other-sized or missing file is an error naming the path that changes
 // nothing; a failed save leaves the previous file byte-for-byte.
 #include "dist.h"
+#include "files.h"
+#include "llama_util.h"
 
 #include "comm/compat.h"
 #include "dtp/dtensor.h"
@@ -22,84 +24,47 @@
 
 using namespace dtp;
 using namespace dtp::models;
+using dtp::test::full_named_params;
+using dtp::test::kSeq;
 using dtp::test::run_ranks;
+using dtp::test::small_llama_config;
+using dtp::test::train_llama;
 
 namespace {
 
 namespace fs = std::filesystem;
 
-LlamaConfig smallConfig() {
-  LlamaConfig c;
-  c.vocab_size = 67;  // uneven over 2 ranks
-  c.dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_hidden = 40;
-  c.max_seq_len = 16;
-  c.seed = 7;
-  return c;
-}
-
 constexpr int kSteps = 4, kSaveAfter = 2;
-constexpr int64_t kBatch = 2, kSeq = 8;
 constexpr double kTol = 1e-5;
-
-// The batch of step `step`: the same whichever run or TP degree trains it.
-at::Tensor tokens(int64_t vocab, int64_t step) {
-  return at::remainder(at::arange(kBatch * (kSeq + 1), at::kLong) * 13 + step * 5, vocab).view({kBatch, kSeq + 1});
-}
 
 std::unique_ptr<torch::optim::AdamW> adamw(Llama& model) {
   return std::make_unique<torch::optim::AdamW>(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
 }
 
-// Trains steps [from, to) and returns their losses.
-std::vector<double> train(Llama& model, torch::optim::AdamW& opt, int from, int to) {
-  std::vector<double> losses;
-  for (int step = from; step < to; ++step) {
-    at::Tensor batch = tokens(model->config.vocab_size, step);
-    at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-    losses.push_back(loss.item<double>());
-  }
-  return losses;
-}
-
-// Full (unsharded) copies of the parameters; a collective under TP.
-std::vector<at::Tensor> fullParams(Llama& model) {
-  std::vector<at::Tensor> out;
-  for (auto& p : model->unique_parameters())
-    out.push_back(is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
-  return out;
-}
-
 struct Reference {
   std::vector<double> losses;      // steps 0..3, uninterrupted
-  std::vector<at::Tensor> params;  // after step 3
+  std::vector<std::pair<std::string, at::Tensor>> params;  // after step 3
 };
 
 Reference reference() {
-  Llama model(smallConfig());
+  Llama model(small_llama_config());
   auto opt = adamw(model);
   Reference r;
-  r.losses = train(model, *opt, 0, kSteps);
-  r.params = fullParams(model);
+  r.losses = train_llama(model, *opt, 0, kSteps);
+  r.params = full_named_params(model);
   return r;
 }
 
 // Steps kSaveAfter..kSteps-1 of a resumed run against the uninterrupted one.
-void expectResumedLikeReference(const std::vector<double>& losses, const std::vector<at::Tensor>& params,
-                                const Reference& want) {
+void expectResumedLikeReference(const std::vector<double>& losses,
+                                const std::vector<std::pair<std::string, at::Tensor>>& params, const Reference& want) {
   ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps - kSaveAfter));
   for (size_t i = 0; i < losses.size(); ++i)
     EXPECT_NEAR(losses[i], want.losses[kSaveAfter + i], kTol) << "step " << kSaveAfter + i;
   ASSERT_EQ(params.size(), want.params.size());
   for (size_t i = 0; i < params.size(); ++i)
-    EXPECT_TRUE(params[i].allclose(want.params[i], kTol, kTol))
-        << "parameter " << i << " differs by " << (params[i] - want.params[i]).abs().max();
+    EXPECT_TRUE(params[i].second.allclose(want.params[i].second, kTol, kTol))
+        << params[i].first << " differs by " << (params[i].second - want.params[i].second).abs().max();
 }
 
 // The restored AdamW state: one entry per parameter, at step kSaveAfter.
@@ -111,28 +76,6 @@ void expectStateAtSaveStep(Llama& model, torch::optim::AdamW& opt) {
     ASSERT_NE(it, opt.state().end());
     EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*it->second).step(), kSaveAfter);
   }
-}
-
-// Like dtp::test::error_of, but another exception (e.g. std::stoll's) is a
-// message too, so the checks after it still run.
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return std::string("<not a c10::Error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
-
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void writeBytes(const std::string& path, const std::string& content) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
 }
 
 // Parameters and AdamW moments, cloned, to show a failed load changed nothing.
@@ -163,29 +106,17 @@ void expectSame(const Snapshot& got, const Snapshot& want) {
   for (size_t i = 0; i < got.moments.size(); ++i) EXPECT_TRUE(got.moments[i].equal(want.moments[i])) << "moment " << i;
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public dtp::test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("dtp_checkpoint_" + std::to_string(::getpid()) + "_" +
-                                           ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
   // A 1-device run saved after kSaveAfter steps.
   std::string savedOnOneDevice(const std::string& name) {
     const std::string path = file(name);
-    Llama model(smallConfig());
+    Llama model(small_llama_config());
     auto opt = adamw(model);
-    train(model, *opt, 0, kSaveAfter);
+    train_llama(model, *opt, 0, kSaveAfter);
     save_checkpoint(path, model, *opt, kSaveAfter);
     return path;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(CheckpointTest, SavedAtTpTwoResumesOnOneDevice) {
@@ -195,19 +126,19 @@ TEST_F(CheckpointTest, SavedAtTpTwoResumesOnOneDevice) {
     const std::string path = file(std::string("tp2_sp") + (sp ? "1" : "0") + ".safetensors");
     run_ranks(2, [&](int) {
       auto mesh = init_device_mesh("cpu", {2}, {"tp"});
-      Llama model(smallConfig());
+      Llama model(small_llama_config());
       apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
       auto opt = adamw(model);
-      const auto losses = train(model, *opt, 0, kSaveAfter);
+      const auto losses = train_llama(model, *opt, 0, kSaveAfter);
       for (int i = 0; i < kSaveAfter; ++i) EXPECT_NEAR(losses[i], want.losses[i], kTol) << "step " << i;
       save_checkpoint(path, model, *opt, kSaveAfter);
     });
-    Llama model(smallConfig());
+    Llama model(small_llama_config());
     auto opt = adamw(model);
     EXPECT_EQ(load_checkpoint(path, model, opt.get()), kSaveAfter);
     expectStateAtSaveStep(model, *opt);
-    const auto losses = train(model, *opt, kSaveAfter, kSteps);
-    expectResumedLikeReference(losses, fullParams(model), want);
+    const auto losses = train_llama(model, *opt, kSaveAfter, kSteps);
+    expectResumedLikeReference(losses, full_named_params(model), want);
   }
 }
 
@@ -218,14 +149,14 @@ TEST_F(CheckpointTest, SavedOnOneDeviceResumesAtTpTwo) {
     SCOPED_TRACE(std::string("sp=") + (sp ? "1" : "0"));
     run_ranks(2, [&](int) {
       auto mesh = init_device_mesh("cpu", {2}, {"tp"});
-      Llama model(smallConfig());
+      Llama model(small_llama_config());
       apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
       auto opt = adamw(model);
       EXPECT_EQ(load_checkpoint(path, model, opt.get()), kSaveAfter);
       expectStateAtSaveStep(model, *opt);
       EXPECT_TRUE(is_dtensor(model->output->weight));  // still sharded after the load
-      const auto losses = train(model, *opt, kSaveAfter, kSteps);
-      expectResumedLikeReference(losses, fullParams(model), want);
+      const auto losses = train_llama(model, *opt, kSaveAfter, kSteps);
+      expectResumedLikeReference(losses, full_named_params(model), want);
     });
   }
 }
@@ -236,18 +167,18 @@ TEST_F(CheckpointTest, SavedOnOneDeviceResumesAtTpTwo) {
 TEST_F(CheckpointTest, ResumeWithoutOptimizerStateDiverges) {
   const Reference want = reference();
   const std::string path = savedOnOneDevice("tp1.safetensors");
-  Llama model(smallConfig());
+  Llama model(small_llama_config());
   auto opt = adamw(model);
   EXPECT_EQ(load_checkpoint(path, model, /*optimizer=*/nullptr), kSaveAfter);
   EXPECT_TRUE(opt->state().empty());
-  const auto losses = train(model, *opt, kSaveAfter, kSteps);
+  const auto losses = train_llama(model, *opt, kSaveAfter, kSteps);
   EXPECT_NEAR(losses[0], want.losses[kSaveAfter], kTol);
   EXPECT_GT(std::abs(losses[1] - want.losses[kSaveAfter + 1]), 100 * kTol);
 }
 
 TEST_F(CheckpointTest, TruncatedFileIsNamedAndChangesNothing) {
   const std::string good = savedOnOneDevice("good.safetensors");
-  const std::string bytes = readBytes(good);
+  const std::string bytes = dtp::test::read_bytes(good);
   ASSERT_GT(bytes.size(), 8u);
   uint64_t header = 0;
   for (int b = 7; b >= 0; --b) header = (header << 8) | static_cast<unsigned char>(bytes[b]);
@@ -255,20 +186,20 @@ TEST_F(CheckpointTest, TruncatedFileIsNamedAndChangesNothing) {
   ASSERT_GT(data, 0u);
 
   // Another init (seed) and one step of its own, so a partial load would show.
-  LlamaConfig c = smallConfig();
+  LlamaConfig c = small_llama_config();
   c.seed = 99;
   Llama model(c);
   auto opt = adamw(model);
-  train(model, *opt, 0, 1);
+  train_llama(model, *opt, 0, 1);
   const Snapshot before = snapshot(model, *opt);
 
   const std::string cut = file("cut.safetensors");
   for (uint64_t size : {uint64_t{0}, uint64_t{5}, uint64_t{8}, 8 + header / 2, 8 + header, 8 + header + data / 2,
                         uint64_t{bytes.size()} - 1}) {
     SCOPED_TRACE("cut at " + std::to_string(size) + " of " + std::to_string(bytes.size()) + " bytes");
-    writeBytes(cut, bytes.substr(0, size));
+    dtp::test::write_bytes(cut, bytes.substr(0, size));
     ASSERT_EQ(fs::file_size(cut), size);
-    const std::string err = errorOf([&] { load_checkpoint(cut, model, opt.get()); });
+    const std::string err = dtp::test::any_error_of([&] { load_checkpoint(cut, model, opt.get()); });
     EXPECT_NE(err.find(cut), std::string::npos) << err;
     EXPECT_NE(err.find("truncated"), std::string::npos) << err;
     expectSame(snapshot(model, *opt), before);
@@ -280,12 +211,12 @@ TEST_F(CheckpointTest, TruncatedFileIsNamedAndChangesNothing) {
 
 TEST_F(CheckpointTest, OtherModelSizeIsNamedAndChangesNothing) {
   const std::string path = savedOnOneDevice("dim32.safetensors");
-  LlamaConfig c = smallConfig();
+  LlamaConfig c = small_llama_config();
   c.dim = 48;  // head_dim 12
   Llama model(c);
   auto opt = adamw(model);
   const Snapshot before = snapshot(model, *opt);
-  const std::string err = errorOf([&] { load_checkpoint(path, model, opt.get()); });
+  const std::string err = dtp::test::any_error_of([&] { load_checkpoint(path, model, opt.get()); });
   EXPECT_NE(err.find(path), std::string::npos) << err;
   EXPECT_NE(err.find("dim=32"), std::string::npos) << err;
   EXPECT_NE(err.find("dim=48"), std::string::npos) << err;
@@ -297,11 +228,11 @@ TEST_F(CheckpointTest, OtherModelSizeIsNamedAndChangesNothing) {
 // AdamW state (read after every other parameter would have been copied).
 TEST_F(CheckpointTest, CorruptStepIsNamedAndChangesNothing) {
   const std::string good = savedOnOneDevice("good.safetensors");
-  LlamaConfig c = smallConfig();
+  LlamaConfig c = small_llama_config();
   c.seed = 99;
   Llama model(c);
   auto opt = adamw(model);
-  train(model, *opt, 0, 1);
+  train_llama(model, *opt, 0, 1);
   const Snapshot before = snapshot(model, *opt);
 
   const std::string last = "adamw." + model->unique_named_parameters().back().first + ".step";
@@ -316,7 +247,7 @@ TEST_F(CheckpointTest, CorruptStepIsNamedAndChangesNothing) {
     }
     const std::string path = file("corrupt" + std::to_string(variant) + ".safetensors");
     io::save_safetensors(path, ck.tensors, ck.metadata);
-    const std::string err = errorOf([&] { load_checkpoint(path, model, opt.get()); });
+    const std::string err = dtp::test::any_error_of([&] { load_checkpoint(path, model, opt.get()); });
     EXPECT_NE(err.find(path), std::string::npos) << err;
     EXPECT_NE(err.find(variant == 0 ? "'two'" : last), std::string::npos) << err;
     expectSame(snapshot(model, *opt), before);
@@ -325,10 +256,10 @@ TEST_F(CheckpointTest, CorruptStepIsNamedAndChangesNothing) {
 
 TEST_F(CheckpointTest, MissingFileIsNamed) {
   const std::string path = file("never_saved.safetensors");
-  Llama model(smallConfig());
+  Llama model(small_llama_config());
   auto opt = adamw(model);
   const Snapshot before = snapshot(model, *opt);
-  const std::string err = errorOf([&] { load_checkpoint(path, model, opt.get()); });
+  const std::string err = dtp::test::any_error_of([&] { load_checkpoint(path, model, opt.get()); });
   EXPECT_NE(err.find(path), std::string::npos) << err;
   expectSame(snapshot(model, *opt), before);
 }
@@ -338,21 +269,21 @@ TEST_F(CheckpointTest, MissingFileIsNamed) {
 // would not do): the error names the path and the old file stays intact.
 TEST_F(CheckpointTest, FailedSaveKeepsThePreviousFile) {
   const std::string path = file("ck.safetensors");
-  Llama model(smallConfig());
+  Llama model(small_llama_config());
   auto opt = adamw(model);
-  train(model, *opt, 0, kSaveAfter);
+  train_llama(model, *opt, 0, kSaveAfter);
   save_checkpoint(path, model, *opt, kSaveAfter);
-  const std::string old = readBytes(path);
+  const std::string old = dtp::test::read_bytes(path);
   ASSERT_FALSE(old.empty());
 
-  train(model, *opt, kSaveAfter, kSaveAfter + 1);
+  train_llama(model, *opt, kSaveAfter, kSaveAfter + 1);
   const fs::path blocker = path + ".tmp." + std::to_string(::getpid());
   fs::create_directory(blocker);
-  const std::string err = errorOf([&] { save_checkpoint(path, model, *opt, kSaveAfter + 1); });
+  const std::string err = dtp::test::any_error_of([&] { save_checkpoint(path, model, *opt, kSaveAfter + 1); });
   EXPECT_NE(err.find(path), std::string::npos) << err;
-  EXPECT_EQ(readBytes(path), old);
+  EXPECT_EQ(dtp::test::read_bytes(path), old);
   {
-    Llama fresh(smallConfig());
+    Llama fresh(small_llama_config());
     EXPECT_EQ(load_checkpoint(path, fresh, nullptr), kSaveAfter);
   }
   fs::remove(blocker);
@@ -360,13 +291,13 @@ TEST_F(CheckpointTest, FailedSaveKeepsThePreviousFile) {
   // A save into a directory that does not exist fails the same way and
   // leaves nothing behind.
   const std::string nowhere = file("gone/ck.safetensors");
-  EXPECT_NE(errorOf([&] { save_checkpoint(nowhere, model, *opt, kSaveAfter + 1); }).find(nowhere), std::string::npos);
+  EXPECT_NE(dtp::test::any_error_of([&] { save_checkpoint(nowhere, model, *opt, kSaveAfter + 1); }).find(nowhere), std::string::npos);
   EXPECT_FALSE(fs::exists(file("gone")));
 
   // With the obstacle gone the same save succeeds and replaces the file.
   save_checkpoint(path, model, *opt, kSaveAfter + 1);
-  EXPECT_NE(readBytes(path), old);
-  Llama fresh(smallConfig());
+  EXPECT_NE(dtp::test::read_bytes(path), old);
+  Llama fresh(small_llama_config());
   EXPECT_EQ(load_checkpoint(path, fresh, nullptr), kSaveAfter + 1);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);  // no temporary file left
 }

@@ -3,6 +3,7 @@
 // dropout, on 2 and 4 ranks; exact forward collective counts; a pipeline
 // stage; and every validation error.
 #include "dist.h"
+#include "llama_util.h"
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
@@ -13,6 +14,8 @@
 
 using namespace dtp;
 using namespace dtp::models;
+using dtp::test::kBatch;
+using dtp::test::kSeq;
 using dtp::test::run_ranks;
 
 namespace {
@@ -23,22 +26,10 @@ struct Variant {
 };
 
 LlamaConfig smallConfig(int tp, const Variant& v) {
-  LlamaConfig c;
-  c.vocab_size = 67;  // uneven over 2 and 4 ranks
-  c.dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = tp == 4 ? 4 : 2;
-  c.ffn_hidden = 40;  // 10 per rank on 4 ranks
-  c.max_seq_len = 16;
+  LlamaConfig c = dtp::test::small_llama_config(tp);
   c.tie_embeddings = v.tied;
   c.dropout = v.dropout;
-  c.seed = 7;
   return c;
-}
-
-at::Tensor tokens(int64_t batch, int64_t seq, int64_t vocab, int64_t step) {
-  return at::remainder(at::arange(batch * (seq + 1), at::kLong) * 13 + step * 5, vocab).view({batch, seq + 1});
 }
 
 struct Trace {
@@ -47,21 +38,12 @@ struct Trace {
 };
 
 constexpr int kSteps = 3;
-constexpr int64_t kBatch = 2, kSeq = 8;
 
-Trace train(Llama& model, bool distributed) {
+Trace train(Llama& model) {
   torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
   Trace t;
-  for (int step = 0; step < kSteps; ++step) {
-    at::Tensor batch = tokens(kBatch, kSeq, model->config.vocab_size, step);
-    at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-    t.losses.push_back(loss.item<double>());
-  }
-  for (auto& [name, p] : model->unique_named_parameters())
-    t.params.emplace_back(name, distributed && is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
+  t.losses = dtp::test::train_llama(model, opt, 0, kSteps);
+  t.params = dtp::test::full_named_params(model);
   return t;
 }
 
@@ -70,7 +52,7 @@ Trace train(Llama& model, bool distributed) {
 Trace reference(const LlamaConfig& c) {
   Llama model(c);
   at::manual_seed(123);
-  return train(model, false);
+  return train(model);
 }
 
 void expectSame(const Trace& got, const Trace& want, double tol) {
@@ -100,7 +82,7 @@ TEST_P(LlamaTpTest, TrainsLikeOneDeviceInEveryVariant) {
       apply_tensor_parallel(model, mesh, TensorParallelOptions{v.sp, kSeq});
       dtp::manual_seed(123);
       if (v.tied) EXPECT_TRUE(model->output->weight.is_same(model->tok_embeddings->weight));
-      expectSame(train(model, true), want, 1e-5);
+      expectSame(train(model), want, 1e-5);
     });
   }
 }
@@ -116,7 +98,7 @@ TEST_P(LlamaTpTest, ForwardCollectivesMatchTheory) {
       LlamaConfig c = smallConfig(w, {});
       Llama model(c);
       apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
-      at::Tensor batch = tokens(kBatch, kSeq, c.vocab_size, 0);
+      at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0);
       CommCounter comm;
       at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
       const int64_t L = c.n_layers;

@@ -1,6 +1,8 @@
 // safetensors checkpoints: round trips, byte-for-byte agreement with the
 // reference (Python/Rust) writer, and a loud, path-naming error for every
 // kind of damaged file and failed save.
+#include "files.h"
+
 #include "dtp/io/safetensors.h"
 
 #include <ATen/ATen.h>
@@ -21,19 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 #define EXPECT_ERROR(stmt, text) \
-  EXPECT_NE(errorOf([&] { stmt; }).find(text), std::string::npos) << errorOf([&] { stmt; })
+  EXPECT_NE(dtp::test::any_error_of([&] { stmt; }).find(text), std::string::npos) << dtp::test::any_error_of([&] { stmt; })
 
 std::string bytes(std::initializer_list<unsigned char> b) {
   return std::string(b.begin(), b.end());
@@ -45,15 +36,6 @@ std::string lengthPrefix(uint64_t n) {
   return s;
 }
 
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void writeBytes(const std::string& path, const std::string& content) {
-  std::ofstream(path, std::ios::binary) << content;
-}
-
 // 2x3 values that exercise sign and fractions where the dtype has them.
 at::Tensor sample(at::ScalarType t) {
   at::Tensor x = at::arange(6, at::kDouble).reshape({2, 3});
@@ -62,23 +44,13 @@ at::Tensor sample(at::ScalarType t) {
   return (at::isFloatingType(t) ? x * 0.75 - 2 : x - 3).to(t);
 }
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public dtp::test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("dtp_safetensors_" + std::to_string(::getpid()) + "_" +
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
   // Writes a file the way the reference writer frames one: length, JSON
   // padded with spaces to 8 bytes, data.
   std::string raw(const std::string& json, const std::string& data, const std::string& name = "raw.safetensors") {
     std::string header = json + std::string((8 - json.size() % 8) % 8, ' ');
-    writeBytes(file(name), lengthPrefix(header.size()) + header + data);
+    dtp::test::write_bytes(file(name), lengthPrefix(header.size()) + header + data);
     return file(name);
   }
 
@@ -88,8 +60,6 @@ class SafetensorsTest : public ::testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(SafetensorsTest, RoundTripsEveryDtypeInGivenOrder) {
@@ -165,17 +135,17 @@ TEST_F(SafetensorsTest, RoundTripsMetadata) {
 TEST_F(SafetensorsTest, WritesTheSameBytesAsTheReferenceWriter) {
   const std::string floats = bytes({0, 0, 0, 0, 0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0, 160, 64});
   save_safetensors(file("a.safetensors"), {{"attn0", at::arange(6, at::kFloat).reshape({1, 1, 2, 3})}});
-  EXPECT_EQ(readBytes(file("a.safetensors")),
+  EXPECT_EQ(dtp::test::read_bytes(file("a.safetensors")),
       lengthPrefix(72) + R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" + "       " + floats);
 
   save_safetensors(file("b.safetensors"), {{"attn.0", at::arange(6, at::kFloat).reshape({1, 2, 3})}});
-  EXPECT_EQ(readBytes(file("b.safetensors")),
+  EXPECT_EQ(dtp::test::read_bytes(file("b.safetensors")),
       lengthPrefix(64) + R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})" + floats);
 
   save_safetensors(file("c.safetensors"), {});
-  EXPECT_EQ(readBytes(file("c.safetensors")), lengthPrefix(8) + "{}      ");
+  EXPECT_EQ(dtp::test::read_bytes(file("c.safetensors")), lengthPrefix(8) + "{}      ");
   save_safetensors(file("d.safetensors"), {}, {{"framework", "pt"}});
-  EXPECT_EQ(readBytes(file("d.safetensors")), lengthPrefix(40) + R"({"__metadata__":{"framework":"pt"}})" + "     ");
+  EXPECT_EQ(dtp::test::read_bytes(file("d.safetensors")), lengthPrefix(40) + R"({"__metadata__":{"framework":"pt"}})" + "     ");
 }
 
 // Built byte by byte as Python's
@@ -190,7 +160,7 @@ TEST_F(SafetensorsTest, LoadsFileWrittenByPythonSafetensors) {
   ASSERT_EQ(json.size(), 141u);
   const std::string data = bytes({0, 0, 0xc0, 0x3f, 0, 0, 0, 0xc0,  // 1.5f, -2.0f
       1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0});
-  writeBytes(file("py.safetensors"), lengthPrefix(144) + json + "   " + data);
+  dtp::test::write_bytes(file("py.safetensors"), lengthPrefix(144) + json + "   " + data);
 
   auto ckpt = load_safetensors(file("py.safetensors"));
   EXPECT_EQ(ckpt.metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
@@ -205,7 +175,7 @@ TEST_F(SafetensorsTest, LoadsUnpaddedHeaderAndReturnsTensorsInOffsetOrder) {
   // Older writers did not pad, and listed tensors in any order.
   const std::string json = R"({"late":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},)"
                            R"("early":{"dtype":"I16","shape":[2],"data_offsets":[0,4]}})";
-  writeBytes(file("old.safetensors"), lengthPrefix(json.size()) + json + bytes({0xff, 0xff, 7, 0, 9, 200}));
+  dtp::test::write_bytes(file("old.safetensors"), lengthPrefix(json.size()) + json + bytes({0xff, 0xff, 7, 0, 9, 200}));
   auto ckpt = load_safetensors(file("old.safetensors"));
   ASSERT_EQ(ckpt.tensors.size(), 2u);
   EXPECT_EQ(ckpt.tensors[0].first, "early");
@@ -217,7 +187,7 @@ TEST_F(SafetensorsTest, LoadsUnpaddedHeaderAndReturnsTensorsInOffsetOrder) {
 TEST_F(SafetensorsTest, TruncatedFileNamesPathAndSaysTruncated) {
   save_safetensors(file("full.safetensors"),
       {{"w", at::randn({4, 4})}, {"b", at::zeros({4}, at::kLong)}}, {{"step", "7"}});
-  const std::string full = readBytes(file("full.safetensors"));
+  const std::string full = dtp::test::read_bytes(file("full.safetensors"));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(full[i]);
   const size_t dataStart = 8 + n;
@@ -225,15 +195,15 @@ TEST_F(SafetensorsTest, TruncatedFileNamesPathAndSaysTruncated) {
   const std::string path = file("cut.safetensors");
   for (size_t cut : {size_t{0}, size_t{3}, size_t{7}, size_t{8}, size_t{20}, dataStart - 1, dataStart,
            dataStart + 30, full.size() - 1}) {
-    writeBytes(path, full.substr(0, cut));
-    const std::string err = errorOf([&] { load_safetensors(path); });
+    dtp::test::write_bytes(path, full.substr(0, cut));
+    const std::string err = dtp::test::any_error_of([&] { load_safetensors(path); });
     EXPECT_NE(err.find(path), std::string::npos) << "cut at " << cut << ": " << err;
     EXPECT_NE(err.find("truncated"), std::string::npos) << "cut at " << cut << ": " << err;
     EXPECT_NE(err.find("re-save"), std::string::npos) << "cut at " << cut << ": " << err;
   }
-  writeBytes(path, full.substr(0, 20));
+  dtp::test::write_bytes(path, full.substr(0, 20));
   EXPECT_ERROR(load_safetensors(path), "truncated: header says " + std::to_string(n) + " bytes, file has 12");
-  writeBytes(path, full.substr(0, dataStart + 30));
+  dtp::test::write_bytes(path, full.substr(0, dataStart + 30));
   EXPECT_ERROR(load_safetensors(path), "needs 96 data bytes (file size " + std::to_string(full.size()) +
       "), file has 30");
 }
@@ -245,7 +215,7 @@ TEST_F(SafetensorsTest, CorruptHeaderIsRejectedWithPath) {
   EXPECT_ERROR(load_safetensors(p), "header is a JSON array, expected an object");
   p = raw(std::string(100, '[') + std::string(100, ']'), "");
   EXPECT_ERROR(load_safetensors(p), "nests deeper than 8 levels");
-  writeBytes(p, lengthPrefix(~uint64_t{0}) + "{}");
+  dtp::test::write_bytes(p, lengthPrefix(~uint64_t{0}) + "{}");
   EXPECT_ERROR(load_safetensors(p), "truncated: header says 18446744073709551615 bytes, file has 2");
 }
 
@@ -294,7 +264,7 @@ TEST_F(SafetensorsTest, MalformedEntriesAreRejected) {
   };
   for (const auto& [json, expected] : cases) {
     std::string p = raw(json, bytes({1, 2}));
-    const std::string err = errorOf([&] { load_safetensors(p); });
+    const std::string err = dtp::test::any_error_of([&] { load_safetensors(p); });
     EXPECT_NE(err.find(expected), std::string::npos) << json << "\n" << err;
     EXPECT_NE(err.find(p), std::string::npos) << err;
   }
@@ -329,10 +299,10 @@ TEST_F(SafetensorsTest, SaveIntoMissingDirectoryNamesPathAndErrno) {
 TEST_F(SafetensorsTest, FailedSaveLeavesExistingFileByteForByte) {
   const std::string p = file("ckpt.safetensors");
   save_safetensors(p, {{"w", at::randn({8})}}, {{"step", "1"}});
-  const std::string before = readBytes(p);
+  const std::string before = dtp::test::read_bytes(p);
   EXPECT_ERROR(save_safetensors(p, {{"w", at::randn({8})}, {"w2", at::Tensor()}}, {{"step", "2"}}),
       "undefined tensor for 'w2' (entry 1)");
-  EXPECT_EQ(readBytes(p), before);
+  EXPECT_EQ(dtp::test::read_bytes(p), before);
   EXPECT_EQ(listing(), std::vector<std::string>{"ckpt.safetensors"});
   EXPECT_EQ(load_safetensors(p).metadata.at("step"), "1");
 }
@@ -342,10 +312,10 @@ TEST_F(SafetensorsTest, FailedRenameRemovesTempFile) {
   // directory fails: the temp file must not be left behind.
   const std::string p = file("taken");
   fs::create_directories(p);
-  writeBytes(p + "/keep", "x");
+  dtp::test::write_bytes(p + "/keep", "x");
   EXPECT_ERROR(save_safetensors(p, {{"w", at::ones({1000})}}), "renaming '" + p + ".tmp.");
   EXPECT_EQ(listing(), std::vector<std::string>{"taken"});
-  EXPECT_EQ(readBytes(p + "/keep"), "x");
+  EXPECT_EQ(dtp::test::read_bytes(p + "/keep"), "x");
 }
 
 TEST_F(SafetensorsTest, SaveReplacesExistingFile) {
