@@ -6,8 +6,10 @@
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 #include "dtp/nn/modules.h"
+#include "dtp/nn/multihead_attention.h"
 #include "dtp/parallel/legacy.h"
 #include "dtp/parallel/parallelize.h"
+#include "dtp/random.h"
 
 using namespace dtp;
 using dtp::test::data;
@@ -83,3 +85,109 @@ TEST(TpLegacyTest, MakeInputAndOutputHelpers) {
 }
 
 }  // namespace
+
+// PairwiseParallel on MultiheadAttention splits heads: outputs, attention
+// weights, input and parameter gradients equal the stock module on one
+// device, dropout included; 1 all-reduce forward (+1 for averaged weights,
+// or 1 all-gather for per-head ones) and 1 backward per distinct input.
+struct MhaCase {
+  bool bias, separate_kv, masks, need_weights, average;
+  double dropout;
+};
+
+TEST(TpLegacyTest, PairwiseParallelSplitsMultiheadAttentionHeads) {
+  const int64_t e = 8, heads = 4, len = 5, batch = 3, kv_dim = 6;
+  for (int w : {2, 4}) {
+    for (MhaCase c : {MhaCase{true, false, false, false, true, 0.0}, MhaCase{true, false, true, true, true, 0.0},
+                      MhaCase{false, true, true, true, false, 0.0}, MhaCase{true, false, true, true, true, 0.3}}) {
+      SCOPED_TRACE("ranks=" + std::to_string(w) + " bias=" + std::to_string(c.bias) + " kdim=" +
+                   std::to_string(c.separate_kv) + " masks=" + std::to_string(c.masks) + " weights=" +
+                   std::to_string(c.need_weights) + " avg=" + std::to_string(c.average) +
+                   " dropout=" + std::to_string(c.dropout));
+      auto opts = torch::nn::MultiheadAttentionOptions(e, heads).bias(c.bias).dropout(c.dropout);
+      if (c.separate_kv) opts.kdim(kv_dim).vdim(kv_dim);
+      torch::nn::MultiheadAttention ref(opts);
+      {
+        torch::NoGradGuard g;
+        for (auto& p : ref->named_parameters())
+          p.value().copy_(data(p.value().sizes().vec(), p.key().size()).to(at::kFloat) * 0.5);
+      }
+      const at::Tensor x = data({len, batch, e}).to(at::kFloat);
+      const at::Tensor kv = data({len, batch, kv_dim}, 1.0).to(at::kFloat);
+      at::Tensor attn_mask, pad_mask;
+      if (c.masks) {
+        attn_mask = at::full({len, len}, -INFINITY).triu(1);
+        pad_mask = at::zeros({batch, len}, at::kBool);
+        pad_mask[1][len - 1] = true;
+      }
+      auto run = [&](auto& module, const at::Tensor& xin, const at::Tensor& kvin) {
+        const at::Tensor& k = c.separate_kv ? kvin : xin;
+        return module->forward(xin, k, k, pad_mask, c.need_weights, attn_mask, c.average);
+      };
+      auto lossOf = [&](const std::tuple<at::Tensor, at::Tensor>& r) {
+        at::Tensor loss = (std::get<0>(r) * data(std::get<0>(r).sizes().vec(), 2.0).to(at::kFloat)).sum();
+        if (c.need_weights) loss = loss + (std::get<1>(r) * data(std::get<1>(r).sizes().vec(), 3.0).to(at::kFloat)).sum();
+        return loss;
+      };
+      const at::Tensor rx = x.clone().requires_grad_(), rkv = kv.clone().requires_grad_();
+      at::manual_seed(5);
+      const auto want = run(ref, rx, rkv);
+      lossOf(want).backward();
+
+      run_ranks(w, [&](int) {
+        auto mesh = init_device_mesh("cpu", {w});
+        dtp::nn::MultiheadAttention m(opts);
+        {
+          torch::NoGradGuard g;
+          for (auto& p : m->named_parameters()) p.value().copy_(ref->named_parameters()[p.key()]);
+        }
+        parallelize_module(*m, mesh, PairwiseParallel());
+        EXPECT_EQ(placements(m->out_proj->weight), Placements{Shard(1)});
+        const at::Tensor tx = x.clone().requires_grad_(), tkv = kv.clone().requires_grad_();
+        dtp::manual_seed(5);
+        CommCounter fwd;
+        const auto got = run(m, tx, tkv);
+        const int64_t weight_ar = c.need_weights && c.average, weight_ag = c.need_weights && !c.average;
+        EXPECT_EQ(fwd.count(CollectiveType::AllReduce), 1 + weight_ar) << fwd.str();
+        EXPECT_EQ(fwd.count(CollectiveType::AllGather), weight_ag) << fwd.str();
+        EXPECT_EQ(fwd.total_count(), 1 + weight_ar + weight_ag) << fwd.str();
+        EXPECT_FALSE(is_dtensor(std::get<0>(got)));
+        EXPECT_TRUE(std::get<0>(got).allclose(std::get<0>(want), 1e-5, 1e-5));
+        if (c.need_weights) EXPECT_TRUE(std::get<1>(got).allclose(std::get<1>(want), 1e-5, 1e-5));
+        else EXPECT_FALSE(std::get<1>(got).defined());
+        CommCounter bwd;
+        lossOf(got).backward();
+        EXPECT_EQ(bwd.count(CollectiveType::AllReduce), c.separate_kv ? 2 : 1) << bwd.str();
+        EXPECT_EQ(bwd.total_count(), c.separate_kv ? 2 : 1) << bwd.str();
+        EXPECT_TRUE(tx.grad().allclose(rx.grad(), 1e-5, 1e-5));
+        if (c.separate_kv) EXPECT_TRUE(tkv.grad().allclose(rkv.grad(), 1e-5, 1e-5));
+        for (const auto& p : ref->named_parameters()) {
+          const at::Tensor grad = full_tensor(m->named_parameters()[p.key()].grad()).reshape(p.value().sizes());
+          EXPECT_TRUE(grad.allclose(p.value().grad(), 1e-5, 1e-5)) << p.key();
+        }
+        if (!c.separate_kv) EXPECT_TRUE(full_tensor(m->in_proj_weight).flatten(0, 1).equal(ref->in_proj_weight));
+      });
+    }
+  }
+}
+
+TEST(TpLegacyTest, MultiheadAttentionErrorsNameTheModuleAndFix) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    dtp::nn::MultiheadAttention odd(6, 3);
+    dtp::test::expect_error([&] { parallelize_module(*odd, mesh, PairwiseParallel()); },
+                            {"num_heads", "got 3 heads for 2 ranks", "divisible"});
+    torch::nn::MultiheadAttention stock(8, 4);
+    dtp::test::expect_error([&] { parallelize_module(*stock, mesh, PairwiseParallel()); },
+                            {"torch::nn::MultiheadAttention", "dtp::nn::MultiheadAttention"});
+    dtp::nn::MultiheadAttention bias_kv(torch::nn::MultiheadAttentionOptions(8, 4).add_bias_kv(true));
+    dtp::test::expect_error([&] { parallelize_module(*bias_kv, mesh, PairwiseParallel()); },
+                            {"NYI", "add_bias_kv"});
+    dtp::nn::MultiheadAttention m(8, 4);
+    parallelize_module(*m, mesh, PairwiseParallel());
+    dtp::test::expect_error([&] { parallelize_module(*m, mesh, PairwiseParallel()); }, {"split already"});
+    const at::Tensor x = at::randn({3, 2, 8});
+    dtp::test::expect_error([&] { m->forward(x, x, x, {}, false, at::ones({3, 3}, at::kBool)); },
+                            {"NYI", "attn_mask", "float [L, S] mask"});
+  });
+}

@@ -1,6 +1,7 @@
 #include "dtp/parallel/legacy.h"
 
 #include "dtp/dtensor.h"
+#include "dtp/nn/multihead_attention.h"
 #include "dtp/parallel/parallelize.h"
 
 #include <torch/nn/modules/linear.h>
@@ -29,6 +30,13 @@ at::Tensor reshard(const at::Tensor& t, const DeviceMesh& mesh, Placement to, co
 
 void PairwiseParallel::apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
                              std::optional<int> src_data_rank) const {
+  if (auto* attention = module.as<nn::MultiheadAttentionImpl>()) {
+    attention->shard_heads(mesh, src_data_rank, fqn);
+    return;
+  }
+  TORCH_CHECK(module.as<torch::nn::MultiheadAttentionImpl>() == nullptr, "PairwiseParallel: the module at '",
+              fqn, "' is a torch::nn::MultiheadAttention, whose forward cannot run split heads. Declare it as "
+              "dtp::nn::MultiheadAttention (same options, fields and forward).");
   const auto children = module.named_children();
   bool linears = children.size() == 2;
   for (const auto& c : children) linears &= c.value()->as<torch::nn::LinearImpl>() != nullptr;

@@ -12,7 +12,9 @@ namespace dtp {
 
 // A module whose children are exactly two nn::Linear (in registration order):
 // the first ColwiseParallel, the second RowwiseParallel, replicated input and
-// output (PyTorch's PairwiseParallel for an MLP).
+// output (PyTorch's PairwiseParallel for an MLP). On a
+// dtp::nn::MultiheadAttention it splits the heads instead (see
+// nn/multihead_attention.h).
 class PairwiseParallel : public ParallelStyle {
  public:
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
