@@ -67,7 +67,7 @@ at::Tensor applyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
 }  // namespace
 
 AttentionImpl::AttentionImpl(const LlamaConfig& c)
-    : head_dim(c.head_dim()), n_rep(c.n_heads / c.n_kv_heads) {
+    : head_dim(c.head_dim()) {
   auto linear = [&](int64_t in, int64_t out) {
     return dtp::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
   };
@@ -81,14 +81,11 @@ AttentionImpl::AttentionImpl(const LlamaConfig& c)
   rope_sin = register_buffer("rope_sin", angles.sin().to(at::kFloat));
 }
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x) {
-  const int64_t batch = x.size(0), seq = x.size(1);
+at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
+                            const at::Tensor& rope_sin) {
+  const int64_t batch = q.size(0), seq = q.size(1), head_dim = q.size(3), n_rep = q.size(2) / k.size(2);
   TORCH_CHECK(seq <= rope_cos.size(0), "Attention: sequence length ", seq, " exceeds max_seq_len=",
               rope_cos.size(0), ". Raise LlamaConfig::max_seq_len.");
-  // Under TP these are this rank's heads, plain tensors.
-  at::Tensor q = wq(x).view({batch, seq, -1, head_dim});
-  at::Tensor k = wk(x).view({batch, seq, -1, head_dim});
-  at::Tensor v = wv(x).view({batch, seq, -1, head_dim});
   q = applyRope(q, rope_cos, rope_sin);
   k = applyRope(k, rope_cos, rope_sin);
   if (n_rep > 1) {
@@ -103,7 +100,14 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const at::Tensor future = at::ones({seq, seq}, at::kBool).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   at::Tensor out = at::matmul(at::softmax(scores, -1), v);
-  return wo(out.transpose(1, 2).reshape({batch, seq, -1}));
+  return out.transpose(1, 2).reshape({batch, seq, -1});
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  // Under TP these are this rank's heads, plain tensors.
+  return wo(causal_attention(wq(x).view({batch, seq, -1, head_dim}), wk(x).view({batch, seq, -1, head_dim}),
+                             wv(x).view({batch, seq, -1, head_dim}), rope_cos, rope_sin));
 }
 
 FeedForwardImpl::FeedForwardImpl(const LlamaConfig& c) {

@@ -8,8 +8,10 @@ RMSNormImpl::RMSNormImpl(int64_t dim_, double eps_) : dim(dim_), eps(eps_) { res
 
 void RMSNormImpl::reset() { weight = register_parameter("weight", at::ones({dim})); }
 
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * weight;
 }
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
 
 }  // namespace dtp::nn

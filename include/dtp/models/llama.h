@@ -36,6 +36,12 @@ struct LlamaConfig {
   void validate() const;
 };
 
+// The attention core on plain per-head tensors: rotary embeddings, the
+// grouped-query repeat, causal softmax. q [batch, seq, heads, head_dim], k
+// and v [batch, seq, kv_heads, head_dim] -> [batch, seq, heads * head_dim].
+at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
+                            const at::Tensor& rope_sin);
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c);
@@ -44,7 +50,7 @@ class AttentionImpl : public torch::nn::Module {
 
   dtp::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   at::Tensor rope_cos, rope_sin;  // [max_seq_len, head_dim / 2]
-  int64_t head_dim, n_rep;
+  int64_t head_dim;
 };
 DTP_MODULE(Attention);
 

@@ -29,6 +29,8 @@ class Dropout : public Hooked<torch::nn::DropoutImpl> {
 };
 
 // y = x / sqrt(mean(x^2, last dim) + eps) * weight
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl> {
  public:
   explicit RMSNormImpl(int64_t dim, double eps = 1e-6);

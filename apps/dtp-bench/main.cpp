@@ -1,0 +1,341 @@
+// dtp-bench: one training step (forward, backward, AdamW) of the reference
+// Llama, side by side in one run on the same machine:
+//   (a) dtp: DTensor tensor parallelism via apply_tensor_parallel;
+//   (b) hand: hand-written Megatron TP in plain libtorch (megatron.h);
+//   (c) single: the unsharded model on rank 0 alone, with all the job's threads.
+// Variants run interleaved, rep after rep, so drift hits them alike; each
+// rep's time is the slowest rank's. Also: collectives per step against the
+// closed-form minimum, and memory per rank at TP=1 and TP=N. Exits non-zero
+// when the variants' losses or dtp's communication disagree with the theory.
+// Run it under the launcher: `dtprun -n 2 dtp-bench`.
+#include "megatron.h"
+#include "memory.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/device_mesh.h"
+#include "dtp/dtensor.h"
+#include "dtp/models/llama.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <torch/optim/adamw.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+
+namespace {
+
+using namespace dtp;
+using namespace dtp::models;
+
+struct Size {
+  const char* name;
+  int64_t dim, layers, heads, kv_heads, batch, seq;
+};
+// tiny is for the smoke test; small is overhead-bound, large matmul-bound.
+const Size kSizes[] = {{"tiny", 32, 1, 2, 2, 2, 8},
+                       {"small", 64, 2, 4, 2, 8, 64},
+                       {"medium", 256, 4, 8, 4, 8, 128},
+                       {"large", 512, 4, 8, 4, 8, 256}};
+
+struct Options {
+  std::vector<std::string> sizes{"small", "medium", "large"};
+  std::vector<std::string> sp{"on", "off"};
+  int reps = 7, warmup = 2;
+};
+
+using Clock = std::chrono::steady_clock;
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr CollectiveType kTypes[] = {CollectiveType::AllReduce, CollectiveType::AllGather,
+                                     CollectiveType::ReduceScatter};
+const char* kTypeNames[] = {"all_reduce", "all_gather", "reduce_scatter"};
+
+struct Comm {
+  int64_t count[3] = {0, 0, 0}, bytes[3] = {0, 0, 0};
+};
+
+// The minimum for Megatron TP on a [batch, seq, dim] fp32 residual stream of L
+// layers, in CommCounter's terms (an all-gather counts the gathered tensor, a
+// reduce-scatter its input, an all-reduce its tensor):
+// - without SP: all-reduces of the embedding, 2 per layer and 3 [batch*seq]
+//   for the loss forward; 2 per layer and 1 for the head's input backward.
+// - with SP: 2L+1 all-gathers and 2L+1 reduce-scatters each way (the
+//   embedding's reduce-scatter, 2 per layer, the head's gather), the loss's 3
+//   all-reduces, and one all-reduce of the 2L+1 norm weights' gradients.
+Comm theory(const LlamaConfig& c, int64_t batch, int64_t seq, bool sp) {
+  const int64_t act = batch * seq * c.dim * 4, loss = 3 * batch * seq * 4, l = c.n_layers;
+  Comm t;
+  if (sp) {
+    for (int i : {1, 2}) {
+      t.count[i] = 2 * (2 * l + 1);
+      t.bytes[i] = t.count[i] * act;
+    }
+    t.count[0] = 3 + 1;
+    t.bytes[0] = loss + (2 * l + 1) * c.dim * 4;
+  } else {
+    t.count[0] = (1 + 2 * l + 3) + (2 * l + 1);
+    t.bytes[0] = (1 + 2 * l + 2 * l + 1) * act + loss;
+  }
+  return t;
+}
+
+Comm measured(const CommCounter& counter) {
+  Comm m;
+  for (int i = 0; i < 3; ++i) {
+    m.count[i] = counter.count(kTypes[i]);
+    m.bytes[i] = counter.bytes(kTypes[i]);
+  }
+  return m;
+}
+
+// One model under test.
+struct Variant {
+  std::string name;
+  bool sp = false, all_ranks = true;
+  std::function<at::Tensor()> loss;
+  std::function<void()> after_backward = [] {};
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::vector<at::Tensor> params;
+  std::vector<double> ms;
+  double first_loss = 0;
+  Comm comm;
+  bench::ModelMemory memory;
+
+  double step() {
+    opt->zero_grad();
+    at::Tensor l = loss();
+    l.backward();
+    after_backward();
+    opt->step();
+    return l.item<double>();
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct SizeReport {
+  const Size* size;
+  int64_t n_params;
+  std::vector<Variant> variants;
+  std::map<bool, Comm> theory;
+};
+
+// Runs every variant of one size; returns false when a check failed.
+bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const DeviceMesh& mesh,
+             SizeReport& report) {
+  LlamaConfig c;
+  c.dim = s.dim;
+  c.n_layers = s.layers;
+  c.n_heads = s.heads;
+  c.n_kv_heads = s.kv_heads;
+  c.max_seq_len = s.seq;
+  c.seed = 1;
+  const int rank = world.rank(), tp = world.size();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor batch = at::randint(c.vocab_size, {s.batch, s.seq + 1}, gen);
+  const at::Tensor tokens = batch.narrow(1, 0, s.seq), targets = batch.narrow(1, 1, s.seq);
+  const auto adamw = [](const std::vector<at::Tensor>& p) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
+  };
+
+  report.size = &s;
+  auto& vs = report.variants;
+  for (const auto& mode : o.sp) {
+    const bool sp = mode == "on";
+    report.theory[sp] = theory(c, s.batch, s.seq, sp);
+    Llama dm(c);
+    apply_tensor_parallel(dm, mesh, TensorParallelOptions{sp, s.seq});
+    Variant a;
+    a.name = "dtp";
+    a.sp = sp;
+    a.params = dm->unique_parameters();
+    a.loss = [dm, tokens, targets]() mutable { return llama_loss(dm(tokens), targets); };
+    vs.push_back(std::move(a));
+    auto hand = std::make_shared<bench::MegatronLlama>(Llama(c), world, sp);
+    Variant b;
+    b.name = "hand";
+    b.sp = sp;
+    b.params = hand->parameters();
+    b.loss = [hand, tokens, targets] { return hand->loss(tokens, targets); };
+    b.after_backward = [hand] { hand->reduce_norm_grads(); };
+    vs.push_back(std::move(b));
+  }
+  Llama single(c);
+  report.n_params = 0;
+  for (const auto& p : single->unique_parameters()) report.n_params += p.numel();
+  Variant cv;
+  cv.name = "single";
+  cv.all_ranks = false;
+  cv.params = single->unique_parameters();
+  cv.loss = [single, tokens, targets]() mutable { return llama_loss(single(tokens), targets); };
+  vs.push_back(std::move(cv));
+  for (auto& v : vs) v.opt = adamw(v.params);
+
+  const int threads = at::get_num_threads();
+  for (int r = 0; r < o.warmup + o.reps; ++r) {
+    for (auto& v : vs) {
+      world.barrier();
+      const auto t0 = Clock::now();
+      if (v.all_ranks || rank == 0) {
+        if (!v.all_ranks) at::set_num_threads(threads * tp);
+        CommCounter counter;
+        const double loss = v.step();
+        if (r == 0) v.first_loss = loss;
+        if (r == o.warmup) v.comm = measured(counter);
+        at::set_num_threads(threads);
+      }
+      at::Tensor ms = at::full({1}, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
+                               at::kDouble);
+      world.all_reduce(ms, ReduceOp::Max);
+      if (r >= o.warmup) v.ms.push_back(ms.item<double>());
+    }
+  }
+  // Memory on a further step: state after it, activations at the forward's end.
+  for (auto& v : vs) {
+    world.barrier();
+    if (!v.all_ranks && rank != 0) continue;
+    if (!v.all_ranks) at::set_num_threads(threads * tp);
+    v.opt->zero_grad();
+    const int64_t before = bench::live_bytes();
+    at::Tensor l = v.loss();
+    v.memory.activations = bench::live_bytes() - before;
+    l.backward();
+    v.after_backward();
+    v.opt->step();
+    v.memory = [&] {
+      auto m = bench::state_memory(v.params, *v.opt);
+      m.activations = v.memory.activations;
+      return m;
+    }();
+    at::set_num_threads(threads);
+  }
+  world.barrier();
+
+  bool ok = true;
+  const double want = vs.back().first_loss;
+  at::Tensor ref = at::full({1}, rank == 0 ? want : 0.0, at::kDouble);
+  world.all_reduce(ref);  // rank 0's single-device loss, everywhere
+  for (auto& v : vs) {
+    if (v.all_ranks && std::abs(v.first_loss - ref.item<double>()) > 1e-4) {
+      std::fprintf(stderr, "dtp-bench: %s (%s SP) first loss %.6f differs from the single device's %.6f\n",
+                   v.name.c_str(), v.sp ? "with" : "without", v.first_loss, ref.item<double>());
+      ok = false;
+    }
+    if (v.name == "dtp") {
+      const Comm& t = report.theory[v.sp];
+      for (int i = 0; i < 3; ++i) {
+        if (v.comm.bytes[i] != t.bytes[i]) {
+          std::fprintf(stderr, "dtp-bench: %s %s SP: %s moved %lld bytes, theory %lld\n", s.name,
+                       v.sp ? "with" : "without", kTypeNames[i], static_cast<long long>(v.comm.bytes[i]),
+                       static_cast<long long>(t.bytes[i]));
+          ok = false;
+        }
+      }
+    }
+  }
+  return ok;
+}
+
+std::string spName(bool sp) { return sp ? "yes" : "no"; }
+
+void printReports(const std::vector<SizeReport>& reports, const Options& o, int tp) {
+  std::printf("\n## Step time, median of %d reps (ms); TP=%d over Gloo, single = rank 0 with %d threads\n\n",
+              o.reps, tp, at::get_num_threads() * tp);
+  std::printf("| size | params | SP | dtp | hand-written | single | dtp / hand | dtp / single |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : reports) {
+    const double single = median(r.variants.back().ms);
+    for (size_t i = 0; i + 1 < r.variants.size(); i += 2) {
+      const double a = median(r.variants[i].ms), b = median(r.variants[i + 1].ms);
+      std::printf("| %s | %.2fM | %s | %.2f | %.2f | %.2f | %.3f | %.3f |\n", r.size->name, r.n_params / 1e6,
+                  spName(r.variants[i].sp).c_str(), a, b, single, a / b, a / single);
+    }
+  }
+  std::printf("\n## Collectives per step: count and MiB per rank (theory / dtp / hand-written)\n\n");
+  std::printf("| size | SP | collective | theory | dtp | hand | dtp / theory (bytes) |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const auto& r : reports) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += 2) {
+      const Variant &a = r.variants[i], &b = r.variants[i + 1];
+      const Comm& t = r.theory.at(a.sp);
+      for (int k = 0; k < 3; ++k) {
+        if (t.count[k] == 0 && a.comm.count[k] == 0) continue;
+        std::printf("| %s | %s | %s | %lld, %.3f | %lld, %.3f | %lld, %.3f | %.3f |\n", r.size->name,
+                    spName(a.sp).c_str(), kTypeNames[k], static_cast<long long>(t.count[k]), t.bytes[k] / kMiB,
+                    static_cast<long long>(a.comm.count[k]), a.comm.bytes[k] / kMiB,
+                    static_cast<long long>(b.comm.count[k]), b.comm.bytes[k] / kMiB,
+                    t.bytes[k] ? static_cast<double>(a.comm.bytes[k]) / t.bytes[k] : 0.0);
+      }
+    }
+  }
+  std::printf("\n## Memory per rank (MiB): TP=1 vs dtp TP=%d; sharded part's ratio (ideal 1/%d = %.3f)\n\n", tp, tp,
+              1.0 / tp);
+  std::printf("| size | SP | params TP=1 / TP=%d | ratio | grads | ratio | AdamW state | ratio | activations TP=1 / TP=%d |\n",
+              tp, tp);
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : reports) {
+    const bench::ModelMemory& one = r.variants.back().memory;
+    for (size_t i = 0; i + 1 < r.variants.size(); i += 2) {
+      const bench::ModelMemory& m = r.variants[i].memory;
+      // Replicated tensors have the same shapes at TP=1: the rest of TP=1 is what TP=N shards.
+      auto cell = [](const bench::StateBytes& whole, const bench::StateBytes& part) {
+        const double sharded_one = whole.total - part.replicated, sharded = part.total - part.replicated;
+        std::printf(" %.2f / %.2f | %.4f |", whole.total / kMiB, part.total / kMiB, sharded / sharded_one);
+      };
+      std::printf("| %s | %s |", r.size->name, spName(r.variants[i].sp).c_str());
+      cell(one.params, m.params);
+      cell(one.grads, m.grads);
+      cell(one.optimizer, m.optimizer);
+      std::printf(" %.2f / %.2f |\n", one.activations / kMiB, m.activations / kMiB);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::install_memory_tracker();
+  CLI::App app{"dtp-bench: DTensor tensor parallelism vs hand-written TP vs one rank, one training step"};
+  Options o;
+  std::vector<std::string> names;
+  for (const auto& s : kSizes) names.push_back(s.name);
+  app.add_option("--sizes", o.sizes, "Model sizes to run")->check(CLI::IsMember(names))->capture_default_str();
+  app.add_option("--sp", o.sp, "Sequence parallelism settings to run")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--reps", o.reps, "Timed steps per variant")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    ProcessGroup world = init_process_group();
+    TORCH_CHECK(world.size() > 1, "dtp-bench: needs at least 2 ranks; got WORLD_SIZE=", world.size(),
+                ". Run it as `dtprun -n 2 dtp-bench`.");
+    DeviceMesh mesh = init_device_mesh("cpu", {world.size()}, {"tp"});
+    if (world.rank() == 0)
+      std::printf("dtp-bench: %s, %d threads per rank, libtorch %s\n", mesh.str().c_str(), at::get_num_threads(),
+                  TORCH_VERSION);
+    bool ok = true;
+    std::vector<SizeReport> reports;
+    for (const auto& name : o.sizes) {
+      const Size& s = *std::find_if(std::begin(kSizes), std::end(kSizes), [&](const Size& x) { return name == x.name; });
+      reports.emplace_back();
+      ok &= runSize(s, o, world, mesh, reports.back());
+      if (world.rank() == 0) std::printf("  %s done\n", s.name);
+    }
+    if (world.rank() == 0) printReports(reports, o, world.size());
+    std::fflush(stdout);
+    return ok ? 0 : 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what_without_backtrace());
+    return 2;
+  }
+}
