@@ -197,3 +197,21 @@ TEST(DTensorApiTest, ToLocalGradPlacementsAndFromLocalBackward) {
 }
 
 }  // namespace
+
+// As in PyTorch, redistributing to the same placements is a gradient
+// boundary: a Partial gradient of a Replicate tensor is all-reduced there.
+TEST(DTensorTest, RedistributeToSamePlacementsReducesPartialGradient) {
+  run_ranks(2, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor x = distribute_tensor(at::ones({3, 2}).requires_grad_(), mesh, {Replicate()});
+    at::Tensor y = redistribute(x, mesh, {Replicate()});
+    EXPECT_FALSE(y.is_same(x));
+    CommCounter comm;
+    (to_local(y, Placements{Partial()}) * (rank + 1)).sum().backward();
+    EXPECT_EQ(comm.count(CollectiveType::AllReduce), 1) << comm.str();
+    EXPECT_EQ(placements(x.grad()), Placements{Replicate()});
+    EXPECT_TRUE(to_local(x.grad()).equal(at::full({3, 2}, 3.0)));
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(redistribute(x, mesh, {Replicate()}).is_same(x));
+  });
+}

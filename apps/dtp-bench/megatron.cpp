@@ -128,7 +128,8 @@ at::Tensor MegatronLlama::loss(const at::Tensor& tokens, const at::Tensor& targe
   for (const Layer& l : layers_) {
     at::Tensor x = enterParallel(nn::rms_norm(h, l.attention_norm, eps));
     auto heads = [&](const at::Tensor& w) { return at::linear(x, w).view({batch, seq, -1, head_dim}); };
-    at::Tensor a = models::causal_attention(heads(l.wq), heads(l.wk), heads(l.wv), rope_cos_, rope_sin_);
+    at::Tensor q = heads(l.wq), k = heads(l.wk), v = heads(l.wv);  // in this order, as the model
+    at::Tensor a = models::causal_attention(q, k, v, rope_cos_, rope_sin_);
     h = h + leaveParallel(at::linear(a, l.wo));
     at::Tensor f = enterParallel(nn::rms_norm(h, l.ffn_norm, eps));
     h = h + leaveParallel(at::linear(at::silu(at::linear(f, l.w1)) * at::linear(f, l.w3), l.w2));

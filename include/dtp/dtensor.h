@@ -52,7 +52,9 @@ at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placemen
 at::Tensor full_tensor(const at::Tensor& t);
 
 // The same tensor with other placements. Differentiable: the backward applies
-// the reverse transition (a Partial source gets a Replicate gradient).
+// the reverse transition (a Partial source gets a Replicate gradient). To the
+// same placements it is still a gradient boundary, as in PyTorch: a Partial
+// gradient of a Replicate tensor is all-reduced there.
 // async_op is accepted for API parity; collectives complete before returning.
 at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
                         bool async_op = false);

@@ -105,9 +105,12 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1);
-  // Under TP these are this rank's heads, plain tensors.
-  return wo(causal_attention(wq(x).view({batch, seq, -1, head_dim}), wk(x).view({batch, seq, -1, head_dim}),
-                             wv(x).view({batch, seq, -1, head_dim}), rope_cos, rope_sin));
+  // Under TP these are this rank's heads, plain tensors. One statement each:
+  // the order of q, k, v fixes the order their gradients are summed in.
+  at::Tensor q = wq(x).view({batch, seq, -1, head_dim});
+  at::Tensor k = wk(x).view({batch, seq, -1, head_dim});
+  at::Tensor v = wv(x).view({batch, seq, -1, head_dim});
+  return wo(causal_attention(q, k, v, rope_cos, rope_sin));
 }
 
 FeedForwardImpl::FeedForwardImpl(const LlamaConfig& c) {

@@ -80,6 +80,24 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                plan.end());
   }
   parallelize_module(*model, *tp_mesh, plan);
+  if (!sp) {
+    // Megatron's f: the Colwise projections after a norm (q/k/v, w1/w3, the
+    // head) send back Partial gradients; reduce their sum once at the input
+    // of the module holding them, so the norm gets a Replicate gradient and
+    // its weight needs no all-reduce of its own.
+    std::vector<nn::HookHost*> inputs;
+    for (const auto& layer : *model->layers) {
+      auto* block = layer->as<TransformerBlockImpl>();
+      inputs.push_back(block->attention.get());
+      inputs.push_back(block->feed_forward.get());
+    }
+    if (c.with_head) inputs.push_back(model->output.get());
+    for (nn::HookHost* host : inputs) {
+      host->pre_hooks.push_back([m = *tp_mesh](std::vector<at::Tensor>& in) {
+        if (is_dtensor(in[0])) in[0] = redistribute(in[0], m, {Replicate()});
+      });
+    }
+  }
 
   // Whatever the plan left plain (the norms without SP) is replicated. A
   // stage takes and returns plain activations, replicated on every rank.

@@ -62,9 +62,15 @@ at::Tensor asDTensor(const at::Tensor& t, const DeviceMesh& mesh, Placement layo
   return from_local(t, mesh, {layout}, /*run_check=*/false, shape);
 }
 
+// Redistributes only when the layout differs (PyTorch's styles do the same): a
+// redistribute to the same placements would be a gradient boundary.
+at::Tensor relayout(const at::Tensor& t, const DeviceMesh& mesh, Placement p) {
+  return placements(t) == Placements{p} ? t : redistribute(t, mesh, {p});
+}
+
 at::Tensor to(const at::Tensor& t, const DeviceMesh& mesh, Placement p, bool use_local) {
   if (!t.defined()) return t;
-  at::Tensor out = redistribute(t, mesh, {p});
+  at::Tensor out = relayout(t, mesh, p);
   return use_local ? to_local(out) : out;
 }
 
@@ -87,7 +93,7 @@ void ColwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
   auto& host = hooksOf(m, fqn, name());
   const auto o = options_;
   host.pre_hooks.push_back([o, mesh](std::vector<at::Tensor>& in) {
-    in[0] = redistribute(asDTensor(in[0], mesh, o.input_layouts()), mesh, {Replicate()});
+    in[0] = relayout(asDTensor(in[0], mesh, o.input_layouts()), mesh, Replicate());
   });
   host.post_hooks.push_back([o, mesh](at::Tensor& out) {
     out = to(out, mesh, o.output_layouts(), o.use_local_output());
@@ -114,8 +120,8 @@ void RowwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
   host.pre_hooks.push_back([o, mesh, in_size, desired_input](std::vector<at::Tensor>& in) {
     const bool last_dim = o.input_layouts().is_shard() && (o.input_layouts().dim == -1 ||
                                                            o.input_layouts().dim == in[0].dim() - 1);
-    in[0] = redistribute(asDTensor(in[0], mesh, o.input_layouts(), last_dim ? in_size : std::nullopt),
-                         mesh, {desired_input});
+    in[0] = relayout(asDTensor(in[0], mesh, o.input_layouts(), last_dim ? in_size : std::nullopt), mesh,
+                     desired_input);
   });
   host.post_hooks.push_back([o, mesh](at::Tensor& out) {
     out = to(out, mesh, o.output_layouts(), o.use_local_output());
