@@ -201,14 +201,14 @@ at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Place
   TORCH_CHECK(mesh == impl.spec().mesh, "redistribute: the tensor lives on ",
               impl.spec().mesh.str(), ", not on ", mesh.str(),
               ". Redistribution across meshes is NYI.");
+  auto spec = make_spec(mesh, placements, impl.spec().shape, impl.spec().dtype);
   at::Tensor out;
-  if (placements == impl.spec().placements) {
+  if (spec->placements == impl.spec().placements) {
     // Still a gradient boundary, as in PyTorch: a Partial gradient arriving
     // here leaves as the source's placements (Replicate gets an all-reduce).
     if (!t.requires_grad() || !at::GradMode::is_enabled()) return t;
     out = makeDTensor(impl.local(), impl.spec_ptr());
   } else {
-    auto spec = make_spec(mesh, placements, impl.spec().shape, impl.spec().dtype);
     out = makeDTensor(redistribute_local(impl.local(), impl.spec(), spec->placements), spec);
   }
   auto node = std::make_shared<RedistributeBackward>();

@@ -19,6 +19,7 @@
 #include <torch/nn/modules/activation.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace dtp::nn {
@@ -37,7 +38,6 @@ class MultiheadAttentionImpl : public torch::nn::MultiheadAttentionImpl {
   // Splits the heads over the 1-D `mesh` (parameters become DTensors). `fqn`
   // names the module in errors.
   void shard_heads(const DeviceMesh& mesh, std::optional<int> src_data_rank, const std::string& fqn);
-  bool heads_sharded() const { return mesh_.valid(); }
 
  private:
   at::Tensor projectLocal(const at::Tensor& x, int64_t which);
