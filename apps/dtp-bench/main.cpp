@@ -148,35 +148,31 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
 
   report.size = &s;
   auto& vs = report.variants;
+  auto add = [&](const char* name, bool sp, std::vector<at::Tensor> params, std::function<at::Tensor()> loss) {
+    Variant& v = vs.emplace_back();
+    v.name = name;
+    v.sp = sp;
+    v.params = std::move(params);
+    v.loss = std::move(loss);
+    return &v;
+  };
   for (const auto& mode : o.sp) {
     const bool sp = mode == "on";
     report.theory[sp] = theory(c, s.batch, s.seq, sp);
     Llama dm(c);
     apply_tensor_parallel(dm, mesh, TensorParallelOptions{sp, s.seq});
-    Variant a;
-    a.name = "dtp";
-    a.sp = sp;
-    a.params = dm->unique_parameters();
-    a.loss = [dm, tokens, targets]() mutable { return llama_loss(dm(tokens), targets); };
-    vs.push_back(std::move(a));
+    add("dtp", sp, dm->unique_parameters(),
+        [dm, tokens, targets]() mutable { return llama_loss(dm(tokens), targets); });
     auto hand = std::make_shared<bench::MegatronLlama>(Llama(c), world, sp);
-    Variant b;
-    b.name = "hand";
-    b.sp = sp;
-    b.params = hand->parameters();
-    b.loss = [hand, tokens, targets] { return hand->loss(tokens, targets); };
-    b.after_backward = [hand] { hand->reduce_norm_grads(); };
-    vs.push_back(std::move(b));
+    add("hand", sp, hand->parameters(), [hand, tokens, targets] { return hand->loss(tokens, targets); })
+        ->after_backward = [hand] { hand->reduce_norm_grads(); };
   }
   Llama single(c);
   report.n_params = 0;
   for (const auto& p : single->unique_parameters()) report.n_params += p.numel();
-  Variant cv;
-  cv.name = "single";
-  cv.all_ranks = false;
-  cv.params = single->unique_parameters();
-  cv.loss = [single, tokens, targets]() mutable { return llama_loss(single(tokens), targets); };
-  vs.push_back(std::move(cv));
+  add("single", false, single->unique_parameters(),
+      [single, tokens, targets]() mutable { return llama_loss(single(tokens), targets); })
+      ->all_ranks = false;
   for (auto& v : vs) v.opt = adamw(v.params);
 
   const int threads = at::get_num_threads();
