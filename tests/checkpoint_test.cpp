@@ -98,6 +98,22 @@ Snapshot snapshot(Llama& model, torch::optim::AdamW& opt) {
   return s;
 }
 
+// Another init (seed 99) after one step of its own, so that a partial load
+// would show in the parameters and the AdamW state.
+struct Trained {
+  Llama model;
+  std::unique_ptr<torch::optim::AdamW> opt;
+};
+
+Trained otherInitOneStep() {
+  LlamaConfig c = small_llama_config();
+  c.seed = 99;
+  Trained t{Llama(c), nullptr};
+  t.opt = adamw(t.model);
+  train_llama(t.model, *t.opt, 0, 1);
+  return t;
+}
+
 void expectSame(const Snapshot& got, const Snapshot& want) {
   EXPECT_EQ(got.state_entries, want.state_entries);
   ASSERT_EQ(got.params.size(), want.params.size());
@@ -185,12 +201,9 @@ TEST_F(CheckpointTest, TruncatedFileIsNamedAndChangesNothing) {
   const uint64_t data = bytes.size() - 8 - header;
   ASSERT_GT(data, 0u);
 
-  // Another init (seed) and one step of its own, so a partial load would show.
-  LlamaConfig c = small_llama_config();
-  c.seed = 99;
-  Llama model(c);
-  auto opt = adamw(model);
-  train_llama(model, *opt, 0, 1);
+  Trained t = otherInitOneStep();
+  Llama& model = t.model;
+  auto& opt = t.opt;
   const Snapshot before = snapshot(model, *opt);
 
   const std::string cut = file("cut.safetensors");
@@ -228,11 +241,9 @@ TEST_F(CheckpointTest, OtherModelSizeIsNamedAndChangesNothing) {
 // AdamW state (read after every other parameter would have been copied).
 TEST_F(CheckpointTest, CorruptStepIsNamedAndChangesNothing) {
   const std::string good = savedOnOneDevice("good.safetensors");
-  LlamaConfig c = small_llama_config();
-  c.seed = 99;
-  Llama model(c);
-  auto opt = adamw(model);
-  train_llama(model, *opt, 0, 1);
+  Trained t = otherInitOneStep();
+  Llama& model = t.model;
+  auto& opt = t.opt;
   const Snapshot before = snapshot(model, *opt);
 
   const std::string last = "adamw." + model->unique_named_parameters().back().first + ".step";
