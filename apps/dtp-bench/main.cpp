@@ -106,9 +106,13 @@ struct Variant {
   Comm comm;
   bench::ModelMemory memory;
 
+  int64_t activations = 0;  // bytes live at the end of the last forward, beyond what lived before it
+
   double step() {
     opt->zero_grad();
+    const int64_t before = bench::live_bytes();
     at::Tensor l = loss();
+    activations = bench::live_bytes() - before;
     l.backward();
     after_backward();
     opt->step();
@@ -194,26 +198,12 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
       if (r >= o.warmup) v.ms.push_back(ms.item<double>());
     }
   }
-  // Memory on a further step: state after it, activations at the forward's end.
+  // Memory after the last timed step (steady state).
   for (auto& v : vs) {
-    world.barrier();
     if (!v.all_ranks && rank != 0) continue;
-    if (!v.all_ranks) at::set_num_threads(threads * tp);
-    v.opt->zero_grad();
-    const int64_t before = bench::live_bytes();
-    at::Tensor l = v.loss();
-    v.memory.activations = bench::live_bytes() - before;
-    l.backward();
-    v.after_backward();
-    v.opt->step();
-    v.memory = [&] {
-      auto m = bench::state_memory(v.params, *v.opt);
-      m.activations = v.memory.activations;
-      return m;
-    }();
-    at::set_num_threads(threads);
+    v.memory = bench::state_memory(v.params, *v.opt);
+    v.memory.activations = v.activations;
   }
-  world.barrier();
 
   bool ok = true;
   const double want = vs.back().first_loss;
