@@ -215,14 +215,12 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
                    v.name.c_str(), v.sp ? "with" : "without", v.first_loss, ref.item<double>());
       ok = false;
     }
-    // The hand-written step must meet the theory exactly (it checks the
-    // formula), and so must dtp, except that under SP its norm-weight
-    // gradients take one all-reduce each where Megatron coalesces them.
+    // Both the hand-written step (which checks the formula) and dtp must
+    // meet the theory exactly, in count and bytes.
     if (v.all_ranks) {
       const Comm& t = report.theory[v.sp];
       for (int i = 0; i < 3; ++i) {
-        const bool count_ok = (v.name == "dtp" && v.sp) || v.comm.count[i] == t.count[i];
-        if (v.comm.bytes[i] != t.bytes[i] || !count_ok) {
+        if (v.comm.bytes[i] != t.bytes[i] || v.comm.count[i] != t.count[i]) {
           std::fprintf(stderr, "dtp-bench: %s %s, %s SP: %lld %s moving %lld bytes; theory %lld moving %lld\n",
                        s.name, v.name.c_str(), v.sp ? "with" : "without", static_cast<long long>(v.comm.count[i]),
                        kTypeNames[i], static_cast<long long>(v.comm.bytes[i]), static_cast<long long>(t.count[i]),

@@ -32,9 +32,13 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                              const Placements& placements,
                              std::optional<int> src_data_rank = 0);
 
-// Makes gradients of the DTensor leaf `param` arrive with its own placements
-// (a Partial gradient of a replicated weight is all-reduced once, before it
-// is accumulated). distribute_tensor does this for tensors that require grad.
+// Makes gradients of the DTensor leaf `param` arrive with its own placements.
+// distribute_tensor does this for tensors that require grad. The Partial(sum)
+// gradients of replicated parameters are all-reduced together, one
+// all-reduce per process group and dtype at the end of backward (see NOTE:
+// [Bucketed gradient reduction]); hooks registered on `param` later see this
+// rank's unreduced partial, as with DDP. Under create_graph they are reduced
+// one by one as they arrive.
 void keep_grad_placements(const at::Tensor& param);
 
 // Wraps this rank's shard. The global shape is `shape`, or inferred assuming

@@ -131,16 +131,6 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   return out;
 }
 
-void keep_grad_placements(const at::Tensor& param) {
-  const SpecPtr spec = checkedImpl(param, "keep_grad_placements").spec_ptr();
-  param.register_hook([spec](const at::Tensor& g) -> at::Tensor {
-    auto* gi = maybeGetDTensorImpl(g);
-    if (gi == nullptr || gi->spec().placements == spec->placements) return g;
-    at::Tensor local = redistribute_local(gi->local(), gi->spec(), spec->placements);
-    return makeDTensor(local, make_spec(spec->mesh, spec->placements, spec->shape, gi->spec().dtype));
-  });
-}
-
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                       bool run_check, std::optional<std::vector<int64_t>> shape) {
   ensure_dtensor_dispatch();
