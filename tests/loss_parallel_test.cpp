@@ -148,22 +148,45 @@ TEST(LossParallelMeshTest, BatchShardingAndTwoDimensionalMesh) {
   });
 }
 
+// Backward runs outside the guard, also for logits that are not class-sharded
+// (a TP degree of 1, replicated logits), whose backward sees the plain target.
 TEST(LossParallelMeshTest, DirectFunctionNeedsNoGuard) {
+  for (int w : {1, 2}) {
+    run_ranks(w, [&](int) {
+      auto mesh = init_device_mesh("cpu", {w});
+      at::Tensor x = data({4, 6}).to(at::kFloat);
+      at::Tensor t = targets({4}, 6);
+      at::Tensor weight = data({6}, 1.0).abs().to(at::kFloat);
+      at::Tensor rx = x.detach().clone().requires_grad_(true);
+      F::cross_entropy(rx, t, F::CrossEntropyFuncOptions().weight(weight)).backward();
+      for (const Placement& p : {Placement(Shard(1)), Placement(Replicate())}) {
+        SCOPED_TRACE(to_string(Placements{p}) + " on " + std::to_string(w) + " ranks");
+        at::Tensor dx = distribute_tensor(x.detach().clone().requires_grad_(true), mesh, {p});
+        EXPECT_FALSE(LossParallelGuard::enabled());
+        CommCounter comm;
+        at::Tensor loss = loss_parallel_cross_entropy(dx, t, F::CrossEntropyFuncOptions().weight(weight));
+        loss.backward();
+        EXPECT_EQ(comm.total_count(), p.is_shard() && w > 1 ? 3 : 0) << comm.str();
+        EXPECT_FALSE(LossParallelGuard::enabled());
+        EXPECT_TRUE(full_tensor(loss).allclose(F::cross_entropy(x, t, F::CrossEntropyFuncOptions().weight(weight)),
+                                               1e-6, 1e-6));
+        EXPECT_TRUE(full_tensor(dx.grad()).allclose(rx.grad(), 1e-6, 1e-6));
+      }
+    });
+  }
+}
+
+TEST(LossParallelMeshTest, BackwardOutsideTheGuardNamesTheFix) {
   run_ranks(2, [&](int) {
     auto mesh = init_device_mesh("cpu", {2});
-    at::Tensor x = data({4, 6}).to(at::kFloat);
-    at::Tensor t = targets({4}, 6);
-    at::Tensor dx = distribute_tensor(x.detach().clone().requires_grad_(true), mesh, {Shard(1)});
-    EXPECT_FALSE(LossParallelGuard::enabled());
-    CommCounter comm;
-    at::Tensor loss = loss_parallel_cross_entropy(dx, t);
-    loss.backward();
-    EXPECT_EQ(comm.total_count(), 3) << comm.str();
-    EXPECT_FALSE(LossParallelGuard::enabled());
-    at::Tensor rx = x.detach().clone().requires_grad_(true);
-    F::cross_entropy(rx, t).backward();
-    EXPECT_TRUE(full_tensor(loss).allclose(F::cross_entropy(x, t), 1e-6, 1e-6));
-    EXPECT_TRUE(full_tensor(dx.grad()).allclose(rx.grad(), 1e-6, 1e-6));
+    at::Tensor dx = distribute_tensor(data({4, 6}).to(at::kFloat).requires_grad_(true), mesh, {Replicate()});
+    at::Tensor loss;
+    {
+      LossParallelGuard guard;
+      loss = F::cross_entropy(dx, targets({4}, 6));
+    }
+    dtp::test::expect_error([&] { loss.backward(); },
+                            {"aten::nll_loss_backward", "'target'", "run backward inside the guard"});
   });
 }
 

@@ -6,6 +6,7 @@
 //   EXPECT_EQ(comm.count(CollectiveType::AllGather), 1);
 //
 // Counters nest: every counter alive on the thread sees every collective.
+// A collective over a one-rank group moves nothing and is not counted.
 // Bytes are the payload of this rank: the tensor reduced (all_reduce), the
 // gathered output (all_gather), the input (reduce_scatter, all_to_all,
 // scatter on src) or the tensor broadcast.

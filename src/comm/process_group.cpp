@@ -243,8 +243,8 @@ void checkSizes(const ProcessGroup::Impl& g, const char* what,
 }  // namespace
 
 Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) const {
-  CommCounter::record(CollectiveType::AllReduce, nbytes(tensor));
   if (impl_->size == 1) return Work::ready(tensor);
+  CommCounter::record(CollectiveType::AllReduce, nbytes(tensor));
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> bufs{buf};
   c10d::AllreduceOptions opts;
@@ -266,9 +266,9 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
               local.size(dim), " elements along dim ", dim, ", but sizes[", impl_->rank,
               "] = ", sizes[impl_->rank], ".");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  if (impl_->size == 1) return Work::ready(local);
   CommCounter::record(CollectiveType::AllGather,
                       numelOf(chunkShape(local, dim, total)) * local.element_size());
-  if (impl_->size == 1) return Work::ready(local);
 
   // Every rank's shard, flattened and padded to the largest one.
   std::vector<int64_t> numels;
@@ -327,8 +327,8 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   TORCH_CHECK(input.size(dim) == total, "dtp: reduce_scatter: input has ", input.size(dim),
               " elements along dim ", dim, ", but the per-rank sizes add up to ", total, ".");
-  CommCounter::record(CollectiveType::ReduceScatter, nbytes(input));
   if (impl_->size == 1) return Work::ready(op == ReduceOp::Avg ? input.clone() : input);
+  CommCounter::record(CollectiveType::ReduceScatter, nbytes(input));
 
   const int me = impl_->rank, W = impl_->size;
   at::Tensor in = input.movedim(dim, 0).contiguous().view({-1});
@@ -369,8 +369,8 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
   TORCH_CHECK(input.size(split_dim) == split_total, "dtp: all_to_all: input has ",
               input.size(split_dim), " elements along dim ", split_dim,
               ", but split_sizes add up to ", split_total, ".");
-  CommCounter::record(CollectiveType::AllToAll, nbytes(input));
   if (W == 1) return Work::ready(input);
+  CommCounter::record(CollectiveType::AllToAll, nbytes(input));
 
   at::Tensor in = input.movedim(split_dim, 0).contiguous().view({-1});
   const int64_t in_inner = numelOf(frontShape(input, split_dim, 1));
@@ -398,8 +398,8 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
 Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   TORCH_CHECK(src >= 0 && src < impl_->size, "dtp: broadcast from rank ", src,
               " in a group of ", impl_->size, " ranks.");
-  CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
   if (impl_->size == 1) return Work::ready(tensor);
+  CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> bufs{buf};
   c10d::BroadcastOptions opts;
@@ -422,13 +422,13 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
     TORCH_CHECK(chunks[me].sizes() == output.sizes(), "dtp: scatter: the source's own chunk ",
                 chunks[me].sizes(), " does not match its output ", output.sizes(), ".");
   }
-  int64_t sent = 0;
-  for (const auto& c : chunks) sent += nbytes(c);
-  CommCounter::record(CollectiveType::Scatter, me == src ? sent : 0);
   if (W == 1) {
     output.copy_(chunks[0]);
     return Work::ready(output);
   }
+  int64_t sent = 0;
+  for (const auto& c : chunks) sent += nbytes(c);
+  CommCounter::record(CollectiveType::Scatter, me == src ? sent : 0);
   // Scatter as an all_to_all in which only `src` sends: exact sizes, no padding.
   std::vector<int64_t> in_counts(W, 0), out_counts(W, 0);
   out_counts[src] = output.numel();
@@ -453,8 +453,8 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
 }
 
 void ProcessGroup::barrier() const {
-  CommCounter::record(CollectiveType::Barrier, 0);
   if (impl_->size == 1) return;
+  CommCounter::record(CollectiveType::Barrier, 0);
   finish(*impl_, "barrier", impl_->backend->barrier(), [] { return at::Tensor(); }, false);
 }
 

@@ -56,7 +56,12 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
                 " got a mix of plain at::Tensor and DTensor arguments: ", plain,
                 " is a plain tensor. Convert it with dtp::distribute_tensor or "
                 "dtp::from_local, or run the op inside dtp::ImplicitReplicationGuard to treat "
-                "it as replicated.");
+                "it as replicated.",
+                opName(op).rfind("aten::nll_loss", 0) == 0
+                    ? " A loss computed under dtp::LossParallelGuard saves plain targets for "
+                      "backward: run backward inside the guard too, or use "
+                      "dtp::loss_parallel_cross_entropy."
+                    : "");
     auto wrap = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.dim() == 0 || isDTensor(t)) return t;
       return makeDTensor(t, make_spec(first->mesh, Placements(first->mesh.ndim(), Replicate()),

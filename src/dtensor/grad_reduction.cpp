@@ -166,7 +166,8 @@ void keep_grad_placements(const at::Tensor& param) {
     auto* gi = maybeGetDTensorImpl(g);
     if (gi == nullptr || gi->spec().placements == spec->placements) return g;
     const int64_t dim = bucketableDim(gi->spec().placements, spec->placements);
-    if (dim >= 0 && !at::GradMode::is_enabled()) return deferReduction(spec, order, weak_param, *gi, dim);
+    if (dim >= 0 && spec->mesh.size(dim) > 1 && !at::GradMode::is_enabled())
+      return deferReduction(spec, order, weak_param, *gi, dim);
     at::Tensor local = redistribute_local(gi->local(), gi->spec(), spec->placements);
     return makeDTensor(local, make_spec(spec->mesh, spec->placements, spec->shape, gi->spec().dtype));
   });

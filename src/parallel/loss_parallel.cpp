@@ -13,6 +13,7 @@
 //     gradient nll_loss_backward just made are known on every rank without
 //     communication (-weight[target] * grad_out), so that case moves nothing;
 //     any other gradient (label smoothing adds one) all-reduces its row sums.
+#include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding_prop.h"
 #include "dtp/parallel/loss_parallel.h"
@@ -267,7 +268,17 @@ bool LossParallelGuard::enabled() { return loss_parallel_on; }
 at::Tensor loss_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                        const torch::nn::functional::CrossEntropyFuncOptions& options) {
   LossParallelGuard guard;
-  return torch::nn::functional::cross_entropy(logits, target, options);
+  // Backward runs after the guard is gone: plain targets and weights, which
+  // autograd saves, become replicated DTensors here (no communication).
+  auto* impl = maybeGetDTensorImpl(logits);
+  auto replicated = [&](const at::Tensor& t) {
+    if (impl == nullptr || !t.defined() || t.dim() == 0 || isDTensor(t)) return t;
+    const DeviceMesh& mesh = impl->spec().mesh;
+    return from_local(t, mesh, Placements(mesh.ndim(), Replicate()));
+  };
+  auto opts = options;
+  if (opts.weight().defined()) opts.weight(replicated(opts.weight()));
+  return torch::nn::functional::cross_entropy(logits, replicated(target), opts);
 }
 
 }  // namespace dtp
