@@ -32,6 +32,8 @@ Environment of each rank:
   MASTER_ADDR, MASTER_PORT
   OMP_NUM_THREADS   unless already set: max(1, CPUs / N), so N ranks do not
                     oversubscribe the CPUs (dtprun says so on stderr)
+  OMP_WAIT_POLICY   unless already set: PASSIVE when N > 1, so idle OpenMP
+                    threads do not spin on CPUs other ranks need
 Ranks read stdin from /dev/null.
 
 Output: every line a rank writes is prefixed with "[rank R] " and kept on the
@@ -140,7 +142,7 @@ int main(int argc, char** argv) {
     if (!port_given) {
       options.master_port = options.nnodes == 1 ? dtprun::pickFreePort() : kDefaultMultiNodePort;
     }
-    dtprun::defaultOmpNumThreads(options.nproc_per_node);
+    dtprun::defaultOmpEnvironment(options.nproc_per_node);
     return dtprun::runRanks(options);
   } catch (const std::exception& e) {
     dtprun::say(e.what());

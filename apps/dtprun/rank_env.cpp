@@ -59,18 +59,23 @@ int usableCpus() {
 
 } // namespace
 
-void defaultOmpNumThreads(int local_ranks) {
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) {
-    return;
+void defaultOmpEnvironment(int local_ranks) {
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    // N ranks that each start one OpenMP thread per CPU oversubscribe the
+    // machine N times over; torchrun sets 1, which idles most CPUs instead.
+    int cpus = usableCpus();
+    int threads = std::max(1, cpus / local_ranks);
+    ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    say("setting OMP_NUM_THREADS=" + std::to_string(threads) + " for each rank (" +
+        std::to_string(cpus) + " CPUs / " + std::to_string(local_ranks) +
+        " local ranks); set OMP_NUM_THREADS yourself to override");
   }
-  // N ranks that each start one OpenMP thread per CPU oversubscribe the
-  // machine N times over; torchrun sets 1, which idles most CPUs instead.
-  int cpus = usableCpus();
-  int threads = std::max(1, cpus / local_ranks);
-  ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-  say("setting OMP_NUM_THREADS=" + std::to_string(threads) + " for each rank (" +
-      std::to_string(cpus) + " CPUs / " + std::to_string(local_ranks) +
-      " local ranks); set OMP_NUM_THREADS yourself to override");
+  if (local_ranks > 1 && std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    // libgomp's idle threads spin by default and take the CPU another rank
+    // waiting on a collective would get back.
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    say("setting OMP_WAIT_POLICY=PASSIVE (ranks share the CPUs); set it yourself to override");
+  }
 }
 
 int globalRank(const LaunchOptions& options, int local_rank) {

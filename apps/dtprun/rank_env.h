@@ -13,10 +13,10 @@ namespace dtprun {
 // jobs on one machine no longer all fight over 29500. Throws on failure.
 int pickFreePort();
 
-// Unless the user set OMP_NUM_THREADS, sets it in dtprun's own environment
-// (which every rank inherits) to max(1, usable CPUs / local ranks) and says
-// so on stderr.
-void defaultOmpNumThreads(int local_ranks);
+// Unless the user set them, sets in dtprun's own environment (which every
+// rank inherits) OMP_NUM_THREADS to max(1, usable CPUs / local ranks) and,
+// with several local ranks, OMP_WAIT_POLICY to PASSIVE; says so on stderr.
+void defaultOmpEnvironment(int local_ranks);
 
 // dtprun's environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // GROUP_RANK, MASTER_ADDR and MASTER_PORT for `local_rank`, as "KEY=value".

@@ -180,13 +180,14 @@ class DtprunTest : public ::testing::Test {
     ::rmdir(pid_dir_.c_str());
   }
 
-  // Starts dtprun with the test's environment, minus any OMP_NUM_THREADS, plus
+  // Starts dtprun with the test's environment, minus OMP_NUM_THREADS and OMP_WAIT_POLICY, plus
   // `extra_env` ("KEY=value").
   Dtprun start(const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {}) {
     std::vector<std::string> env;
     for (char** entry = environ; *entry != nullptr; ++entry) {
       std::string kv = *entry;
-      if (kv.rfind("OMP_NUM_THREADS=", 0) != 0 && kv.rfind("LAUNCHER_CHILD_", 0) != 0) {
+      if (kv.rfind("OMP_NUM_THREADS=", 0) != 0 && kv.rfind("OMP_WAIT_POLICY=", 0) != 0 &&
+          kv.rfind("LAUNCHER_CHILD_", 0) != 0) {
         env.push_back(kv);
       }
     }
@@ -319,6 +320,7 @@ TEST_F(DtprunTest, TwoRanksGetTorchrunEnvironmentAndPrefixedLines) {
     EXPECT_EQ(env[rank]["GROUP_RANK"], "0");
     EXPECT_EQ(env[rank]["MASTER_ADDR"], "127.0.0.1");
     EXPECT_EQ(env[rank]["OMP_NUM_THREADS"], std::to_string(expectedOmpThreads(2)));
+    EXPECT_EQ(env[rank]["OMP_WAIT_POLICY"], "PASSIVE");
   }
   EXPECT_EQ(env[0]["MASTER_PORT"], env[1]["MASTER_PORT"]);
   EXPECT_GT(std::stoi(env[0]["MASTER_PORT"]), 0);
@@ -334,14 +336,16 @@ TEST_F(DtprunTest, TwoRanksGetTorchrunEnvironmentAndPrefixedLines) {
   EXPECT_TRUE(contains(f.err, "dtprun: setting OMP_NUM_THREADS=")) << f.err;
 }
 
-TEST_F(DtprunTest, KeepsOmpNumThreadsTheUserSet) {
-  Finished f = start({"-n", "2", CHILD_PATH, "ok"}, {"OMP_NUM_THREADS=7"}).wait();
+TEST_F(DtprunTest, KeepsOmpSettingsTheUserSet) {
+  Finished f = start({"-n", "2", CHILD_PATH, "ok"}, {"OMP_NUM_THREADS=7", "OMP_WAIT_POLICY=ACTIVE"}).wait();
   EXPECT_EQ(exitCode(f.status), 0) << f.err;
   auto env = parseEnvLines(f.out);
   ASSERT_EQ(env.size(), 2u) << f.out;
   EXPECT_EQ(env[0]["OMP_NUM_THREADS"], "7");
   EXPECT_EQ(env[1]["OMP_NUM_THREADS"], "7");
+  EXPECT_EQ(env[1]["OMP_WAIT_POLICY"], "ACTIVE");
   EXPECT_FALSE(contains(f.err, "OMP_NUM_THREADS")) << f.err;
+  EXPECT_FALSE(contains(f.err, "OMP_WAIT_POLICY")) << f.err;
 }
 
 TEST_F(DtprunTest, PassesArgumentsAfterProgramUntouched) {

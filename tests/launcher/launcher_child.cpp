@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "ok") {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                             "MASTER_PORT", "OMP_NUM_THREADS"}) {
+                             "MASTER_PORT", "OMP_NUM_THREADS", "OMP_WAIT_POLICY"}) {
       printEnv(name);
     }
     std::fprintf(stderr, "stderr line\n");
