@@ -119,6 +119,25 @@ TEST_P(LlamaTpTest, ForwardCollectivesMatchTheory) {
 INSTANTIATE_TEST_SUITE_P(Ranks, LlamaTpTest, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
+// A TP degree of 1 (a debugging run, or the tp dim of a dp x 1 mesh) trains
+// like one device and communicates nothing, loss_parallel included.
+TEST(LlamaTpDegreeOneTest, TrainsLikeOneDeviceWithoutCollectives) {
+  for (bool sp : {true, false}) {
+    SCOPED_TRACE(sp ? "sp" : "no sp");
+    const LlamaConfig c = smallConfig(1, {});
+    const Trace want = reference(c);
+    run_ranks(1, [&](int) {
+      auto mesh = init_device_mesh("cpu", {1}, {"tp"});
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
+      dtp::manual_seed(123);
+      CommCounter comm;
+      expectSame(train(model), want, 1e-5);
+      EXPECT_EQ(comm.total_count(), 0) << comm.str();
+    });
+  }
+}
+
 TEST(LlamaTpStageTest, PipelineStageGetsTpWithoutSp) {
   LlamaConfig c = smallConfig(2, {});
   c.with_embedding = false;
