@@ -7,7 +7,8 @@
 // rep's time is the slowest rank's. Also: collectives per step against the
 // closed-form minimum, and memory per rank at TP=1 and TP=N. Exits non-zero
 // when the variants' losses or dtp's communication disagree with the theory.
-// Run it under the launcher: `dtprun -n 2 dtp-bench`.
+// Run it under the launcher: `dtprun -n 2 dtp-bench`; `-n 1` leaves only
+// DTensor's own CPU cost (no communication) between dtp and hand-written.
 #include "megatron.h"
 #include "memory.h"
 
@@ -67,9 +68,11 @@ struct Comm {
 // - with SP: 2L+1 all-gathers and 2L+1 reduce-scatters each way (the
 //   embedding's reduce-scatter, 2 per layer, the head's gather), the loss's 3
 //   all-reduces, and one all-reduce of the 2L+1 norm weights' gradients.
-Comm theory(const LlamaConfig& c, int64_t batch, int64_t seq, bool sp) {
+// - on one rank: nothing.
+Comm theory(const LlamaConfig& c, int64_t batch, int64_t seq, bool sp, int tp) {
   const int64_t act = batch * seq * c.dim * 4, loss = 3 * batch * seq * 4, l = c.n_layers;
   Comm t;
+  if (tp == 1) return t;
   if (sp) {
     for (int i : {1, 2}) {
       t.count[i] = 2 * (2 * l + 1);
@@ -162,7 +165,7 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
   };
   for (const auto& mode : o.sp) {
     const bool sp = mode == "on";
-    report.theory[sp] = theory(c, s.batch, s.seq, sp);
+    report.theory[sp] = theory(c, s.batch, s.seq, sp, tp);
     Llama dm(c);
     apply_tensor_parallel(dm, mesh, TensorParallelOptions{sp, s.seq});
     add("dtp", sp, dm->unique_parameters(),
@@ -308,8 +311,6 @@ int main(int argc, char** argv) {
 
   try {
     ProcessGroup world = init_process_group();
-    TORCH_CHECK(world.size() > 1, "dtp-bench: needs at least 2 ranks; got WORLD_SIZE=", world.size(),
-                ". Run it as `dtprun -n 2 dtp-bench`.");
     DeviceMesh mesh = init_device_mesh("cpu", {world.size()}, {"tp"});
     if (world.rank() == 0)
       std::printf("dtp-bench: %s, %d threads per rank, libtorch %s\n", mesh.str().c_str(), at::get_num_threads(),
