@@ -174,6 +174,42 @@ TEST(TpStyleTest, EmbeddingColwiseAndRowwise) {
   }
 }
 
+// The vocab-sharded weight's gradient is computed for this rank's rows only
+// (NOTE: [Vocab-sharded embedding backward]), padding_idx and
+// scale_grad_by_freq included, with an uneven vocabulary.
+TEST(TpStyleTest, RowwiseEmbeddingBackwardComputesLocalRows) {
+  for (int w : {2, 4}) {
+    run_ranks(w, [&](int) {
+      auto mesh = init_device_mesh("cpu", {w});
+      const int64_t vocab = 4 * w + 1;
+      at::Tensor ids = at::remainder(at::arange(12, at::kLong) * 5, vocab).view({3, 4});
+      auto opts = torch::nn::EmbeddingOptions(vocab, 6).padding_idx(5).scale_grad_by_freq(true);
+      dtp::nn::Embedding m(opts), ref(opts);
+      setDeterministic(m);
+      setDeterministic(ref);
+      parallelize_module(*m, mesh, RowwiseParallel(RowwiseParallelOptions().input_layouts(Replicate())));
+      at::Tensor g = data({3, 4, 6}, 0.7).to(at::kFloat);
+      (m(ids) * g).sum().backward();
+      (ref(ids) * g).sum().backward();
+      EXPECT_EQ(placements(m->weight.grad()), Placements{Shard(0)});
+      EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
+
+      // The op itself: a replicated gradient and the lookup's indices give
+      // the weight's rows directly, Shard(0), without communication.
+      at::Tensor weight = distribute_tensor(ref->weight.detach(), mesh, {Shard(0)});
+      at::Tensor dids = distribute_tensor(ids, mesh, {Replicate()});
+      at::Tensor out = at::embedding(weight, dids);
+      EXPECT_EQ(placements(out), Placements{Partial()});
+      at::Tensor dg = distribute_tensor(g, mesh, {Replicate()});
+      CommCounter comm;
+      at::Tensor dw = at::embedding_dense_backward(dg, dids, vocab, 5, true);
+      EXPECT_EQ(comm.total_count(), 0) << comm.str();
+      EXPECT_EQ(placements(dw), Placements{Shard(0)});
+      EXPECT_TRUE(full_tensor(dw).allclose(at::embedding_dense_backward(g, ids, vocab, 5, true), 1e-6, 1e-6));
+    });
+  }
+}
+
 TEST(TpStyleTest, SequenceParallelLayerNormAndRMSNorm) {
   run_ranks(2, [&](int rank) {
     auto mesh = init_device_mesh("cpu", {2});

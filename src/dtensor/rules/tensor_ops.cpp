@@ -1,8 +1,11 @@
 // Factories-like ops, copies, embedding, layer norm, and scalar reads.
+#include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rules/common.h"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 namespace dtp {
 namespace {
@@ -46,6 +49,28 @@ OutputMeta embeddingShape(const OpCall& c) {
   return OutputMeta{{shape}, {c.spec(0).dtype}};
 }
 
+// NOTE: [Vocab-sharded embedding backward]
+// embedding_dense_backward sees only the indices and V, so on its own it
+// builds the whole [V, D] gradient on every rank, and keep_grad_placements
+// then keeps this rank's rows: O(V) work and memory where O(V / tp) will do.
+// maskedEmbedding remembers, per thread, the local indices of its recent
+// vocab-sharded lookups with the weight's spec; the backward handler
+// recognises those indices (alive, unmodified) and, for a replicated
+// gradient, computes only this rank's rows.
+struct VocabShardedLookup {
+  c10::weak_intrusive_ptr<c10::TensorImpl> indices;
+  int64_t version;
+  SpecPtr weight;
+};
+thread_local std::vector<VocabShardedLookup> vocab_lookups;
+
+void rememberVocabLookup(const at::Tensor& indices, const SpecPtr& weight) {
+  auto& v = vocab_lookups;
+  v.erase(std::remove_if(v.begin(), v.end(), [](const auto& l) { return l.indices.expired(); }), v.end());
+  if (v.size() >= 64) v.erase(v.begin());  // a forward without backward must not grow it
+  v.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(indices.getIntrusivePtr()), indices._version(), weight});
+}
+
 void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
   const auto& wspec = *d.in_specs[0];
   bool vocab_sharded = false;
@@ -57,6 +82,9 @@ void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   const size_t nargs = op.schema().arguments().size();
   auto args = torch::jit::last(*stack, nargs);
   at::Tensor weight = args[0].toTensor(), indices = args[1].toTensor();
+  bool rows_only = true;  // every placement S(0) or R: the backward handler's case
+  for (const auto& p : wspec.placements) rows_only &= p.is_shard(0) || p.is_replicate();
+  if (rows_only) rememberVocabLookup(indices, d.in_specs[0]);
   const int64_t start = wspec.local_offset()[0], rows = wspec.local_sizes[0];
   at::Tensor outside = (indices < start).logical_or_(indices >= start + rows);
   at::Tensor local_idx = (indices - start).masked_fill_(outside, 0);
@@ -79,6 +107,43 @@ std::vector<Row> embeddingBackwardRows(const OpCall& c, int64_t m) {
 
 OutputMeta embeddingBackwardShape(const OpCall& c) {
   return OutputMeta{{{c.arg_int(2), c.spec(0).shape.back()}}, {c.spec(0).dtype}};
+}
+
+// embedding_dense_backward(grad, indices, num_weights, padding_idx,
+// scale_grad_by_freq) for a vocab-sharded lookup with a replicated gradient:
+// this rank's rows only. See NOTE: [Vocab-sharded embedding backward].
+bool vocabShardedEmbeddingBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 5);
+  auto* gi = maybeGetDTensorImpl(args[0].toTensor());
+  auto* ii = maybeGetDTensorImpl(args[1].toTensor());
+  if (gi == nullptr || ii == nullptr) return false;
+  auto replicated = [](const DTensorSpec& s) {
+    return std::all_of(s.placements.begin(), s.placements.end(), [](const Placement& p) { return p.is_replicate(); });
+  };
+  if (!replicated(gi->spec()) || !replicated(ii->spec())) return false;
+  const at::Tensor& indices = ii->local();
+  const int64_t num_weights = args[2].toInt();
+  auto it = std::find_if(vocab_lookups.begin(), vocab_lookups.end(), [&](const VocabShardedLookup& l) {
+    return !l.indices.expired() && l.indices._unsafe_get_target() == indices.unsafeGetTensorImpl() &&
+           l.version == indices._version() && l.weight->shape[0] == num_weights &&
+           l.weight->mesh == gi->spec().mesh;
+  });
+  if (it == vocab_lookups.end()) return false;
+  const SpecPtr weight = it->weight;
+  const int64_t start = weight->local_offset()[0], rows = weight->local_sizes[0];
+  // Indices of other ranks' rows go to a spare row past the end.
+  at::Tensor outside = (indices < start).logical_or_(indices >= start + rows);
+  at::Tensor local_idx = (indices - start).masked_fill_(outside, rows);
+  const int64_t pad = args[3].toInt();
+  const int64_t local_pad = pad >= start && pad < start + rows ? pad - start : -1;
+  at::Tensor grad = at::embedding_dense_backward(gi->local(), local_idx, rows + 1, local_pad,
+                                                 args[4].toBool())
+                        .narrow(0, 0, rows);
+  const int64_t dim = gi->spec().shape.back();
+  torch::jit::drop(*stack, 5);
+  stack->emplace_back(makeDTensor(grad, make_spec(weight->mesh, weight->placements, {num_weights, dim},
+                                                  gi->spec().dtype)));
+  return true;
 }
 
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps): shards on
@@ -206,6 +271,7 @@ void registerTensorOpRules(RuleRegistry& r) {
   r.add("aten::embedding_dense_backward", embeddingBackwardRows, embeddingBackwardShape);
   r.add("aten::native_layer_norm", layerNormRows, layerNormShape);
   r.add("aten::native_layer_norm_backward", layerNormBackwardRows, layerNormBackwardShape);
+  r.add_handler("aten::embedding_dense_backward", vocabShardedEmbeddingBackward);
   r.add_handler("aten::_local_scalar_dense", localScalarDense);
   r.add_handler("aten::index_put_", indexPutScalar);
   r.add_handler("aten::index_put", indexPutScalar);
