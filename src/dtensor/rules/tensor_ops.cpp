@@ -49,6 +49,14 @@ OutputMeta embeddingShape(const OpCall& c) {
   return OutputMeta{{shape}, {c.spec(0).dtype}};
 }
 
+// Indices of rows [start, start + rows) made local; the others become `fill`.
+// Also returns where they were outside.
+std::pair<at::Tensor, at::Tensor> localRowIndices(const at::Tensor& indices, int64_t start, int64_t rows,
+                                                  int64_t fill) {
+  at::Tensor outside = (indices < start).logical_or_(indices >= start + rows);
+  return {(indices - start).masked_fill_(outside, fill), outside};
+}
+
 // NOTE: [Vocab-sharded embedding backward]
 // embedding_dense_backward sees only the indices and V, so on its own it
 // builds the whole [V, D] gradient on every rank, and keep_grad_placements
@@ -86,8 +94,7 @@ void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   for (const auto& p : wspec.placements) rows_only &= p.is_shard(0) || p.is_replicate();
   if (rows_only) rememberVocabLookup(indices, d.in_specs[0]);
   const int64_t start = wspec.local_offset()[0], rows = wspec.local_sizes[0];
-  at::Tensor outside = (indices < start).logical_or_(indices >= start + rows);
-  at::Tensor local_idx = (indices - start).masked_fill_(outside, 0);
+  auto [local_idx, outside] = localRowIndices(indices, start, rows, 0);
   at::Tensor out = at::embedding(weight, local_idx);
   out.masked_fill_(outside.unsqueeze(-1), 0);
   torch::jit::drop(*stack, nargs);
@@ -132,8 +139,7 @@ bool vocabShardedEmbeddingBackward(const c10::OperatorHandle&, torch::jit::Stack
   const SpecPtr weight = it->weight;
   const int64_t start = weight->local_offset()[0], rows = weight->local_sizes[0];
   // Indices of other ranks' rows go to a spare row past the end.
-  at::Tensor outside = (indices < start).logical_or_(indices >= start + rows);
-  at::Tensor local_idx = (indices - start).masked_fill_(outside, rows);
+  const at::Tensor local_idx = localRowIndices(indices, start, rows, rows).first;
   const int64_t pad = args[3].toInt();
   const int64_t local_pad = pad >= start && pad < start + rows ? pad - start : -1;
   at::Tensor grad = at::embedding_dense_backward(gi->local(), local_idx, rows + 1, local_pad,
