@@ -69,19 +69,12 @@ at::Tensor connect(at::Tensor out, const at::Tensor& input, std::shared_ptr<Node
   return out;
 }
 
-const DTensorImpl& checkedImpl(const at::Tensor& t, const char* fn) {
-  auto* impl = maybeGetDTensorImpl(t);
-  TORCH_CHECK(impl != nullptr, "dtp::", fn, ": expected a DTensor, got a plain tensor of shape ",
-              t.sizes(), ". Create one with dtp::distribute_tensor or dtp::from_local.");
-  return *impl;
-}
-
 }  // namespace
 
 bool is_dtensor(const at::Tensor& t) { return isDTensor(t); }
-const DTensorSpec& dtensor_spec(const at::Tensor& t) { return checkedImpl(t, "dtensor_spec").spec(); }
-const Placements& placements(const at::Tensor& t) { return checkedImpl(t, "placements").spec().placements; }
-const DeviceMesh& device_mesh(const at::Tensor& t) { return checkedImpl(t, "device_mesh").spec().mesh; }
+const DTensorSpec& dtensor_spec(const at::Tensor& t) { return checkedDTensorImpl(t, "dtensor_spec").spec(); }
+const Placements& placements(const at::Tensor& t) { return checkedDTensorImpl(t, "placements").spec().placements; }
+const DeviceMesh& device_mesh(const at::Tensor& t) { return checkedDTensorImpl(t, "device_mesh").spec().mesh; }
 
 at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                              const Placements& placements, std::optional<int> src_data_rank) {
@@ -176,7 +169,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
 }
 
 at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placements) {
-  const auto& impl = checkedImpl(t, "to_local");
+  const auto& impl = checkedDTensorImpl(t, "to_local");
   at::Tensor out = impl.local().detach();
   auto node = std::make_shared<ToLocalBackward>();
   node->grad_spec = grad_placements ? make_spec(impl.spec().mesh, *grad_placements,
@@ -187,7 +180,7 @@ at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placemen
 
 at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
                         bool /*async_op*/) {
-  const auto& impl = checkedImpl(t, "redistribute");
+  const auto& impl = checkedDTensorImpl(t, "redistribute");
   TORCH_CHECK(mesh == impl.spec().mesh, "redistribute: the tensor lives on ",
               impl.spec().mesh.str(), ", not on ", mesh.str(),
               ". Redistribution across meshes is NYI.");
@@ -208,7 +201,7 @@ at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Place
 }
 
 at::Tensor full_tensor(const at::Tensor& t) {
-  const auto& impl = checkedImpl(t, "full_tensor");
+  const auto& impl = checkedDTensorImpl(t, "full_tensor");
   const auto& spec = impl.spec();
   return to_local(redistribute(t, spec.mesh, Placements(spec.placements.size(), Replicate())));
 }

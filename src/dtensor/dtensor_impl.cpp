@@ -58,6 +58,13 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   spec_ = other->spec_;
 }
 
+const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn) {
+  auto* impl = maybeGetDTensorImpl(t);
+  TORCH_CHECK(impl != nullptr, "dtp::", fn, ": expected a DTensor, got a plain tensor of shape ",
+              t.sizes(), ". Create one with dtp::distribute_tensor or dtp::from_local.");
+  return *impl;
+}
+
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec) {
   TORCH_INTERNAL_ASSERT(!isDTensor(local), "makeDTensor: local shard is itself a DTensor");
   TORCH_INTERNAL_ASSERT(local.sizes() == c10::IntArrayRef(spec->local_sizes),

@@ -47,6 +47,8 @@ inline DTensorImpl* unsafeGetDTensorImpl(const at::Tensor& t) {
 inline DTensorImpl* maybeGetDTensorImpl(const at::Tensor& t) {
   return isDTensor(t) ? unsafeGetDTensorImpl(t) : nullptr;
 }
+// The DTensorImpl of `t`; a user error naming `fn` for a plain tensor.
+const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn);
 // Wraps `local` (this rank's shard of `spec`); checks the shard's shape.
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec);
 

@@ -137,6 +137,7 @@ int64_t bucketableDim(const Placements& grad, const Placements& param) {
   return dim;
 }
 
+// This rank's partial, filed for the end of backward; returns its copy.
 at::Tensor deferReduction(const SpecPtr& spec, uint64_t order, const WeakTensorImpl& weak_param,
                           const DTensorImpl& g, int64_t mesh_dim) {
   const ExecInfo* task = torch::autograd::get_current_graph_task_exec_info();
@@ -150,25 +151,23 @@ at::Tensor deferReduction(const SpecPtr& spec, uint64_t order, const WeakTensorI
   }
   at::Tensor partial = g.local().clone(at::MemoryFormat::Contiguous);
   bucketFor(task, spec->mesh.get_group(mesh_dim))->add({order, weak_param, accumulates, partial});
-  return makeDTensor(partial, make_spec(spec->mesh, spec->placements, spec->shape, g.spec().dtype));
+  return partial;
 }
 
 }  // namespace
 
 void keep_grad_placements(const at::Tensor& param) {
-  auto* impl = maybeGetDTensorImpl(param);
-  TORCH_CHECK(impl != nullptr, "dtp::keep_grad_placements: expected a DTensor, got a plain tensor of shape ",
-              param.sizes(), ". Create one with dtp::distribute_tensor or dtp::from_local.");
+  const DTensorImpl& impl = checkedDTensorImpl(param, "keep_grad_placements");
   static std::atomic<uint64_t> next_order{0};
   const uint64_t order = next_order++;
   const WeakTensorImpl weak_param(param.getIntrusivePtr());
-  param.register_hook([spec = impl->spec_ptr(), order, weak_param](const at::Tensor& g) -> at::Tensor {
+  param.register_hook([spec = impl.spec_ptr(), order, weak_param](const at::Tensor& g) -> at::Tensor {
     auto* gi = maybeGetDTensorImpl(g);
     if (gi == nullptr || gi->spec().placements == spec->placements) return g;
     const int64_t dim = bucketableDim(gi->spec().placements, spec->placements);
-    if (dim >= 0 && spec->mesh.size(dim) > 1 && !at::GradMode::is_enabled())
-      return deferReduction(spec, order, weak_param, *gi, dim);
-    at::Tensor local = redistribute_local(gi->local(), gi->spec(), spec->placements);
+    const at::Tensor local = dim >= 0 && spec->mesh.size(dim) > 1 && !at::GradMode::is_enabled()
+                                 ? deferReduction(spec, order, weak_param, *gi, dim)
+                                 : redistribute_local(gi->local(), gi->spec(), spec->placements);
     return makeDTensor(local, make_spec(spec->mesh, spec->placements, spec->shape, gi->spec().dtype));
   });
 }

@@ -124,10 +124,7 @@ bool vocabShardedEmbeddingBackward(const c10::OperatorHandle&, torch::jit::Stack
   auto* gi = maybeGetDTensorImpl(args[0].toTensor());
   auto* ii = maybeGetDTensorImpl(args[1].toTensor());
   if (gi == nullptr || ii == nullptr) return false;
-  auto replicated = [](const DTensorSpec& s) {
-    return std::all_of(s.placements.begin(), s.placements.end(), [](const Placement& p) { return p.is_replicate(); });
-  };
-  if (!replicated(gi->spec()) || !replicated(ii->spec())) return false;
+  if (!gi->spec().is_replicated() || !ii->spec().is_replicated()) return false;
   const at::Tensor& indices = ii->local();
   const int64_t num_weights = args[2].toInt();
   auto it = std::find_if(vocab_lookups.begin(), vocab_lookups.end(), [&](const VocabShardedLookup& l) {
