@@ -93,9 +93,9 @@ TEST_P(LossParallelTest, IgnoreIndexDTensorTargetAndOneSample) {
   const int w = GetParam();
   run_ranks(w, [&](int) {
     auto mesh = init_device_mesh("cpu", {w});
-    at::Tensor x = data({6, 11}).to(at::kFloat);
+    at::Tensor x = data({20, 11}).to(at::kFloat);  // 20 rows: log_softmax sums 7 blocks of rows
     for (int red = 0; red < 3; ++red) {
-      checkCrossEntropy(mesh, x, targets({6}, 11, /*with_ignored=*/true), {Shard(1)},
+      checkCrossEntropy(mesh, x, targets({20}, 11, /*with_ignored=*/true), {Shard(1)},
                         F::CrossEntropyFuncOptions().reduction(reductionOf(red)), 3, 0, /*dtensor_target=*/true);
     }
     // One sample: logits [C], target 0-dim.

@@ -135,6 +135,23 @@ std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, siz
   return c;
 }
 
+// sum(exp(x), dim), an eighth of the rows (dim 0) at a time: the logits sit
+// at the step's memory peak, where a logits-sized temporary is one logits'
+// worth more peak memory and, with glibc returning the freed top of the heap,
+// fresh pages on every step.
+at::Tensor rowSumExp(const at::Tensor& x, int64_t dim) {
+  if (dim == 0 || x.numel() == 0) return x.exp().sum(dim, /*keepdim=*/true);
+  const int64_t n = x.size(0), block = (n + 7) / 8;
+  auto shape = x.sizes().vec();
+  shape[dim] = 1;
+  at::Tensor sum = at::empty(shape, x.options());
+  for (int64_t i = 0; i < n; i += block) {
+    at::Tensor rows = sum.narrow(0, i, std::min(block, n - i));
+    at::sum_out(rows, x.narrow(0, i, rows.size(0)).exp(), dim, /*keepdim=*/true);
+  }
+  return sum;
+}
+
 bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 3);
   if (!loss_parallel_on) return false;
@@ -156,10 +173,10 @@ bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
     max = std::get<0>(x.max(dim, /*keepdim=*/true)).contiguous();
   }
   allReduce(s, cs->class_dims, max, ReduceOp::Max);
-  at::Tensor shifted = x - max;
-  at::Tensor sumexp = shifted.exp().sum(dim, /*keepdim=*/true);
+  at::Tensor out = x - max;
+  at::Tensor sumexp = rowSumExp(out, dim);
   allReduce(s, cs->class_dims, sumexp, ReduceOp::Sum);
-  at::Tensor out = shifted - sumexp.log();
+  out.sub_(sumexp.log_());
   torch::jit::drop(*stack, 3);
   stack->emplace_back(wrap(std::move(out), s, s.placements, s.shape));
   return true;
@@ -186,7 +203,7 @@ bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
     allReduce(s, cs->class_dims, rowsum, ReduceOp::Sum);
   }
   last_nll_grad = NllGradRowSums{};
-  at::Tensor grad_in = (g - out_impl->local().exp() * rowsum).to(input_dtype);
+  at::Tensor grad_in = out_impl->local().exp().mul_(rowsum.neg()).add_(g).to(input_dtype);
   torch::jit::drop(*stack, 4);
   stack->emplace_back(wrap(std::move(grad_in), s, s.placements, s.shape));
   return true;
