@@ -3,8 +3,11 @@
 //   (a) dtp: DTensor tensor parallelism via apply_tensor_parallel;
 //   (b) hand: hand-written Megatron TP in plain libtorch (megatron.h);
 //   (c) single: the unsharded model on rank 0 alone, with all the job's threads.
-// Variants run interleaved, rep after rep, so drift hits them alike; each
-// rep's time is the slowest rank's. Also: collectives per step against the
+// Variants run interleaved, rep after rep, so drift hits them alike, and
+// each rep starts one variant later, so none always runs first (on a 2-vCPU
+// VM the variant after another hand-written one ran 5-15% faster); each rep's
+// time is the slowest rank's. --aa adds a second, identical hand-written
+// model: its ratio to the first is the noise floor of the comparison. Also: collectives per step against the
 // closed-form minimum, and memory per rank at TP=1 and TP=N. Exits non-zero
 // when the variants' losses or dtp's communication disagree with the theory.
 // Run it under the launcher: `dtprun -n 2 dtp-bench`; `-n 1` leaves only
@@ -48,6 +51,7 @@ struct Options {
   std::vector<std::string> sizes{"small", "medium", "large"};
   std::vector<std::string> sp{"on", "off"};
   int reps = 7, warmup = 2;
+  bool aa = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -130,6 +134,7 @@ double median(std::vector<double> v) {
 
 struct SizeReport {
   const Size* size;
+  size_t group;  // variants per SP setting: dtp, hand-written (and hand' with --aa)
   int64_t n_params;
   std::vector<Variant> variants;
   std::map<bool, Comm> theory;
@@ -154,6 +159,7 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
   };
 
   report.size = &s;
+  report.group = o.aa ? 3 : 2;
   auto& vs = report.variants;
   auto add = [&](const char* name, bool sp, std::vector<at::Tensor> params, std::function<at::Tensor()> loss) {
     Variant& v = vs.emplace_back();
@@ -173,6 +179,11 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
     auto hand = std::make_shared<bench::MegatronLlama>(Llama(c), world, sp);
     add("hand", sp, hand->parameters(), [hand, tokens, targets] { return hand->loss(tokens, targets); })
         ->after_backward = [hand] { hand->reduce_norm_grads(); };
+    if (o.aa) {
+      auto again = std::make_shared<bench::MegatronLlama>(Llama(c), world, sp);
+      add("hand'", sp, again->parameters(), [again, tokens, targets] { return again->loss(tokens, targets); })
+          ->after_backward = [again] { again->reduce_norm_grads(); };
+    }
   }
   Llama single(c);
   report.n_params = 0;
@@ -184,7 +195,8 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
 
   const int threads = at::get_num_threads();
   for (int r = 0; r < o.warmup + o.reps; ++r) {
-    for (auto& v : vs) {
+    for (size_t k = 0; k < vs.size(); ++k) {
+      Variant& v = vs[(k + r) % vs.size()];
       world.barrier();
       const auto t0 = Clock::now();
       if (v.all_ranks || rank == 0) {
@@ -241,23 +253,26 @@ std::string spName(bool sp) { return sp ? "yes" : "no"; }
 void printReports(const std::vector<SizeReport>& reports, const Options& o, int tp) {
   std::printf("\n## Step time, median of %d reps (ms); TP=%d over Gloo, single = rank 0 with %d threads\n\n",
               o.reps, tp, at::get_num_threads() * tp);
-  std::printf("| size | params | SP | dtp | hand-written | single | dtp / hand | dtp / single | dtp / hand, fastest reps |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| size | params | SP | dtp | hand-written | single | dtp / hand | dtp / single | dtp / hand, fastest reps |%s\n",
+              o.aa ? " hand' / hand (A/A) |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|%s\n", o.aa ? "---|" : "");
   auto fastest = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
   for (const auto& r : reports) {
     const double single = median(r.variants.back().ms);
-    for (size_t i = 0; i + 1 < r.variants.size(); i += 2) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += r.group) {
       const Variant &va = r.variants[i], &vb = r.variants[i + 1];
       const double a = median(va.ms), b = median(vb.ms);
-      std::printf("| %s | %.2fM | %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.3f |\n", r.size->name, r.n_params / 1e6,
+      std::printf("| %s | %.2fM | %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.3f |", r.size->name, r.n_params / 1e6,
                   spName(va.sp).c_str(), a, b, single, a / b, a / single, fastest(va.ms) / fastest(vb.ms));
+      if (r.group == 3) std::printf(" %.3f |", median(r.variants[i + 2].ms) / b);
+      std::printf("\n");
     }
   }
   std::printf("\n## Collectives per step: count and MiB per rank (theory / dtp / hand-written)\n\n");
   std::printf("| size | SP | collective | theory | dtp | hand | dtp / theory (bytes) |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const auto& r : reports) {
-    for (size_t i = 0; i + 1 < r.variants.size(); i += 2) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += r.group) {
       const Variant &a = r.variants[i], &b = r.variants[i + 1];
       const Comm& t = r.theory.at(a.sp);
       for (int k = 0; k < 3; ++k) {
@@ -277,7 +292,7 @@ void printReports(const std::vector<SizeReport>& reports, const Options& o, int 
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : reports) {
     const bench::ModelMemory& one = r.variants.back().memory;
-    for (size_t i = 0; i + 1 < r.variants.size(); i += 2) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += r.group) {
       const bench::ModelMemory& m = r.variants[i].memory;
       // Replicated tensors have the same shapes at TP=1: the rest of TP=1 is what TP=N shards.
       auto cell = [](const bench::StateBytes& whole, const bench::StateBytes& part) {
@@ -307,6 +322,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--reps", o.reps, "Timed steps per variant")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_flag("--aa", o.aa, "Also time a second, identical hand-written model: the comparison's noise floor");
   CLI11_PARSE(app, argc, argv);
 
   try {
