@@ -25,6 +25,15 @@ at::Tensor chunk(const at::Tensor& t, int64_t dim, int w, int r) {
   return t.narrow(dim, chunk_start(t.size(dim), w, r), chunk_size(t.size(dim), w, r));
 }
 
+// Gradient shards are contiguous, as AccumulateGrad makes plain gradients (a
+// linear weight's arrives as a transposed view): optimizers read them densely.
+void expectContiguousGrads(torch::nn::Module& m) {
+  for (const auto& p : m.named_parameters()) {
+    const at::Tensor local = to_local(p.value().grad());
+    EXPECT_TRUE(local.is_contiguous()) << p.key() << " gradient shard has strides " << local.strides();
+  }
+}
+
 struct Counts {
   int64_t fwd_total, fwd_coll, bwd_total, bwd_coll;
   CollectiveType fwd_type, bwd_type;
@@ -57,6 +66,7 @@ void checkLinear(M& m, M& ref, const at::Tensor& in, const at::Tensor& full_in,
     EXPECT_EQ(placements(mine.grad()), placements(mine)) << p.key();
     EXPECT_TRUE(full_tensor(mine.grad()).allclose(p.value().grad(), 1e-5, 1e-5)) << p.key();
   }
+  expectContiguousGrads(*m);
 }
 
 TEST(TpStyleTest, ColwiseLinearNoForwardCommOneBackwardAllReduce) {
@@ -85,6 +95,7 @@ TEST(TpStyleTest, ColwiseLinearNoForwardCommOneBackwardAllReduce) {
         EXPECT_TRUE(x.grad().allclose(rx.grad(), 1e-5, 1e-5));
         EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
         EXPECT_TRUE(full_tensor(m->bias.grad()).allclose(ref->bias.grad(), 1e-5, 1e-5));
+        expectContiguousGrads(*m);
       }
     });
   }
@@ -116,6 +127,7 @@ TEST(TpStyleTest, RowwiseLinearOneForwardAllReduceNoBackwardComm) {
         EXPECT_TRUE(x.grad().allclose(chunk(rx.grad(), 1, w, rank), 1e-5, 1e-5));
         EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
         EXPECT_TRUE(full_tensor(m->bias.grad()).allclose(ref->bias.grad(), 1e-5, 1e-5));
+        expectContiguousGrads(*m);
       }
     });
   }

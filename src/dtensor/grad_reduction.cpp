@@ -163,11 +163,17 @@ void keep_grad_placements(const at::Tensor& param) {
   const WeakTensorImpl weak_param(param.getIntrusivePtr());
   param.register_hook([spec = impl.spec_ptr(), order, weak_param](const at::Tensor& g) -> at::Tensor {
     auto* gi = maybeGetDTensorImpl(g);
-    if (gi == nullptr || gi->spec().placements == spec->placements) return g;
+    if (gi == nullptr) return g;
+    // AccumulateGrad keeps a plain gradient laid out like its parameter and
+    // copies any other (a linear weight's gradient is a transposed view). A
+    // DTensor always looks contiguous to it, so its shard is made contiguous
+    // here, or every optimizer step would read it strided.
+    if (gi->spec().placements == spec->placements)
+      return gi->local().is_contiguous() ? g : makeDTensor(gi->local().contiguous(), gi->spec_ptr());
     const int64_t dim = bucketableDim(gi->spec().placements, spec->placements);
     const at::Tensor local = dim >= 0 && spec->mesh.size(dim) > 1 && !at::GradMode::is_enabled()
                                  ? deferReduction(spec, order, weak_param, *gi, dim)
-                                 : redistribute_local(gi->local(), gi->spec(), spec->placements);
+                                 : redistribute_local(gi->local(), gi->spec(), spec->placements).contiguous();
     return makeDTensor(local, make_spec(spec->mesh, spec->placements, spec->shape, gi->spec().dtype));
   });
 }
