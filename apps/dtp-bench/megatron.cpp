@@ -81,9 +81,9 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
   }
 };
 
-// This rank's torch.chunk of `full` along `dim`, as a new leaf.
+// This rank's torch.chunk of `full` along `dim`, as a new leaf with its own storage.
 at::Tensor slice(const at::Tensor& full, int64_t dim, const ProcessGroup& g) {
-  return full.detach().chunk(g.size(), dim)[g.rank()].contiguous().requires_grad_();
+  return full.detach().chunk(g.size(), dim)[g.rank()].clone(at::MemoryFormat::Contiguous).requires_grad_();
 }
 
 }  // namespace
