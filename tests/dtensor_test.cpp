@@ -215,3 +215,44 @@ TEST(DTensorTest, RedistributeToSamePlacementsReducesPartialGradient) {
     EXPECT_TRUE(redistribute(x, mesh, {Replicate()}).is_same(x));
   });
 }
+
+// A Partial given up (std::move, a temporary) is all-reduced in its own
+// memory; one that anything else still sees (a copy, a detached alias, a
+// view, an lvalue argument) is reduced into a new buffer and keeps its value.
+TEST(DTensorTest, GivenUpPartialIsReducedInPlaceOthersAreNot) {
+  run_ranks(2, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    auto partial = [&] { return from_local(at::full({3, 2}, rank + 1.0), mesh, {Partial()}); };
+    const at::Tensor sum = at::full({3, 2}, 3.0);
+    at::Tensor p = partial();
+    const void* mem = to_local(p).data_ptr();
+    at::Tensor r = redistribute(std::move(p), mesh, {Replicate()});
+    EXPECT_EQ(to_local(r).data_ptr(), mem);
+    EXPECT_TRUE(to_local(r).equal(sum));
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE("kind " + std::to_string(kind));
+      at::Tensor q = partial(), keep = kind == 1 ? q.detach() : kind == 2 ? q.view({6}) : q;
+      mem = to_local(q).data_ptr();
+      r = kind == 3 ? redistribute(q, mesh, {Replicate()}) : redistribute(std::move(q), mesh, {Replicate()});
+      EXPECT_NE(to_local(r).data_ptr(), mem);
+      EXPECT_TRUE(to_local(r).equal(sum));
+      EXPECT_TRUE(to_local(keep).equal(at::full(keep.sizes(), rank + 1.0)));
+    }
+    // Backward: the engine's gradient buffer is reduced in place unless a
+    // hook kept the gradient.
+    for (bool kept : {false, true}) {
+      at::Tensor x = distribute_tensor(at::ones({3, 2}).requires_grad_(), mesh, {Replicate()});
+      at::Tensor y = redistribute(x, mesh, {Replicate()});
+      const void* grad_mem = nullptr;
+      at::Tensor seen;
+      y.register_hook([&](const at::Tensor& g) {
+        grad_mem = to_local(g).data_ptr();
+        if (kept) seen = g;
+      });
+      (to_local(y, Placements{Partial()}) * (rank + 1)).sum().backward();
+      EXPECT_TRUE(to_local(x.grad()).equal(sum));
+      EXPECT_EQ(to_local(x.grad()).data_ptr() == grad_mem, !kept);
+      if (kept) EXPECT_TRUE(to_local(seen).equal(at::full({3, 2}, rank + 1.0)));
+    }
+  });
+}

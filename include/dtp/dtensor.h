@@ -62,6 +62,11 @@ at::Tensor full_tensor(const at::Tensor& t);
 // async_op is accepted for API parity; collectives complete before returning.
 at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
                         bool async_op = false);
+// The same for a tensor the caller gives up (a temporary, std::move): when
+// nothing else refers to its shard, a Partial is reduced in place, without
+// the copy of the shard that PyTorch's (and the overload above) make.
+at::Tensor redistribute(at::Tensor&& t, const DeviceMesh& mesh, const Placements& placements,
+                        bool async_op = false);
 
 // Inside this scope, plain tensors mixed with DTensors in one op are treated
 // as replicated (PyTorch's implicit_replication()). Outside, that is an error

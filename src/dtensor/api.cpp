@@ -34,7 +34,9 @@ struct RedistributeBackward : torch::autograd::Node {
       for (auto& p : target)
         if (p.is_partial()) p = Replicate();
     }
-    at::Tensor local = redistribute_local(gi->local(), gi->spec(), target, /*backward=*/true);
+    // The engine hands over its gradient buffer: unless a hook kept it, a
+    // Partial is reduced in place.
+    at::Tensor local = redistribute_local(gi->local(), gi->spec(), target, /*backward=*/true, solely_owned(g));
     if (to_plain) return {local};
     return {makeDTensor(local, make_spec(src->mesh, target, src->shape, gi->spec().dtype))};
   }
@@ -178,8 +180,10 @@ at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placemen
   return connect(out, t, node);
 }
 
-at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
-                        bool /*async_op*/) {
+namespace {
+
+at::Tensor redistributeImpl(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
+                            bool consume) {
   const auto& impl = checkedDTensorImpl(t, "redistribute");
   TORCH_CHECK(mesh == impl.spec().mesh, "redistribute: the tensor lives on ",
               impl.spec().mesh.str(), ", not on ", mesh.str(),
@@ -192,12 +196,24 @@ at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Place
     if (!t.requires_grad() || !at::GradMode::is_enabled()) return t;
     out = makeDTensor(impl.local(), impl.spec_ptr());
   } else {
-    out = makeDTensor(redistribute_local(impl.local(), impl.spec(), spec->placements), spec);
+    out = makeDTensor(redistribute_local(impl.local(), impl.spec(), spec->placements, false, consume), spec);
   }
   auto node = std::make_shared<RedistributeBackward>();
   node->src = impl.spec_ptr();
   node->to_plain = false;
   return connect(out, t, node);
+}
+
+}  // namespace
+
+at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
+                        bool /*async_op*/) {
+  return redistributeImpl(t, mesh, placements, /*consume=*/false);
+}
+
+at::Tensor redistribute(at::Tensor&& t, const DeviceMesh& mesh, const Placements& placements,
+                        bool /*async_op*/) {
+  return redistributeImpl(t, mesh, placements, solely_owned(t));
 }
 
 at::Tensor full_tensor(const at::Tensor& t) {

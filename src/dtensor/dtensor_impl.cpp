@@ -65,6 +65,12 @@ const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn) {
   return *impl;
 }
 
+bool solely_owned(const at::Tensor& t) {
+  auto* impl = maybeGetDTensorImpl(t);
+  return impl != nullptr && t.use_count() == 1 && impl->local().use_count() == 1 &&
+         impl->local().storage().use_count() == 1;
+}
+
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec) {
   TORCH_INTERNAL_ASSERT(!isDTensor(local), "makeDTensor: local shard is itself a DTensor");
   TORCH_INTERNAL_ASSERT(local.sizes() == c10::IntArrayRef(spec->local_sizes),

@@ -51,5 +51,9 @@ inline DTensorImpl* maybeGetDTensorImpl(const at::Tensor& t) {
 const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn);
 // Wraps `local` (this rank's shard of `spec`); checks the shard's shape.
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec);
+// Whether `t` is a DTensor that nothing else can observe: no other handle on
+// it, on its shard or on the shard's memory (views, autograd's saved copies).
+// A redistribution may then reduce the shard in place.
+bool solely_owned(const at::Tensor& t);
 
 }  // namespace dtp

@@ -84,12 +84,13 @@ std::vector<RedistributeStep> plan_redistribute(const DTensorSpec& src, const Pl
 }
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
-                              const Placements& dst, bool backward) {
+                              const Placements& dst, bool backward, bool consume) {
   const auto steps = plan_redistribute(src, dst);
   if (steps.empty()) return local;
   const auto coord = src.mesh.get_coordinate();
   Placements cur = src.placements;
   at::Tensor t = local;
+  bool owned = consume;  // t is ours to overwrite (the input given up, or a fresh result)
   for (const auto& s : steps) {
     const size_t m = static_cast<size_t>(s.mesh_dim);
     const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
@@ -98,21 +99,28 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
     if (s.from.is_shard() && s.to.is_replicate()) {
       const int64_t d = s.from.dim;
       t = group.all_gather(t, d, chunk_sizes(sizeBefore(src, cur, m, d, coord), n)).wait();
+      owned = true;
     } else if (s.from.is_shard() && s.to.is_shard()) {
       const int64_t i = s.from.dim, j = s.to.dim;
       t = group.all_to_all(t, j, chunk_sizes(t.size(j), n), i, chunk_sizes(src.shape[i], n)).wait();
+      owned = true;
     } else if (s.from.is_partial() && s.to.is_replicate()) {
-      t = group.all_reduce(t.clone(), s.from.op).wait();
+      t = group.all_reduce(owned ? t : t.clone(), s.from.op).wait();
+      owned = true;
     } else if (s.from.is_partial() && s.to.is_shard()) {
       const int64_t d = s.to.dim;
       t = group.reduce_scatter(t, d, chunk_sizes(t.size(d), n), s.from.op).wait();
+      owned = true;
     } else if (s.from.is_replicate() && s.to.is_shard()) {
       const int64_t d = s.to.dim;
       t = t.narrow(d, chunk_start(t.size(d), n, me), chunk_size(t.size(d), n, me));
     } else if (s.from.is_replicate() && s.to.is_partial()) {
       // Forward: the sum over ranks must give the value back. Backward: the
       // gradient of each rank's partial is the whole gradient.
-      if (!backward && s.to.op == ReduceOp::Sum && me != 0) t = at::zeros_like(t);
+      if (!backward && s.to.op == ReduceOp::Sum && me != 0) {
+        t = at::zeros_like(t);
+        owned = true;
+      }
     } else {
       TORCH_CHECK(false, "redistribute: NYI transition ", s.from.str(), " -> ", s.to.str(),
                   " on mesh dim ", m, " for ", src.str(), ".");

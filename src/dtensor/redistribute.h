@@ -20,7 +20,9 @@ std::vector<RedistributeStep> plan_redistribute(const DTensorSpec& src, const Pl
 // This rank's shard of `dst` computed from its shard `local` of `src`.
 // `backward`: the transition runs on a gradient, where R -> P keeps the value
 // on every rank (each rank's partial contributed the whole gradient).
+// `consume`: nothing else sees `local` (solely_owned), so P -> R reduces it in
+// place instead of into a copy.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
-                              const Placements& dst, bool backward = false);
+                              const Placements& dst, bool backward = false, bool consume = false);
 
 }  // namespace dtp

@@ -50,7 +50,7 @@ void replicateParams(torch::nn::Module& m, const std::string& fqn, const DeviceM
 // `layout`. `dim_size` gives the global size of a sharded dim when the module
 // knows it (Rowwise Linear: in_features), so uneven shards stay exact; else
 // shards are taken as even and from_local checks that.
-at::Tensor asDTensor(const at::Tensor& t, const DeviceMesh& mesh, Placement layout,
+at::Tensor asDTensor(at::Tensor t, const DeviceMesh& mesh, Placement layout,
                      std::optional<int64_t> dim_size = std::nullopt) {
   if (!t.defined() || is_dtensor(t)) return t;
   std::optional<std::vector<int64_t>> shape;
@@ -64,13 +64,14 @@ at::Tensor asDTensor(const at::Tensor& t, const DeviceMesh& mesh, Placement layo
 
 // Redistributes only when the layout differs (PyTorch's styles do the same): a
 // redistribute to the same placements would be a gradient boundary.
-at::Tensor relayout(const at::Tensor& t, const DeviceMesh& mesh, Placement p) {
-  return placements(t) == Placements{p} ? t : redistribute(t, mesh, {p});
+// Takes `t` over: a module output nobody else holds is reduced in place.
+at::Tensor relayout(at::Tensor t, const DeviceMesh& mesh, Placement p) {
+  return placements(t) == Placements{p} ? t : redistribute(std::move(t), mesh, {p});
 }
 
-at::Tensor to(const at::Tensor& t, const DeviceMesh& mesh, Placement p, bool use_local) {
+at::Tensor to(at::Tensor t, const DeviceMesh& mesh, Placement p, bool use_local) {
   if (!t.defined()) return t;
-  at::Tensor out = relayout(t, mesh, p);
+  at::Tensor out = relayout(std::move(t), mesh, p);
   return use_local ? to_local(out) : out;
 }
 
@@ -96,7 +97,7 @@ void ColwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
     in[0] = relayout(asDTensor(in[0], mesh, o.input_layouts()), mesh, Replicate());
   });
   host.post_hooks.push_back([o, mesh](at::Tensor& out) {
-    out = to(out, mesh, o.output_layouts(), o.use_local_output());
+    out = to(std::move(out), mesh, o.output_layouts(), o.use_local_output());
   });
 }
 
@@ -124,7 +125,7 @@ void RowwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
                      desired_input);
   });
   host.post_hooks.push_back([o, mesh](at::Tensor& out) {
-    out = to(out, mesh, o.output_layouts(), o.use_local_output());
+    out = to(std::move(out), mesh, o.output_layouts(), o.use_local_output());
   });
 }
 
@@ -174,7 +175,7 @@ void PrepareModuleOutput::apply(torch::nn::Module& m, const std::string& fqn, co
   const auto o = options_;
   auto& host = hooksOf(m, fqn, name());
   host.post_hooks.push_back([o, mesh](at::Tensor& out) {
-    out = to(asDTensor(out, mesh, o.output_layouts()), mesh, o.desired_output_layouts(),
+    out = to(asDTensor(std::move(out), mesh, o.output_layouts()), mesh, o.desired_output_layouts(),
              o.use_local_output());
   });
 }
