@@ -13,11 +13,8 @@
 // for a redistribution (S(0)+S(0), S(0)xR, views, in-place), so no collective
 // runs and the difference is the pure dispatch + propagation cost. Each
 // DTensor benchmark checks that with a CommCounter and fails if one does.
-// Why not a 1-rank mesh: there every transition costs 0 (transition_cost with
-// a group of 1), so the propagator's first row wins, usually all-Replicate:
-// S(0)+S(0) gives R, and each S(0) input is redistributed to R (an all_gather
-// that the 1-rank group returns at once, but planned and counted all the
-// same), a path that a real sharded run never takes.
+// Why 2 ranks: shards, costs and decisions are then those of a sharded run (on
+// one rank every placement holds the whole tensor).
 //
 // BM_CacheMiss* empty the per-thread propagation cache before every call, so
 // each one pays for computing the decision: output shapes on meta tensors,

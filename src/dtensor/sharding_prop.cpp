@@ -84,7 +84,9 @@ double transition_cost(const Placement& from, const Placement& to, double bytes,
                        int64_t group_size) {
   if (from == to) return 0;
   const double w = static_cast<double>(group_size);
-  if (from.is_replicate()) return bytes * 1e-3;  // local chunk or zeroing
+  // A local chunk or zeroing; on a one-rank dim every change is local (no
+  // communication) but still work, so keeping the placement wins there.
+  if (from.is_replicate() || group_size == 1) return bytes * 1e-3;
   if (from.is_shard()) {
     if (to.is_shard()) return bytes * (w - 1) / w;  // all_to_all
     return bytes * (w - 1);                         // all_gather (then zeroing for P)
