@@ -190,4 +190,19 @@ TEST(LossParallelMeshTest, BackwardOutsideTheGuardNamesTheFix) {
   });
 }
 
+// A label outside [0, C) (and not ignore_index) is an error on every rank,
+// even on a rank whose classes it would not touch.
+TEST(LossParallelMeshTest, TargetOutOfRangeIsAClearError) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor dx = distribute_tensor(data({4, 6}).to(at::kFloat), mesh, {Shard(1)});
+    for (int64_t bad : {6, -3}) {
+      at::Tensor t = targets({4}, 6);
+      t[2] = bad;
+      dtp::test::expect_error([&] { loss_parallel_cross_entropy(dx, t); },
+                              {"target out of range [0, 6)", "fix the labels"});
+    }
+  });
+}
+
 }  // namespace
