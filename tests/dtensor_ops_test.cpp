@@ -226,6 +226,27 @@ TEST_P(OpsTest, InPlaceAndOutOpsReturnTheDTensor) {
   });
 }
 
+// On a one-rank mesh dim every placement holds the whole tensor: ops keep
+// their inputs' placements instead of trading them for free (a (1, 2) mesh
+// keeps S(0) on dim 0 as the 2-rank dim needs no change either).
+TEST(OpsOneRankDimTest, PlacementsStay) {
+  run_ranks(2, [&](int) {
+    for (const auto& shape : {std::vector<int64_t>{1, 2}, std::vector<int64_t>{2, 1}}) {
+      auto mesh = init_device_mesh("cpu", shape);
+      const at::Tensor full = data({4, 6}).to(at::kFloat);
+      const Placements pl{Shard(0), Shard(1)};
+      at::Tensor a = distribute_tensor(full, mesh, pl), b = distribute_tensor(full * 2, mesh, pl);
+      CommCounter comm;
+      at::Tensor c = a + b;
+      EXPECT_EQ(placements(c), pl);
+      a.mul_(b);
+      EXPECT_EQ(comm.total_count(), 0) << comm.str();
+      EXPECT_TRUE(full_tensor(c).allclose(full * 3));
+      EXPECT_TRUE(full_tensor(a).allclose(full * full * 2));
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Meshes, OpsTest,
                          ::testing::Values(std::vector<int64_t>{2}, std::vector<int64_t>{4},
                                            std::vector<int64_t>{2, 2}),
