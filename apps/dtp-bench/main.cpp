@@ -3,11 +3,12 @@
 //   (a) dtp: DTensor tensor parallelism via apply_tensor_parallel;
 //   (b) hand: hand-written Megatron TP in plain libtorch (megatron.h);
 //   (c) single: the unsharded model on rank 0 alone, with all the job's threads.
-// Variants run interleaved, rep after rep, so drift hits them alike, and
-// each rep starts one variant later, so none always runs first (on a 2-vCPU
-// VM the variant after another hand-written one ran 5-15% faster); each rep's
-// time is the slowest rank's. --aa adds a second, identical hand-written
-// model: its ratio to the first is the noise floor of the comparison. Also: collectives per step against the
+// Variants run interleaved, rep after rep, so drift hits them alike, each
+// rep in a new random order (the same on every rank): with a fixed order, on
+// a 2-vCPU VM, a variant ran 5-15% faster or slower depending on which one
+// ran before it. Each rep's time is the slowest rank's. --aa adds a second,
+// identical hand-written model: its ratio to the first is the noise floor of
+// the comparison. Also: collectives per step against the
 // closed-form minimum, and memory per rank at TP=1 and TP=N. Exits non-zero
 // when the variants' losses or dtp's communication disagree with the theory.
 // Run it under the launcher: `dtprun -n 2 dtp-bench`; `-n 1` leaves only
@@ -31,6 +32,8 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <numeric>
+#include <random>
 
 namespace {
 
@@ -194,9 +197,13 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
   for (auto& v : vs) v.opt = adamw(v.params);
 
   const int threads = at::get_num_threads();
+  std::vector<size_t> order(vs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937 shuffler(7);  // one seed: the same orders on every rank
   for (int r = 0; r < o.warmup + o.reps; ++r) {
-    for (size_t k = 0; k < vs.size(); ++k) {
-      Variant& v = vs[(k + r) % vs.size()];
+    std::shuffle(order.begin(), order.end(), shuffler);
+    for (size_t k : order) {
+      Variant& v = vs[k];
       world.barrier();
       const auto t0 = Clock::now();
       if (v.all_ranks || rank == 0) {
