@@ -263,7 +263,7 @@ void printReports(const std::vector<SizeReport>& reports, const Options& o, int 
   std::printf("| size | params | SP | dtp | hand-written | single | dtp / hand | dtp / hand, paired | dtp / single |%s\n",
               o.aa ? " hand' / hand (A/A) | A/A, paired |" : "");
   std::printf("|---|---|---|---|---|---|---|---|---|%s\n", o.aa ? "---|---|" : "");
-  // The median of per-rep ratios: variants of one rep run back to back, so
+  // The median of per-rep ratios: one rep's variants run close together, so
   // this cancels drift that a ratio of medians keeps.
   auto paired = [](const Variant& a, const Variant& b) {
     std::vector<double> q;
