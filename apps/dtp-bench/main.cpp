@@ -137,7 +137,6 @@ double median(std::vector<double> v) {
 
 struct SizeReport {
   const Size* size;
-  size_t group;  // variants per SP setting: dtp, hand-written (and hand' with --aa)
   int64_t n_params;
   std::vector<Variant> variants;
   std::map<bool, Comm> theory;
@@ -162,7 +161,6 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
   };
 
   report.size = &s;
-  report.group = o.aa ? 3 : 2;
   auto& vs = report.variants;
   auto add = [&](const char* name, bool sp, std::vector<at::Tensor> params, std::function<at::Tensor()> loss) {
     Variant& v = vs.emplace_back();
@@ -258,6 +256,7 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
 std::string spName(bool sp) { return sp ? "yes" : "no"; }
 
 void printReports(const std::vector<SizeReport>& reports, const Options& o, int tp) {
+  const size_t group = o.aa ? 3 : 2;  // variants per SP setting: dtp, hand-written (and hand')
   std::printf("\n## Step time, median of %d reps (ms); TP=%d over Gloo, single = rank 0 with %d threads\n\n",
               o.reps, tp, at::get_num_threads() * tp);
   std::printf("| size | params | SP | dtp | hand-written | single | dtp / hand | dtp / hand, paired | dtp / single |%s\n",
@@ -272,12 +271,12 @@ void printReports(const std::vector<SizeReport>& reports, const Options& o, int 
   };
   for (const auto& r : reports) {
     const double single = median(r.variants.back().ms);
-    for (size_t i = 0; i + 1 < r.variants.size(); i += r.group) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += group) {
       const Variant &va = r.variants[i], &vb = r.variants[i + 1];
       const double a = median(va.ms), b = median(vb.ms);
       std::printf("| %s | %.2fM | %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.3f |", r.size->name, r.n_params / 1e6,
                   spName(va.sp).c_str(), a, b, single, a / b, paired(va, vb), a / single);
-      if (r.group == 3) {
+      if (o.aa) {
         const Variant& again = r.variants[i + 2];
         std::printf(" %.3f | %.3f |", median(again.ms) / b, paired(again, vb));
       }
@@ -288,7 +287,7 @@ void printReports(const std::vector<SizeReport>& reports, const Options& o, int 
   std::printf("| size | SP | collective | theory | dtp | hand | dtp / theory (bytes) |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const auto& r : reports) {
-    for (size_t i = 0; i + 1 < r.variants.size(); i += r.group) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += group) {
       const Variant &a = r.variants[i], &b = r.variants[i + 1];
       const Comm& t = r.theory.at(a.sp);
       for (int k = 0; k < 3; ++k) {
@@ -308,7 +307,7 @@ void printReports(const std::vector<SizeReport>& reports, const Options& o, int 
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : reports) {
     const bench::ModelMemory& one = r.variants.back().memory;
-    for (size_t i = 0; i + 1 < r.variants.size(); i += r.group) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += group) {
       const bench::ModelMemory& m = r.variants[i].memory;
       // Replicated tensors have the same shapes at TP=1: the rest of TP=1 is what TP=N shards.
       auto cell = [](const bench::StateBytes& whole, const bench::StateBytes& part) {
