@@ -8,6 +8,7 @@
 #include "dtp/comm_counter.h"
 #include "dtp/parallel/loss_parallel.h"
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/functional/loss.h>
 
 using namespace dtp;
@@ -30,37 +31,47 @@ at::Tensor targets(std::vector<int64_t> shape, int64_t classes, bool with_ignore
 }
 
 // Cross-entropy of `logits` sharded by `pls` against one device: value,
-// gradient and collectives forward and backward.
+// gradient and collectives forward and backward, both through cross_entropy
+// under the guard and through loss_parallel_cross_entropy (fused on 2-D
+// logits without label smoothing).
 void checkCrossEntropy(const DeviceMesh& mesh, const at::Tensor& x, const at::Tensor& target,
                        const Placements& pls, const F::CrossEntropyFuncOptions& opts,
                        int64_t fwd_all_reduces, int64_t bwd_total, bool dtensor_target = false) {
   at::Tensor ref_x = x.detach().clone().requires_grad_(true);
   at::Tensor y = F::cross_entropy(ref_x, target, opts);
-  at::Tensor dx = distribute_tensor(x.detach().clone().requires_grad_(true), mesh, pls);
+  (opts.reduction().index() == 0 ? y.sum() : y).backward();
   at::Tensor t = target;
   if (dtensor_target) {
     Placements tp;
     for (const auto& p : pls) tp.push_back(p.is_shard() && p.dim == 0 ? Shard(0) : Replicate());
     t = distribute_tensor(target, mesh, tp);
   }
-  LossParallelGuard guard;
-  CommCounter fwd;
-  at::Tensor dy = F::cross_entropy(dx, t, opts);
-  if (fwd_all_reduces >= 0) {
-    EXPECT_EQ(fwd.count(CollectiveType::AllReduce), fwd_all_reduces) << fwd.str();
-    EXPECT_EQ(fwd.total_count(), fwd_all_reduces) << fwd.str();
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "loss_parallel_cross_entropy" : "cross_entropy under LossParallelGuard");
+    at::Tensor dx = distribute_tensor(x.detach().clone().requires_grad_(true), mesh, pls);
+    LossParallelGuard guard;
+    CommCounter fwd;
+    at::Tensor dy = fused ? loss_parallel_cross_entropy(dx, t, opts) : F::cross_entropy(dx, t, opts);
+    if (fwd_all_reduces >= 0) {
+      EXPECT_EQ(fwd.count(CollectiveType::AllReduce), fwd_all_reduces) << fwd.str();
+      EXPECT_EQ(fwd.total_count(), fwd_all_reduces) << fwd.str();
+    }
+    if (fused) {
+      const bool fusable = x.dim() == 2 && opts.label_smoothing() == 0.0 && pls.back().is_shard() &&
+                           pls.back().dim == 1;
+      EXPECT_EQ(dy.grad_fn()->name() == "dtp::CrossEntropyBackward", fusable) << dy.grad_fn()->name();
+    }
+    ASSERT_TRUE(is_dtensor(dy));
+    at::Tensor full_y = full_tensor(dy);
+    ASSERT_EQ(full_y.sizes(), y.sizes());
+    EXPECT_TRUE(full_y.allclose(y, 1e-6, 1e-6)) << full_y << y;
+    CommCounter bwd;
+    (opts.reduction().index() == 0 ? dy.sum() : dy).backward();
+    if (bwd_total >= 0) EXPECT_EQ(bwd.total_count(), bwd_total) << bwd.str();
+    ASSERT_TRUE(dx.grad().defined());
+    EXPECT_EQ(placements(dx.grad()), pls);
+    EXPECT_TRUE(full_tensor(dx.grad()).allclose(ref_x.grad(), 1e-6, 1e-6));
   }
-  ASSERT_TRUE(is_dtensor(dy));
-  at::Tensor full_y = full_tensor(dy);
-  ASSERT_EQ(full_y.sizes(), y.sizes());
-  EXPECT_TRUE(full_y.allclose(y, 1e-6, 1e-6)) << full_y << y;
-  CommCounter bwd;
-  (opts.reduction().index() == 0 ? dy.sum() : dy).backward();
-  if (bwd_total >= 0) EXPECT_EQ(bwd.total_count(), bwd_total) << bwd.str();
-  (opts.reduction().index() == 0 ? y.sum() : y).backward();
-  ASSERT_TRUE(dx.grad().defined());
-  EXPECT_EQ(placements(dx.grad()), pls);
-  EXPECT_TRUE(full_tensor(dx.grad()).allclose(ref_x.grad(), 1e-6, 1e-6));
 }
 
 class LossParallelTest : public ::testing::TestWithParam<int> {};
@@ -202,6 +213,26 @@ TEST(LossParallelMeshTest, TargetOutOfRangeIsAClearError) {
       dtp::test::expect_error([&] { loss_parallel_cross_entropy(dx, t); },
                               {"target out of range [0, 6)", "fix the labels"});
     }
+  });
+}
+
+// The fused backward overwrites its saved softmax only when the graph is
+// released: retained graphs give the same gradient again, and a backward
+// through a released graph is a clear error.
+TEST(LossParallelMeshTest, FusedBackwardWithRetainedGraph) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor x = data({6, 7}).to(at::kFloat);
+    at::Tensor rx = x.detach().clone().requires_grad_(true);
+    F::cross_entropy(rx, targets({6}, 7)).backward();
+    at::Tensor dx = distribute_tensor(x.detach().clone().requires_grad_(true), mesh, {Shard(1)});
+    at::Tensor loss = loss_parallel_cross_entropy(dx, targets({6}, 7));
+    ASSERT_EQ(loss.grad_fn()->name(), "dtp::CrossEntropyBackward");
+    loss.backward({}, /*retain_graph=*/true);
+    loss.backward({}, /*retain_graph=*/true);
+    loss.backward();
+    EXPECT_TRUE(full_tensor(dx.grad()).allclose(rx.grad() * 3, 1e-6, 1e-6));
+    dtp::test::expect_error([&] { loss.backward(); }, {"retain_graph=true"});
   });
 }
 

@@ -19,6 +19,8 @@
 #include "dtp/parallel/loss_parallel.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/nn/functional/loss.h>
 
 #include <limits>
@@ -139,6 +141,47 @@ std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, siz
   return c;
 }
 
+// nll_loss_forward on the log-probabilities `logp` [rows, local classes]: the
+// loss (per row for reduction none) and the total weight. Per-row losses follow
+// the rows; sums are partial over batch-sharded dims.
+std::pair<at::Tensor, at::Tensor> nllForward(const NllCall& c, const at::Tensor& logp, int64_t reduction) {
+  const DTensorSpec& s = c.impl->spec();
+  at::Tensor picked = logp.size(1) == 0 ? at::zeros({logp.size(0)}, logp.options())
+                                        : logp.gather(1, c.index).squeeze(1) * c.here;
+  allReduce(s, c.cs.class_dims, picked, ReduceOp::Sum);
+  const at::Tensor loss = -picked * c.weight;
+  at::Tensor total = c.weight.sum();
+  Placements sums = c.cs.rows;
+  for (auto& p : sums)
+    if (p.is_shard()) p = Partial();
+  at::Tensor out;
+  Placements out_placements = sums, total_placements = sums;
+  std::vector<int64_t> out_shape;
+  if (reduction == kNone) {
+    out = loss.reshape(c.target.sizes());
+    out_placements = c.cs.rows;
+    out_shape = c.target_shape;
+  } else if (reduction == kSum) {
+    out = loss.sum();
+  } else {
+    allReduce(s, c.cs.batch_dims, total, ReduceOp::Sum);
+    total_placements = Placements(s.placements.size(), Replicate());
+    out = loss.sum() / total;
+  }
+  return {wrap(std::move(out), s, out_placements, out_shape), wrap(std::move(total), s, total_placements, {})};
+}
+
+// d loss / d (row's loss term) from the output's gradient: per row, weighted.
+at::Tensor rowCoeff(const NllCall& c, const DeviceMesh& mesh, const at::Tensor& grad_out, const at::Tensor& total,
+                    int64_t reduction) {
+  const auto dtype = c.weight.scalar_type();
+  const Placements replicated(mesh.ndim(), Replicate());
+  at::Tensor g = localAs(grad_out, mesh, reduction == kNone ? c.cs.rows : replicated);
+  at::Tensor coeff = g.reshape({-1}).to(dtype) * c.weight;
+  if (reduction == kMean) coeff.div_(localAs(total, mesh, replicated).to(dtype));
+  return coeff;
+}
+
 // sum(exp(x), dim), an eighth of the rows (dim 0) at a time: the logits sit
 // at the step's memory peak, where a logits-sized temporary is one logits'
 // worth more peak memory and, with glibc returning the freed top of the heap,
@@ -156,6 +199,25 @@ at::Tensor rowSumExp(const at::Tensor& x, int64_t dim) {
   return sum;
 }
 
+// log_softmax of this rank's class columns `x` along `dim` over the whole
+// class dim (the mesh dims `class_dims` shard it): 2 all-reduces per dim.
+at::Tensor localLogSoftmax(const at::Tensor& x, int64_t dim, const DTensorSpec& s,
+                           const std::vector<size_t>& class_dims) {
+  at::Tensor max;
+  if (x.size(dim) == 0) {  // an empty shard (fewer classes than ranks)
+    auto shape = x.sizes().vec();
+    shape[dim] = 1;
+    max = at::full(shape, -std::numeric_limits<double>::infinity(), x.options());
+  } else {
+    max = std::get<0>(x.max(dim, /*keepdim=*/true)).contiguous();
+  }
+  allReduce(s, class_dims, max, ReduceOp::Max);
+  at::Tensor out = x - max;
+  at::Tensor sumexp = rowSumExp(out, dim);
+  allReduce(s, class_dims, sumexp, ReduceOp::Sum);
+  return out.sub_(sumexp.log_());
+}
+
 bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 3);
   if (!loss_parallel_on) return false;
@@ -167,20 +229,7 @@ bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (!cs) return false;
   const bool half_to_float = args[2].toBool();
   const DTensorSpec& s = impl->spec();
-  at::Tensor x = half_to_float ? impl->local().to(at::kFloat) : impl->local();
-  at::Tensor max;
-  if (x.size(dim) == 0) {  // an empty shard (fewer classes than ranks)
-    auto shape = x.sizes().vec();
-    shape[dim] = 1;
-    max = at::full(shape, -std::numeric_limits<double>::infinity(), x.options());
-  } else {
-    max = std::get<0>(x.max(dim, /*keepdim=*/true)).contiguous();
-  }
-  allReduce(s, cs->class_dims, max, ReduceOp::Max);
-  at::Tensor out = x - max;
-  at::Tensor sumexp = rowSumExp(out, dim);
-  allReduce(s, cs->class_dims, sumexp, ReduceOp::Sum);
-  out.sub_(sumexp.log_());
+  at::Tensor out = localLogSoftmax(half_to_float ? impl->local().to(at::kFloat) : impl->local(), dim, s, cs->class_dims);
   torch::jit::drop(*stack, 3);
   stack->emplace_back(wrap(std::move(out), s, s.placements, s.shape));
   return true;
@@ -218,35 +267,10 @@ bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (!loss_parallel_on) return false;
   auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
   if (!c) return false;
-  const DTensorSpec& s = c->impl->spec();
-  const int64_t reduction = args[3].toInt();
-  at::Tensor picked = c->lp.size(1) == 0 ? at::zeros({c->lp.size(0)}, c->lp.options())
-                                         : c->lp.gather(1, c->index).squeeze(1) * c->here;
-  allReduce(s, c->cs.class_dims, picked, ReduceOp::Sum);
-  at::Tensor loss = -picked * c->weight;
-  at::Tensor total = c->weight.sum();
-
-  // Per-row losses follow the rows; sums are partial over batch-sharded dims.
-  Placements sums = c->cs.rows;
-  for (auto& p : sums)
-    if (p.is_shard()) p = Partial();
-  at::Tensor out;
-  Placements out_placements = sums, total_placements = sums;
-  std::vector<int64_t> out_shape;
-  if (reduction == kNone) {
-    out = loss.reshape(c->target.sizes());
-    out_placements = c->cs.rows;
-    out_shape = c->target_shape;
-  } else if (reduction == kSum) {
-    out = loss.sum();
-  } else {
-    allReduce(s, c->cs.batch_dims, total, ReduceOp::Sum);
-    total_placements = Placements(s.placements.size(), Replicate());
-    out = loss.sum() / total;
-  }
+  auto [out, total] = nllForward(*c, c->lp, args[3].toInt());
   torch::jit::drop(*stack, 5);
-  stack->emplace_back(wrap(std::move(out), s, out_placements, out_shape));
-  stack->emplace_back(wrap(std::move(total), s, total_placements, {}));
+  stack->emplace_back(std::move(out));
+  stack->emplace_back(std::move(total));
   return true;
 }
 
@@ -256,11 +280,7 @@ bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (!c) return false;
   const DTensorSpec& s = c->impl->spec();
   const at::Tensor& lp = c->lp;
-  const int64_t reduction = args[4].toInt();
-  const Placements replicated(s.placements.size(), Replicate());
-  at::Tensor g = localAs(args[0].toTensor(), s.mesh, reduction == kNone ? c->cs.rows : replicated);
-  at::Tensor coeff = -g.reshape({-1}).to(lp.scalar_type()) * c->weight;
-  if (reduction == kMean) coeff = coeff / localAs(args[6].toTensor(), s.mesh, replicated).to(lp.scalar_type());
+  at::Tensor coeff = rowCoeff(*c, s.mesh, args[0].toTensor(), args[6].toTensor(), args[4].toInt()).neg_();
   at::Tensor grad = at::zeros_like(lp);
   if (lp.size(1) > 0) grad.scatter_(1, c->index, (coeff * c->here).unsqueeze(1));
   grad = grad.reshape(c->impl->local().movedim(c->class_dim, -1).sizes()).movedim(-1, c->class_dim);
@@ -269,6 +289,62 @@ bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   torch::jit::drop(*stack, 7);
   stack->emplace_back(wrap(std::move(grad), s, s.placements, s.shape));
   return true;
+}
+
+// loss_parallel_cross_entropy on 2-D logits without label smoothing, fused:
+// the same all-reduces and arithmetic as log_softmax + nll_loss (so the same
+// values as one device's), without the dispatcher round trips, nll_loss's
+// zero-filled gradient and, unless the graph is retained, any new
+// logits-sized tensor in backward (the log-probabilities become the gradient).
+struct CrossEntropyBackward : torch::autograd::Node {
+  NllCall call;        // the targets' rows; its logits (impl, lp) dropped
+  SpecPtr spec;        // the logits'
+  at::Tensor logp;     // [rows, local classes]
+  at::Tensor total;    // the total weight (mean)
+  int64_t reduction = kMean;
+  bool reuse = false;  // backward may overwrite `logp`
+
+  std::string name() const override { return "dtp::CrossEntropyBackward"; }
+  void will_release_variables() override { reuse = true; }
+  void release_variables() override { logp.reset(); }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    TORCH_CHECK(logp.defined(), "dtp::loss_parallel_cross_entropy: backward ran a second time through a "
+                "graph whose saved log-probabilities were freed. Pass retain_graph=true to the first backward.");
+    if (!grads[0].defined()) return {at::Tensor()};
+    const at::Tensor coeff = rowCoeff(call, spec->mesh, grads[0], total, reduction);
+    // log_softmax's backward of nll_loss's gradient: softmax * coeff, minus
+    // coeff at the target.
+    at::Tensor grad = reuse ? std::move(logp).exp_() : logp.exp();
+    grad.mul_(coeff.unsqueeze(1));
+    if (grad.size(1) > 0) grad.scatter_add_(1, call.index, (coeff * call.here).neg_().unsqueeze(1));
+    return {makeDTensor(std::move(grad), spec)};
+  }
+};
+
+at::Tensor fusedCrossEntropy(const at::Tensor& logits, const at::Tensor& target,
+                             const torch::nn::functional::CrossEntropyFuncOptions& options) {
+  auto* impl = maybeGetDTensorImpl(logits);
+  if (impl == nullptr || logits.dim() != 2 || options.label_smoothing() != 0.0) return {};
+  const int64_t reduction = options.reduction().index() == 0 ? kNone : options.reduction().index() == 1 ? kMean : kSum;
+  const c10::IValue args[] = {logits, target, options.weight().defined() ? c10::IValue(options.weight()) : c10::IValue(),
+                              c10::IValue(reduction), c10::IValue(options.ignore_index())};
+  auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
+  if (!c) return {};
+  at::Tensor logp = localLogSoftmax(c->lp, 1, impl->spec(), c->cs.class_dims);
+  auto [out, total] = nllForward(*c, logp, reduction);
+  if (logits.requires_grad() && at::GradMode::is_enabled()) {
+    auto node = std::make_shared<CrossEntropyBackward>();
+    node->spec = impl->spec_ptr();
+    node->logp = std::move(logp);
+    node->total = std::move(total);
+    node->reduction = reduction;
+    node->call = std::move(*c);
+    node->call.impl = nullptr;
+    node->call.lp.reset();
+    node->set_next_edges(torch::autograd::collect_next_edges(logits));
+    torch::autograd::set_history(out, node);
+  }
+  return out;
 }
 
 }  // namespace
@@ -289,6 +365,7 @@ bool LossParallelGuard::enabled() { return loss_parallel_on; }
 at::Tensor loss_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                        const torch::nn::functional::CrossEntropyFuncOptions& options) {
   LossParallelGuard guard;
+  if (at::Tensor fused = fusedCrossEntropy(logits, target, options); fused.defined()) return fused;
   // Backward runs after the guard is gone: plain targets and weights, which
   // autograd saves, become replicated DTensors here (no communication).
   auto* impl = maybeGetDTensorImpl(logits);
