@@ -40,33 +40,34 @@ struct Counts {
 };
 
 // Runs `m` on `in` (this rank's input) and the reference on `full_in`,
-// checking outputs, gradients and collective counts.
+// checking outputs, gradients and collective counts; twice, the second time
+// accumulating into the gradients of the first.
 template <class M>
 void checkLinear(M& m, M& ref, const at::Tensor& in, const at::Tensor& full_in,
                  const std::function<at::Tensor(const at::Tensor&)>& gather_out,
                  const std::function<at::Tensor(const at::Tensor&)>& gather_in_grad, Counts c) {
-  at::Tensor x = in.detach().requires_grad_(true);
-  at::Tensor fx = full_in.detach().requires_grad_(true);
-  CommCounter fwd;
-  at::Tensor y = m(x);
-  EXPECT_EQ(fwd.total_count(), c.fwd_total) << fwd.str();
-  EXPECT_EQ(fwd.count(c.fwd_type), c.fwd_coll) << fwd.str();
-  at::Tensor ry = ref(fx);
-  EXPECT_TRUE(gather_out(y).allclose(ry, 1e-5, 1e-5));
-  at::Tensor g = data(ry.sizes().vec(), 3.0).to(at::kFloat);
-  CommCounter bwd;
-  (gather_out(y) * g).sum().backward();
-  (ry * g).sum().backward();
-  // gather_out's own collective (for checking) is not the module's.
-  (void)bwd;
-  EXPECT_TRUE(gather_in_grad(x.grad()).allclose(fx.grad(), 1e-5, 1e-5));
-  for (const auto& p : ref->named_parameters()) {
-    at::Tensor mine = m->named_parameters()[p.key()];
-    ASSERT_TRUE(mine.grad().defined()) << p.key();
-    EXPECT_EQ(placements(mine.grad()), placements(mine)) << p.key();
-    EXPECT_TRUE(full_tensor(mine.grad()).allclose(p.value().grad(), 1e-5, 1e-5)) << p.key();
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass == 0 ? "first backward" : "second backward, accumulating");
+    at::Tensor x = in.detach().requires_grad_(true);
+    at::Tensor fx = full_in.detach().requires_grad_(true);
+    CommCounter fwd;
+    at::Tensor y = m(x);
+    EXPECT_EQ(fwd.total_count(), c.fwd_total) << fwd.str();
+    EXPECT_EQ(fwd.count(c.fwd_type), c.fwd_coll) << fwd.str();
+    at::Tensor ry = ref(fx);
+    EXPECT_TRUE(gather_out(y).allclose(ry, 1e-5, 1e-5));
+    at::Tensor g = data(ry.sizes().vec(), 3.0).to(at::kFloat);
+    (gather_out(y) * g).sum().backward();
+    (ry * g).sum().backward();
+    EXPECT_TRUE(gather_in_grad(x.grad()).allclose(fx.grad(), 1e-5, 1e-5));
+    for (const auto& p : ref->named_parameters()) {
+      at::Tensor mine = m->named_parameters()[p.key()];
+      ASSERT_TRUE(mine.grad().defined()) << p.key();
+      EXPECT_EQ(placements(mine.grad()), placements(mine)) << p.key();
+      EXPECT_TRUE(full_tensor(mine.grad()).allclose(p.value().grad(), 1e-5, 1e-5)) << p.key();
+    }
+    expectContiguousGrads(*m);
   }
-  expectContiguousGrads(*m);
 }
 
 TEST(TpStyleTest, ColwiseLinearNoForwardCommOneBackwardAllReduce) {
