@@ -159,6 +159,27 @@ int writtenArgFor(const c10::FunctionSchema& schema, const c10::Argument& ret) {
   return -1;
 }
 
+// What the fallback needs to know of an op beyond its arguments, found once
+// per op and thread (no lock, no hashing of operator names per call).
+struct OpInfo {
+  Handler handler = nullptr;
+  bool has_rule = false;
+  bool writes = false;  // a return aliases a written argument (in place, out=)
+};
+
+const OpInfo& opInfo(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> infos;
+  auto [it, fresh] = infos.try_emplace(&op.schema());
+  if (fresh) {
+    const auto& registry = RuleRegistry::get();
+    it->second.handler = registry.find_handler(op.operator_name());
+    it->second.has_rule = registry.find(op.operator_name()) != nullptr;
+    for (const auto& r : op.schema().returns())
+      it->second.writes |= r.alias_info() != nullptr && r.alias_info()->isWrite();
+  }
+  return it->second;
+}
+
 // The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
 //  - Ops with a handler (random ops, scalar reads...) are handed over whole
 //    when the handler takes them.
@@ -173,19 +194,19 @@ int writtenArgFor(const c10::FunctionSchema& schema, const c10::Argument& ret) {
 //    returns give back the original DTensor argument.
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
-  if (Handler h = RuleRegistry::get().find_handler(op.operator_name())) {
-    if (h(op, stack)) return;
-  }
+  const OpInfo& info = opInfo(op);
+  if (info.handler != nullptr && info.handler(op, stack)) return;
   const size_t nargs = schema.arguments().size();
   OpCall call = collectSlots(op, stack, nargs);
-  if (replicate_fallback && RuleRegistry::get().find(op.operator_name()) == nullptr) {
+  if (replicate_fallback && !info.has_rule) {
     replicateFallback(op, stack, call);
     return;
   }
   const Decision& d = propagate(call);
 
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
-  c10::SmallVector<c10::IValue, 4> originals(args, args + nargs);
+  c10::SmallVector<c10::IValue, 4> originals;  // the DTensors written returns give back
+  if (info.writes) originals.assign(args, args + nargs);
   size_t slot = 0;
   for (size_t i = 0; i < nargs; ++i) {
     if (args[i].isTensor()) {

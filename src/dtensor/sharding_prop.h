@@ -14,6 +14,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <functional>
 #include <optional>
@@ -27,8 +28,8 @@ namespace dtp {
 struct OpCall {
   const c10::OperatorHandle& op;
   c10::ArrayRef<c10::IValue> args;
-  std::vector<const DTensorSpec*> specs;  // one per slot
-  std::vector<int> slot_arg;              // argument index of each slot
+  c10::SmallVector<const DTensorSpec*, 4> specs;  // one per slot
+  c10::SmallVector<int, 4> slot_arg;              // argument index of each slot
   int64_t num_outputs = 0;                // tensor returns (list returns: elements)
   std::vector<std::vector<int64_t>> out_shapes;  // global, one per tensor output
 
