@@ -219,6 +219,29 @@ TEST(DTensorTest, RedistributeToSamePlacementsReducesPartialGradient) {
 // A Partial given up (std::move, a temporary) is all-reduced in its own
 // memory; one that anything else still sees (a copy, a detached alias, a
 // view, an lvalue argument) is reduced into a new buffer and keeps its value.
+// On a one-rank mesh dim every placement holds the whole: redistributing
+// there moves and copies nothing, on the other dim as usual.
+TEST(DTensorTest, OneRankMeshDimRedistributesWithoutCopies) {
+  run_ranks(2, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {1, 2});
+    const at::Tensor x = at::arange(12, at::kFloat).view({4, 3}) + rank;
+    at::Tensor p = from_local(x, mesh, {Partial(), Replicate()});
+    for (const Placements& to : {Placements{Replicate(), Replicate()}, Placements{Shard(1), Replicate()},
+                                 Placements{Partial(ReduceOp::Max), Replicate()}}) {
+      SCOPED_TRACE(to_string(to));
+      CommCounter comm;
+      at::Tensor r = redistribute(p, mesh, to);
+      EXPECT_EQ(comm.total_count(), 0) << comm.str();
+      EXPECT_EQ(to_local(r).data_ptr(), x.data_ptr());
+      EXPECT_TRUE(full_tensor(r).equal(x));
+    }
+    CommCounter comm;
+    at::Tensor r = redistribute(p, mesh, {Replicate(), Partial()});
+    EXPECT_EQ(comm.total_count(), 0) << comm.str();
+    EXPECT_TRUE(to_local(r).equal(rank == 0 ? x : at::zeros_like(x)));  // R -> P(sum) on the 2-rank dim
+  });
+}
+
 TEST(DTensorTest, GivenUpPartialIsReducedInPlaceOthersAreNot) {
   run_ranks(2, [&](int rank) {
     auto mesh = init_device_mesh("cpu", {2});

@@ -93,8 +93,12 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
   bool owned = consume;  // t is ours to overwrite (the input given up, or a fresh result)
   for (const auto& s : steps) {
     const size_t m = static_cast<size_t>(s.mesh_dim);
-    const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
     const int64_t n = src.mesh.size(s.mesh_dim);
+    if (n == 1) {  // one rank holds the whole: every transition keeps the data
+      cur[m] = s.to;
+      continue;
+    }
+    const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
     const int64_t me = coord[m];
     if (s.from.is_shard() && s.to.is_replicate()) {
       const int64_t d = s.from.dim;
