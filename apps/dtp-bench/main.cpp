@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -112,6 +113,7 @@ struct Variant {
   std::unique_ptr<torch::optim::AdamW> opt;
   std::vector<at::Tensor> params;
   std::vector<double> ms;
+  std::vector<double> cpu_ms;  // CPU time of all ranks' processes (every thread)
   double first_loss = 0;
   Comm comm;
   bench::ModelMemory memory;
@@ -129,6 +131,12 @@ struct Variant {
     return l.item<double>();
   }
 };
+
+double cpuMs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -203,6 +211,7 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
     for (size_t k : order) {
       Variant& v = vs[k];
       world.barrier();
+      const double cpu0 = cpuMs();
       const auto t0 = Clock::now();
       if (v.all_ranks || rank == 0) {
         if (!v.all_ranks) at::set_num_threads(threads * tp);
@@ -214,8 +223,13 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
       }
       at::Tensor ms = at::full({1}, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
                                at::kDouble);
+      at::Tensor cpu = at::full({1}, cpuMs() - cpu0, at::kDouble);
       world.all_reduce(ms, ReduceOp::Max);
-      if (r >= o.warmup) v.ms.push_back(ms.item<double>());
+      world.all_reduce(cpu);
+      if (r >= o.warmup) {
+        v.ms.push_back(ms.item<double>());
+        v.cpu_ms.push_back(cpu.item<double>());
+      }
     }
   }
   // Memory after the last timed step (steady state).
@@ -280,6 +294,20 @@ void printReports(const std::vector<SizeReport>& reports, const Options& o, int 
         const Variant& again = r.variants[i + 2];
         std::printf(" %.3f | %.3f |", median(again.ms) / b, paired(again, vb));
       }
+      std::printf("\n");
+    }
+  }
+  // CPU time does not count waiting, so it is steadier than the step time on
+  // a shared machine; with the same collectives, dtp - hand is DTensor's cost.
+  std::printf("\n## CPU time per step, all ranks and threads, median of %d reps (ms)\n\n", o.reps);
+  std::printf("| size | SP | dtp | hand-written | dtp - hand | dtp / hand |%s\n", o.aa ? " hand' / hand (A/A) |" : "");
+  std::printf("|---|---|---|---|---|---|%s\n", o.aa ? "---|" : "");
+  for (const auto& r : reports) {
+    for (size_t i = 0; i + 1 < r.variants.size(); i += group) {
+      const double a = median(r.variants[i].cpu_ms), b = median(r.variants[i + 1].cpu_ms);
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.3f |", r.size->name, spName(r.variants[i].sp).c_str(), a, b,
+                  a - b, a / b);
+      if (o.aa) std::printf(" %.3f |", median(r.variants[i + 2].cpu_ms) / b);
       std::printf("\n");
     }
   }
