@@ -314,7 +314,13 @@ struct CrossEntropyBackward : torch::autograd::Node {
     const at::Tensor coeff = rowCoeff(call, spec->mesh, grads[0], total, reduction);
     // log_softmax's backward of nll_loss's gradient: softmax * coeff, minus
     // coeff at the target.
-    at::Tensor grad = reuse ? std::move(logp).exp_() : logp.exp();
+    at::Tensor grad;
+    if (reuse) {
+      grad = std::move(logp);
+      grad.exp_();
+    } else {
+      grad = logp.exp();
+    }
     grad.mul_(coeff.unsqueeze(1));
     if (grad.size(1) > 0) grad.scatter_add_(1, call.index, (coeff * call.here).neg_().unsqueeze(1));
     return {makeDTensor(std::move(grad), spec)};
@@ -325,7 +331,7 @@ at::Tensor fusedCrossEntropy(const at::Tensor& logits, const at::Tensor& target,
                              const torch::nn::functional::CrossEntropyFuncOptions& options) {
   auto* impl = maybeGetDTensorImpl(logits);
   if (impl == nullptr || logits.dim() != 2 || options.label_smoothing() != 0.0) return {};
-  const int64_t reduction = options.reduction().index() == 0 ? kNone : options.reduction().index() == 1 ? kMean : kSum;
+  const int64_t reduction = torch::enumtype::reduction_get_enum(options.reduction());
   const c10::IValue args[] = {logits, target, options.weight().defined() ? c10::IValue(options.weight()) : c10::IValue(),
                               c10::IValue(reduction), c10::IValue(options.ignore_index())};
   auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
