@@ -166,13 +166,12 @@ void keep_grad_placements(const at::Tensor& param) {
     if (gi == nullptr) return g;
     // AccumulateGrad keeps a plain gradient laid out like its parameter and
     // copies any other (a linear weight's gradient is a transposed view). A
-    // DTensor always looks contiguous to it, so a shard it would keep is made
-    // contiguous here, or every optimizer step would read it strided. One it
-    // adds into an existing .grad needs no copy.
-    if (gi->spec().placements == spec->placements) {
-      if (gi->local().is_contiguous() || at::Tensor(weak_param.lock()).grad().defined()) return g;
-      return makeDTensor(gi->local().contiguous(), gi->spec_ptr());
-    }
+    // DTensor always looks contiguous to it, so its shard is made contiguous
+    // here, or every optimizer step would read it strided. (Into an existing
+    // .grad, adding a transposed view costs more than ATen's blocked
+    // transposing copy and a contiguous add, beyond about 64K elements.)
+    if (gi->spec().placements == spec->placements)
+      return gi->local().is_contiguous() ? g : makeDTensor(gi->local().contiguous(), gi->spec_ptr());
     const int64_t dim = bucketableDim(gi->spec().placements, spec->placements);
     const at::Tensor local = dim >= 0 && spec->mesh.size(dim) > 1 && !at::GradMode::is_enabled()
                                  ? deferReduction(spec, order, weak_param, *gi, dim)
