@@ -30,8 +30,6 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
-#include <limits>
-#include <malloc.h>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -357,12 +355,6 @@ void printReports(const std::vector<SizeReport>& reports, const Options& o, int 
 
 int main(int argc, char** argv) {
   bench::install_memory_tracker();
-  // Freed memory stays in the process: with glibc's defaults, whether a step
-  // re-faults its activations' pages (about 10 us each on a VM) depends on
-  // the heap's layout at the time, which made one variant or the other fault
-  // tens of thousands of pages per step, by luck. Same for every variant.
-  if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) != 1)
-    std::fprintf(stderr, "dtp-bench: warning: mallopt failed; page faults may differ between variants\n");
   CLI::App app{"dtp-bench: DTensor tensor parallelism vs hand-written TP vs one rank, one training step"};
   Options o;
   std::vector<std::string> names;
