@@ -279,3 +279,37 @@ TEST(DTensorTest, GivenUpPartialIsReducedInPlaceOthersAreNot) {
     }
   });
 }
+
+// A DTensor's strides follow its shard's layout over the global shape (NOTE:
+// [DTensor strides]), so autograd lays gradients out as for plain tensors:
+// a linear weight's gradient (mm through weight.t()) arrives contiguous, and
+// a leaf's transposed gradient is copied into its layout by AccumulateGrad
+// with its placements kept and nothing communicated.
+TEST(DTensorTest, StridesFollowTheShardAndGradientsKeepLayouts) {
+  run_ranks(2, [](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor full = at::arange(30, at::kFloat).view({5, 6});
+    at::Tensor w = distribute_tensor(full, mesh, {Shard(0)});
+    EXPECT_TRUE(w.is_contiguous());
+    EXPECT_EQ(w.t().strides(), full.t().strides());
+    EXPECT_FALSE(w.t().is_contiguous());
+    EXPECT_EQ(w.t().contiguous().strides(), full.t().contiguous().strides());
+    EXPECT_TRUE(full_tensor(w.t().contiguous()).equal(full.t()));
+    EXPECT_EQ(w.unsqueeze(1).expand({5, 3, 6}).strides(), (std::vector<int64_t>{6, 0, 1}));
+
+    at::Tensor x = distribute_tensor(at::ones({4, 6}), mesh, {Replicate()});
+    at::Tensor scale = distribute_tensor(at::arange(5, at::kFloat), mesh, {Replicate()});
+    for (bool linear : {true, false}) {
+      SCOPED_TRACE(linear ? "linear" : "transposed use");
+      at::Tensor leaf = distribute_tensor(full, mesh, {Shard(0)}).requires_grad_();  // no hook
+      CommCounter comm;
+      at::Tensor y = linear ? at::mm(x, leaf.t()) : leaf.t() * scale;
+      to_local(y).sum().backward();
+      EXPECT_EQ(dtensor_spec(leaf.grad()).placements, Placements{Shard(0)});
+      EXPECT_TRUE(to_local(leaf.grad()).is_contiguous()) << to_local(leaf.grad()).strides();
+      const at::Tensor want = linear ? at::full({5, 6}, 4.0) : at::arange(5, at::kFloat).view({5, 1}).expand({5, 6});
+      EXPECT_TRUE(full_tensor(leaf.grad()).equal(want));
+      EXPECT_EQ(comm.total_count(), 1) << comm.str();  // full_tensor's all-gather
+    }
+  });
+}

@@ -55,13 +55,17 @@ Trace reference(const LlamaConfig& c) {
   return train(model);
 }
 
-void expectSame(const Trace& got, const Trace& want, double tol) {
+// Losses agree to 1e-5. Sharded matmuls sum in another order than one
+// device's, and AdamW divides by sqrt(v): a weight whose gradient is near
+// zero moves by up to 1.1e-5 (one element in 1280 here), so weights get 2e-5.
+void expectSame(const Trace& got, const Trace& want) {
+  constexpr double tol = 1e-5, param_tol = 2e-5;
   ASSERT_EQ(got.losses.size(), want.losses.size());
   for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], tol) << "step " << i;
   ASSERT_EQ(got.params.size(), want.params.size());
   for (size_t i = 0; i < got.params.size(); ++i) {
     EXPECT_EQ(got.params[i].first, want.params[i].first);
-    EXPECT_TRUE(got.params[i].second.allclose(want.params[i].second, tol, tol))
+    EXPECT_TRUE(got.params[i].second.allclose(want.params[i].second, param_tol, param_tol))
         << got.params[i].first << " differs by " << (got.params[i].second - want.params[i].second).abs().max();
   }
 }
@@ -82,7 +86,7 @@ TEST_P(LlamaTpTest, TrainsLikeOneDeviceInEveryVariant) {
       apply_tensor_parallel(model, mesh, TensorParallelOptions{v.sp, kSeq});
       dtp::manual_seed(123);
       if (v.tied) EXPECT_TRUE(model->output->weight.is_same(model->tok_embeddings->weight));
-      expectSame(train(model), want, 1e-5);
+      expectSame(train(model), want);
     });
   }
 }
@@ -132,7 +136,7 @@ TEST(LlamaTpDegreeOneTest, TrainsLikeOneDeviceWithoutCollectives) {
       apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
       dtp::manual_seed(123);
       CommCounter comm;
-      expectSame(train(model), want, 1e-5);
+      expectSame(train(model), want);
       EXPECT_EQ(comm.total_count(), 0) << comm.str();
     });
   }

@@ -1,6 +1,9 @@
 #include "dtensor/dtensor_impl.h"
 
 #include <c10/core/DispatchKeySet.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
 
 namespace dtp {
 namespace {
@@ -16,21 +19,47 @@ c10::DispatchKeySet keysFor(const at::Tensor& local) {
 
 }  // namespace
 
+std::vector<int64_t> dense_strides_like(c10::IntArrayRef sizes, c10::IntArrayRef layout) {
+  const int64_t nd = static_cast<int64_t>(sizes.size());
+  c10::SmallVector<int64_t, 6> order;  // dims from innermost out
+  for (int64_t d = 0; d < nd; ++d)
+    if (layout[d] != 0) order.push_back(d);
+  std::sort(order.begin(), order.end(),  // equal strides (size-1 dims): the later dim inside
+            [&](int64_t a, int64_t b) { return layout[a] != layout[b] ? layout[a] < layout[b] : a > b; });
+  std::vector<int64_t> strides(nd, 0);
+  int64_t step = 1;
+  for (int64_t d : order) {
+    strides[d] = step;
+    step *= std::max<int64_t>(sizes[d], 1);
+  }
+  return strides;
+}
+
+// NOTE: [DTensor strides]
+// A DTensor's strides are those of a dense tensor of the global shape whose
+// dimensions lie in memory in the order of its shard's (a broadcast dim keeps
+// stride 0). Autograd formulas pick layouts from them: mm's backward returns
+// a column-major gradient for a column-major operand, so a linear weight's
+// gradient (through weight.t()) comes back contiguous, as for a plain tensor.
+// A contiguous shard gives contiguous strides, which AccumulateGrad's layout
+// contract compares with the parameter's.
+void DTensorImpl::refreshStrides() {
+  if (local_.is_contiguous()) return set_sizes_contiguous(spec_->shape);
+  set_sizes_and_strides(spec_->shape, dense_strides_like(spec_->shape, local_.strides()));
+}
+
 DTensorImpl::DTensorImpl(at::Tensor local, SpecPtr spec)
     : c10::TensorImpl(keysFor(local), local.dtype(), local.device()),
       local_(std::move(local)),
       spec_(std::move(spec)) {
   set_storage_access_should_throw();
-  // Global, contiguous strides: AccumulateGrad's layout contract compares
-  // them with the parameter's, and would otherwise clone the grad into a plain
-  // tensor.
-  set_sizes_contiguous(spec_->shape);
+  refreshStrides();
 }
 
 void DTensorImpl::set(at::Tensor local, SpecPtr spec) {
   local_ = std::move(local);
   spec_ = std::move(spec);
-  set_sizes_contiguous(spec_->shape);
+  refreshStrides();
 }
 
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(

@@ -9,6 +9,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <memory>
+#include <vector>
 
 namespace dtp {
 
@@ -34,6 +35,7 @@ class DTensorImpl : public c10::TensorImpl {
 
  private:
   const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  void refreshStrides();
   at::Tensor local_;
   SpecPtr spec_;
 };
@@ -49,6 +51,9 @@ inline DTensorImpl* maybeGetDTensorImpl(const at::Tensor& t) {
 }
 // The DTensorImpl of `t`; a user error naming `fn` for a plain tensor.
 const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn);
+// The strides of a dense tensor of `sizes` whose dims lie in memory in the
+// order of `layout`'s strides; a stride-0 (broadcast) dim keeps 0.
+std::vector<int64_t> dense_strides_like(c10::IntArrayRef sizes, c10::IntArrayRef layout);
 // Wraps `local` (this rank's shard of `spec`); checks the shard's shape.
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec);
 // Whether `t` is a DTensor that nothing else can observe: no other handle on

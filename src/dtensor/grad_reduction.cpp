@@ -164,18 +164,13 @@ void keep_grad_placements(const at::Tensor& param) {
   param.register_hook([spec = impl.spec_ptr(), order, weak_param](const at::Tensor& g) -> at::Tensor {
     auto* gi = maybeGetDTensorImpl(g);
     if (gi == nullptr) return g;
-    // AccumulateGrad keeps a plain gradient laid out like its parameter and
-    // copies any other (a linear weight's gradient is a transposed view). A
-    // DTensor always looks contiguous to it, so its shard is made contiguous
-    // here, or every optimizer step would read it strided. (Into an existing
-    // .grad, adding a transposed view costs more than ATen's blocked
-    // transposing copy and a contiguous add, beyond about 64K elements.)
-    if (gi->spec().placements == spec->placements)
-      return gi->local().is_contiguous() ? g : makeDTensor(gi->local().contiguous(), gi->spec_ptr());
+    // AccumulateGrad then copies a gradient laid out unlike its parameter
+    // into the parameter's layout (NOTE: [DTensor strides]).
+    if (gi->spec().placements == spec->placements) return g;
     const int64_t dim = bucketableDim(gi->spec().placements, spec->placements);
     const at::Tensor local = dim >= 0 && spec->mesh.size(dim) > 1 && !at::GradMode::is_enabled()
                                  ? deferReduction(spec, order, weak_param, *gi, dim)
-                                 : redistribute_local(gi->local(), gi->spec(), spec->placements).contiguous();
+                                 : redistribute_local(gi->local(), gi->spec(), spec->placements);
     return makeDTensor(local, make_spec(spec->mesh, spec->placements, spec->shape, gi->spec().dtype));
   });
 }

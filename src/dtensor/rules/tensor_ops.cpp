@@ -220,6 +220,26 @@ bool localScalarDense(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
+// new_empty_strided(self, size, stride, dtype?, ...) of self's own global shape
+// and dtype keeps self's spec (as PyTorch's factory strategy keeps a sharded
+// input's): AccumulateGrad's clone_obey_contract asks for one to copy a
+// gradient into its parameter's layout, and a Replicate there would gather
+// the gradient and change its placements. Other sizes go to the rule.
+bool newEmptyStridedLikeSelf(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 7);
+  const at::Tensor self = args[0].toTensor();
+  auto* impl = maybeGetDTensorImpl(self);
+  if (impl == nullptr || args[1].toIntVector() != impl->spec().shape ||
+      (!args[3].isNone() && args[3].toScalarType() != self.scalar_type()))
+    return false;
+  const auto& sizes = impl->spec().local_sizes;
+  at::Tensor local = at::empty_strided(sizes, dense_strides_like(sizes, args[2].toIntVector()),
+                                       impl->local().options());
+  torch::jit::drop(*stack, 7);
+  stack->emplace_back(makeDTensor(std::move(local), impl->spec_ptr()));
+  return true;
+}
+
 // index_put(_)(self, indices, values, accumulate) writing one scalar into a
 // replicated or partial tensor through replicated indices (cross_entropy's
 // label smoothing zeroes ignored rows this way). Zeros keep partial sums
@@ -276,6 +296,7 @@ void registerTensorOpRules(RuleRegistry& r) {
   r.add("aten::native_layer_norm_backward", layerNormBackwardRows, layerNormBackwardShape);
   r.add_handler("aten::embedding_dense_backward", vocabShardedEmbeddingBackward);
   r.add_handler("aten::_local_scalar_dense", localScalarDense);
+  r.add_handler("aten::new_empty_strided", newEmptyStridedLikeSelf);
   r.add_handler("aten::index_put_", indexPutScalar);
   r.add_handler("aten::index_put", indexPutScalar);
 }
