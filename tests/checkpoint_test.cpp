@@ -13,7 +13,7 @@
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/llama.h"
 
-#include <torch/optim/adamw.h>
+#include "dtp/optim/adamw.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -38,7 +38,7 @@ constexpr int kSteps = 4, kSaveAfter = 2;
 constexpr double kTol = 1e-5;
 
 std::unique_ptr<torch::optim::AdamW> adamw(Llama& model) {
-  return std::make_unique<torch::optim::AdamW>(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  return std::make_unique<dtp::optim::AdamW>(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
 }
 
 struct Reference {

@@ -1,9 +1,14 @@
 // torch::nn modules with DTensor parameters train exactly like on one device:
-// a Linear and a 2-layer MLP, 5 AdamW steps, on 2 and 4 ranks.
+// a Linear and a 2-layer MLP, 5 AdamW steps, on 2 and 4 ranks; and
+// dtp::optim::AdamW against torch::optim::AdamW.
+#include "comm/compat.h"
 #include "dist.h"
 #include "parity.h"
 
 #include "dtp/module_utils.h"
+#include "dtp/optim/adamw.h"
+
+#include <ATen/record_function.h>
 
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
@@ -102,6 +107,87 @@ TEST(DTensorTrainTest, MegatronMlpMatchesSingleDevice) {
     trainAndCompare(w, 4 * w, Shard(0), Shard(0), Shard(1), Replicate());  // even hidden
     trainAndCompare(w, 4 * w + 1, Shard(0), Shard(0), Shard(1), Replicate());  // uneven hidden
   }
+}
+
+// Ops on this thread that reach dtp with a DTensor argument (ops that
+// decompose above dtp, CompositeImplicitAutograd, are left out).
+thread_local int64_t dtensor_ops = 0;
+std::unique_ptr<at::ObserverContext> countDTensorOp(const at::RecordFunction& fn) {
+  auto name = fn.operator_name();
+  if (!name) return nullptr;
+  auto op = c10::Dispatcher::singleton().findOp(*name);
+  if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return nullptr;
+  for (const auto& v : fn.inputs()) {
+    if (v.isTensor() && is_dtensor(v.toTensor())) {
+      ++dtensor_ops;
+      break;
+    }
+  }
+  return nullptr;
+}
+
+const torch::optim::AdamWParamState& adamState(torch::optim::Optimizer& opt, const at::Tensor& p) {
+  return static_cast<const torch::optim::AdamWParamState&>(*opt.state().at(compat::optimizer_state_key(p)));
+}
+
+// dtp::optim::AdamW runs libtorch's AdamW on the shards: parameters and state
+// equal torch::optim::AdamW's on the same DTensors bit for bit, its step makes
+// no DTensor op, and the state stays DTensors with the parameters' specs. A
+// gradient in other placements than its parameter's (a Partial bias gradient
+// at step 1) takes the DTensor path. The step bumps the parameters' versions:
+// a graph that saved one before fails in backward.
+TEST(DTensorTrainTest, ShardLocalAdamWMatchesTorchAdamW) {
+  run_ranks(2, [](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor x = distribute_tensor(data({5, 6}, 1.0).to(at::kFloat), mesh, {Replicate()});
+    const at::Tensor y = distribute_tensor(data({5, 3}, 2.0).to(at::kFloat), mesh, {Replicate()});
+    for (bool amsgrad : {false, true}) {
+      SCOPED_TRACE(amsgrad ? "amsgrad" : "adamw");
+      Mlp ref(6, 9, 3), fast(6, 9, 3);  // uneven hidden: local rows 5 and 4
+      for (Mlp* m : {&ref, &fast}) {
+        shard(m->fc1, mesh, Shard(0), Shard(0));
+        shard(m->fc2, mesh, Shard(1), Replicate());
+      }
+      const auto options = torch::optim::AdamWOptions(0.05).weight_decay(0.01).amsgrad(amsgrad);
+      torch::optim::AdamW ref_opt(ref.parameters(), options);
+      dtp::optim::AdamW fast_opt(fast.parameters(), options);
+      for (int step = 0; step < 3; ++step) {
+        for (auto [m, opt] : {std::pair<Mlp*, torch::optim::Optimizer*>{&ref, &ref_opt}, {&fast, &fast_opt}}) {
+          opt->zero_grad();
+          loss(m->forward(x), y).backward();
+          if (step == 1) m->fc2->bias.mutable_grad() = from_local(at::full({3}, rank + 1.0), mesh, {Partial()});
+        }
+        ref_opt.step();
+        const int64_t version = fast.fc1->weight._version();
+        dtensor_ops = 0;
+        auto handle = at::addThreadLocalCallback(
+            at::RecordFunctionCallback(&countDTensorOp).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+        fast_opt.step();
+        at::removeCallback(handle);
+        EXPECT_EQ(dtensor_ops > 0, step == 1) << "step " << step << ": " << dtensor_ops << " DTensor ops";
+        if (step == 1)  // zero_grad would keep it Partial
+          for (Mlp* m : {&ref, &fast}) m->fc2->bias.mutable_grad().reset();
+        EXPECT_GT(fast.fc1->weight._version(), version);
+        const auto rp = ref.parameters(), fp = fast.parameters();
+        for (size_t i = 0; i < fp.size(); ++i) {
+          SCOPED_TRACE("step " + std::to_string(step) + " param " + std::to_string(i));
+          EXPECT_TRUE(to_local(fp[i]).equal(to_local(rp[i])));
+          const auto &rs = adamState(ref_opt, rp[i]), &fs = adamState(fast_opt, fp[i]);
+          EXPECT_EQ(fs.step(), rs.step());
+          for (auto [f, r] : {std::pair{fs.exp_avg(), rs.exp_avg()}, {fs.exp_avg_sq(), rs.exp_avg_sq()},
+                              {fs.max_exp_avg_sq(), rs.max_exp_avg_sq()}}) {
+            ASSERT_EQ(f.defined(), amsgrad || r.defined());
+            if (!f.defined()) continue;
+            EXPECT_EQ(dtensor_spec(f), dtensor_spec(fp[i]));
+            EXPECT_TRUE(to_local(f).equal(to_local(r)));
+          }
+        }
+      }
+      at::Tensor stale = loss(fast.forward(x), y);
+      fast_opt.step();
+      EXPECT_THROW(stale.backward(), c10::Error);
+    }
+  });
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include "dtp/models/llama.h"
 #include "dtp/random.h"
 
-#include <torch/optim/adamw.h>
+#include "dtp/optim/adamw.h"
 
 using namespace dtp;
 using namespace dtp::models;
@@ -40,7 +40,7 @@ struct Trace {
 constexpr int kSteps = 3;
 
 Trace train(Llama& model) {
-  torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
   Trace t;
   t.losses = dtp::test::train_llama(model, opt, 0, kSteps);
   t.params = dtp::test::full_named_params(model);

@@ -20,11 +20,11 @@
 #include "dtp/device_mesh.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/optim/adamw.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
-#include <torch/optim/adamw.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -165,7 +165,7 @@ bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const D
   const at::Tensor batch = at::randint(c.vocab_size, {s.batch, s.seq + 1}, gen);
   const at::Tensor tokens = batch.narrow(1, 0, s.seq), targets = batch.narrow(1, 1, s.seq);
   const auto adamw = [](const std::vector<at::Tensor>& p) {
-    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
+    return std::make_unique<dtp::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3));
   };
 
   report.size = &s;

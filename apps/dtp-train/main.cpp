@@ -7,6 +7,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/llama.h"
+#include "dtp/optim/adamw.h"
 #include "dtp/random.h"
 
 #include <CLI/CLI.hpp>
@@ -55,7 +56,7 @@ struct Run {
 
 // Trains `model` from `first` to o.steps; logs on rank 0 when `log`.
 Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, const ProcessGroup& world) {
-  torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
+  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
   int64_t first = 0;
   if (!o.resume.empty()) first = load_checkpoint(o.resume, model, &opt);
   Run run;
