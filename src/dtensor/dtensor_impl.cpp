@@ -94,6 +94,11 @@ const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn) {
   return *impl;
 }
 
+at::Tensor detachedAlias(const at::Tensor& t) {
+  auto* impl = t.unsafeGetTensorImpl();
+  return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), /*allow_tensor_metadata_change=*/true));
+}
+
 bool solely_owned(const at::Tensor& t) {
   auto* impl = maybeGetDTensorImpl(t);
   return impl != nullptr && t.use_count() == 1 && impl->local().use_count() == 1 &&

@@ -54,6 +54,10 @@ const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn);
 // The strides of a dense tensor of `sizes` whose dims lie in memory in the
 // order of `layout`'s strides; a stride-0 (broadcast) dim keeps 0.
 std::vector<int64_t> dense_strides_like(c10::IntArrayRef sizes, c10::IntArrayRef layout);
+// A tensor sharing `t`'s memory and version counter, without autograd history:
+// detach() without a dispatch (to_local and from_local run once per module
+// and step).
+at::Tensor detachedAlias(const at::Tensor& t);
 // Wraps `local` (this rank's shard of `spec`); checks the shard's shape.
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec);
 // Whether `t` is a DTensor that nothing else can observe: no other handle on

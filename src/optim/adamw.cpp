@@ -6,13 +6,6 @@
 namespace dtp::optim {
 namespace {
 
-// A plain tensor sharing `t`'s memory and version counter, with no autograd
-// history: what libtorch's step may write into without a dispatch.
-at::Tensor plainAlias(const at::Tensor& t) {
-  auto* impl = t.unsafeGetTensorImpl();
-  return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), /*allow_tensor_metadata_change=*/false));
-}
-
 // The shard of `t` when it is a DTensor with the spec `spec`; else undefined.
 at::Tensor shardWithSpec(const at::Tensor& t, const DTensorSpec& spec) {
   auto* impl = maybeGetDTensorImpl(t);
@@ -58,7 +51,7 @@ torch::Tensor AdamW::step(LossClosure closure) {
             (s.max_exp_avg_sq().defined() && !local_state->max_exp_avg_sq().defined()))
           continue;
       }
-      Swapped sw{&p, p, plainAlias(impl->local()), local_state != nullptr};
+      Swapped sw{&p, p, detachedAlias(impl->local()), local_state != nullptr};
       sw.alias.mutable_grad() = grad;
       if (local_state) states[compat::optimizer_state_key(sw.alias)] = std::move(local_state);
       p = sw.alias;
