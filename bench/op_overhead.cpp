@@ -241,6 +241,17 @@ void registerBenchmarks() {
        [](const Inputs& in) { return at::addmm(in[0], in[1], in[2], 1.0, missNext()); });
 }
 
+// A run that failed or was skipped: Google Benchmark 1.7 (Debian 12) says
+// error_occurred, 1.8 and later (Debian 13) say skipped.
+template <class Run>
+auto failedRun(const Run& r, int) -> decltype(r.error_occurred, bool()) {
+  return r.error_occurred;
+}
+template <class Run>
+bool failedRun(const Run& r, long) {
+  return r.skipped != decltype(r.skipped){};
+}
+
 // Forwards everything to the reporter the flags chose and remembers one time
 // per benchmark (the median when --benchmark_repetitions gives one), to print
 // the overhead of each /dtensor over its /plain at the end.
@@ -257,7 +268,7 @@ class OverheadReporter : public benchmark::BenchmarkReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     inner_->ReportRuns(runs);
     for (const auto& r : runs) {
-      if (r.error_occurred) continue;
+      if (failedRun(r, 0)) continue;
       const bool aggregate = r.run_type == Run::RT_Aggregate;
       if (aggregate && r.aggregate_name != "median") continue;
       std::string name = r.run_name.function_name;

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs what dtp needs from Debian/Ubuntu packages (only what is missing),
-# then configures and builds in ./build (Release). Sourced by main.sh and test.sh.
+# then configures and builds in ${DTP_BUILD_DIR:-build} (Release). Called by
+# main.sh and test.sh; extra arguments name the targets to build.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build=${DTP_BUILD_DIR:-build}
 
-# libopenblas0-openmp matters: without it Debian's libtorch runs matmul on the
-# reference BLAS, ~25x slower (shared/DESIGN.md, "Real components").
+# The same package names serve Debian 12 (libtorch 1.13), Debian 13
+# (libtorch 2.6) and Ubuntu 24.04. libopenblas0-openmp matters: without it
+# Debian's libtorch runs matmul on the reference BLAS, ~25x slower
+# (shared/DESIGN.md, "Real components").
 packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-openmp libgtest-dev
           libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev fortunes)
 missing=()
@@ -16,10 +20,11 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Wait for another apt (unattended upgrades, a parallel setup) instead of failing.
+  apt=($sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600)
+  "${apt[@]}" update -qq
+  "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$jobs" -- --no-print-directory "$@"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j "$(nproc)" -- --no-print-directory "$@"

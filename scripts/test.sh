@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$(date +%s)
 scripts/setup.sh
-cd build
+cd "${DTP_BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 600
 echo "test.sh: build and tests took $(( $(date +%s) - start )) s"

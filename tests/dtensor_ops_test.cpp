@@ -77,6 +77,48 @@ TEST_P(OpsTest, PartialInputsStayPartialThroughLinearOps) {
   });
 }
 
+// masked_fill with 0 keeps a Partial (linear); with any other value it must
+// reduce first. The same op with the same specs, so the propagation cache
+// must tell the two scalars apart. masked_select / masked_scatter and gather
+// (cross_entropy's label smoothing) on replicated and partial inputs.
+TEST_P(OpsTest, MaskingOpsKeepPartialsOnlyWhereLinear) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    at::Tensor k1 = data({5, 2 * w}), k2 = data({2 * w, 3}, 1.0);
+    at::Tensor mask = data({5, 3}, 2.0) > 0;
+    at::Tensor m1 = distribute_tensor(k1, mesh, on(mesh, Shard(1)));
+    at::Tensor m2 = distribute_tensor(k2, mesh, on(mesh, Shard(0)));
+    at::Tensor dmask = distribute_tensor(mask, mesh, on(mesh, Replicate()));
+    // Gloo has no bool: masks travel as bytes (broadcast above, all_gather here).
+    EXPECT_TRUE(full_tensor(distribute_tensor(mask, mesh, on(mesh, Shard(0)))).equal(mask));
+    const at::Tensor ref = at::mm(k1, k2);
+    for (int rep = 0; rep < 2; ++rep) {  // the second round hits the cache
+      for (double value : {0.0, 1.5}) {
+        SCOPED_TRACE("value " + std::to_string(value));
+        at::Tensor p = at::mm(m1, m2);
+        CommCounter comm;
+        at::Tensor f = p.masked_fill(dmask, value);
+        EXPECT_EQ(placements(f).back().is_partial(), value == 0.0) << to_string(placements(f));
+        EXPECT_EQ(comm.total_count(), value == 0.0 ? 0 : 1) << comm.str();
+        EXPECT_TRUE(full_tensor(f).allclose(ref.masked_fill(mask, value), 1e-12, 1e-12));
+      }
+    }
+    at::Tensor p = at::mm(m1, m2);
+    CommCounter comm;
+    at::Tensor sel = at::masked_select(p, dmask);
+    EXPECT_EQ(placements(sel).back(), Partial());
+    EXPECT_EQ(comm.total_count(), 0) << comm.str();
+    EXPECT_TRUE(full_tensor(sel).allclose(ref.masked_select(mask), 1e-12, 1e-12));
+    at::Tensor x = data({5, 3}, 3.0);
+    expect_parity(mesh, {x, mask}, {on(mesh, Replicate()), on(mesh, Replicate())},
+                  [](const V& v) { return at::masked_select(v[0], v[1]) * 2; });
+    at::Tensor index = at::remainder(at::arange(4 * w + 1, at::kLong) * 7, 5);
+    for (auto pi : {Shard(0), Replicate()}) {
+      expect_parity(mesh, {data({5}, 4.0), index}, {on(mesh, Replicate()), on(mesh, pi)},
+                    [](const V& v) { return at::gather(v[0], 0, v[1]); });
+    }
+  });
+}
+
 TEST_P(OpsTest, MatmulEveryPlacementPair) {
   run([&](const DeviceMesh& mesh, int64_t w) {
     for (int64_t m : {2 * w, 2 * w + 1, w - 1}) {

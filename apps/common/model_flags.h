@@ -6,12 +6,19 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace dtp::apps {
 
 struct ModelFlags {
   int64_t dim = 128, layers = 2, heads = 4, kv_heads = 2, ffn = 0;
   bool tie = false;
+  std::string dtype = "float32";
 };
+
+inline c10::ScalarType dtype_of(const std::string& name) {
+  return name == "float64" ? c10::ScalarType::Double : c10::ScalarType::Float;
+}
 
 inline void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--dim", f.dim, "Model width")->check(CLI::PositiveNumber);
@@ -20,6 +27,8 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--kv-heads", f.kv_heads, "Key/value heads (grouped-query attention)")->check(CLI::PositiveNumber);
   app.add_option("--ffn", f.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(CLI::NonNegativeNumber);
   app.add_flag("--tie-embeddings", f.tie, "Share the embedding and output weights");
+  app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks")
+      ->check(CLI::IsMember({"float32", "float64"}));
 }
 
 inline models::LlamaConfig config_of(const ModelFlags& f, int64_t seq, double dropout, uint64_t seed) {
@@ -33,6 +42,7 @@ inline models::LlamaConfig config_of(const ModelFlags& f, int64_t seq, double dr
   c.dropout = dropout;
   c.tie_embeddings = f.tie;
   c.seed = seed;
+  c.dtype = dtype_of(f.dtype);
   return c;
 }
 

@@ -1,5 +1,7 @@
 #include "memory.h"
 
+#include "comm/compat.h"
+
 #include "dtp/dtensor.h"
 
 #include <c10/core/Allocator.h>
@@ -20,7 +22,7 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) DTP_ALLOCATE_CONST override {
     auto* ctx = new Block{inner_->allocate(n), static_cast<int64_t>(n)};
     g_live += ctx->bytes;
     void* data = ctx->inner.get();

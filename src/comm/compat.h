@@ -8,6 +8,8 @@
 //   both lines behave the same.
 // - torch::optim keys per-parameter state by the TensorImpl's address: as a
 //   string in 1.13, as void* from 2.1.
+// - c10::Allocator::allocate is const in 1.13 and not from 2.3 (when
+//   copy_data became pure virtual): DTP_ALLOCATE_CONST.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,6 +23,12 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define DTP_ALLOCATE_CONST
+#else
+#define DTP_ALLOCATE_CONST const
 #endif
 
 namespace dtp::compat {

@@ -44,6 +44,10 @@ thread_local ProcessGroup default_group;
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
+// Gloo has no bool type: bool tensors travel as their bytes (one byte, 0 or
+// 1, per element), which every collective but a sum or average keeps valid.
+at::Tensor wire(const at::Tensor& t) { return t.scalar_type() == at::kBool ? t.view(at::kByte) : t; }
+
 c10d::ReduceOp toC10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
@@ -244,9 +248,12 @@ void checkSizes(const ProcessGroup::Impl& g, const char* what,
 
 Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) const {
   if (impl_->size == 1) return Work::ready(tensor);
+  TORCH_CHECK(tensor.scalar_type() != at::kBool || op == ReduceOp::Max || op == ReduceOp::Min,
+              "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
+              "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
   CommCounter::record(CollectiveType::AllReduce, nbytes(tensor));
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
-  std::vector<at::Tensor> bufs{buf};
+  std::vector<at::Tensor> bufs{wire(buf)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toC10d(op);
   auto work = impl_->backend->allreduce(bufs, opts);
@@ -280,8 +287,8 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   }
   at::Tensor out = at::empty({impl_->size, max_numel}, local.options());
   std::vector<std::vector<at::Tensor>> outs(1);
-  for (int r = 0; r < impl_->size; ++r) outs[0].push_back(out[r]);
-  std::vector<at::Tensor> ins{in};
+  for (int r = 0; r < impl_->size; ++r) outs[0].push_back(wire(out[r]));
+  std::vector<at::Tensor> ins{wire(in)};
   auto work = impl_->backend->allgather(outs, ins);
   const bool even = std::all_of(numels.begin(), numels.end(),
                                 [&](int64_t n) { return n == max_numel; });
@@ -304,7 +311,8 @@ namespace {
 c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, at::Tensor& out,
                                              at::Tensor& in, std::vector<int64_t> out_counts,
                                              std::vector<int64_t> in_counts) {
-  return g.backend->alltoall_base(out, in, out_counts, in_counts);
+  at::Tensor out_wire = wire(out), in_wire = wire(in);
+  return g.backend->alltoall_base(out_wire, in_wire, out_counts, in_counts);
 }
 
 // Shape of `t` with `dim` moved to the front and resized.
@@ -401,7 +409,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   if (impl_->size == 1) return Work::ready(tensor);
   CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
-  std::vector<at::Tensor> bufs{buf};
+  std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
   auto work = impl_->backend->broadcast(bufs, opts);

@@ -238,9 +238,8 @@ Decision compute(const OpCall& call) {
               "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
               "enable dtp::ReplicateFallbackGuard to do that automatically.",
               LossParallelGuard::enabled()
-                  ? " Inside dtp::LossParallelGuard, cross_entropy runs on class-sharded logits "
-                    "without label_smoothing (or with it and reduction none/sum); for a mean with "
-                    "label smoothing, gather the logits (full_tensor) and compute it outside the guard."
+                  ? " Inside dtp::LossParallelGuard, cross_entropy runs on logits sharded on the class "
+                    "dim (and optionally the batch dim), other mesh dims replicated."
                   : "");
   // Shapes first: list-returning ops (split, unbind) tell their output count.
   OutputMeta meta;
@@ -334,8 +333,10 @@ const Decision& propagate(const OpCall& call) {
   sig.push_back(reinterpret_cast<intptr_t>(&schema));
   for (size_t i = 0; i < call.args.size(); ++i) {
     // Scalar operands (AdamW's bias corrections change every step) never
-    // change placements or shapes: their kind is enough.
-    if (schema.arguments()[i].type()->kind() == c10::TypeKind::NumberType) sig.push_back(14);
+    // change shapes, and placements only by being zero (masked_fill with 0
+    // keeps a Partial): their kind and zero-ness are enough.
+    if (schema.arguments()[i].type()->kind() == c10::TypeKind::NumberType)
+      sig.push_back(call.args[i].isScalar() && call.args[i].toScalar().equal(0) ? 15 : 14);
     else encodeValue(sig, call.args[i]);
   }
   auto it = cache.find(sig);

@@ -33,6 +33,8 @@ void LlamaConfig::validate() const {
   TORCH_CHECK(!tie_embeddings || (with_embedding && with_head),
               "LlamaConfig: tie_embeddings needs both the embedding and the head in this module.");
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "LlamaConfig: dropout=", dropout, " must be in [0, 1).");
+  TORCH_CHECK(at::isFloatingType(dtype), "LlamaConfig: dtype=", dtype,
+              " is not a floating-point type. Use float32, float64, bfloat16 or float16.");
 }
 
 namespace {
@@ -77,8 +79,8 @@ AttentionImpl::AttentionImpl(const LlamaConfig& c)
   wo = register_module("wo", linear(c.n_heads * head_dim, c.dim));
   const auto freqs = at::pow(c.rope_theta, -at::arange(0, head_dim, 2, at::kDouble) / head_dim);
   const auto angles = at::outer(at::arange(c.max_seq_len, at::kDouble), freqs);
-  rope_cos = register_buffer("rope_cos", angles.cos().to(at::kFloat));
-  rope_sin = register_buffer("rope_sin", angles.sin().to(at::kFloat));
+  rope_cos = register_buffer("rope_cos", angles.cos().to(c.dtype));
+  rope_sin = register_buffer("rope_sin", angles.sin().to(c.dtype));
 }
 
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
@@ -148,6 +150,7 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
     output = register_module(
         "output", dtp::nn::Linear(torch::nn::LinearOptions(config.dim, config.vocab_size).bias(false)));
   }
+  for (auto& p : parameters()) p.set_data(p.data().to(config.dtype));
   initParameters(*this, config);
   if (config.tie_embeddings) set_parameter(*output, "weight", tok_embeddings->weight);
 }

@@ -29,6 +29,10 @@ struct LlamaConfig {
   bool with_embedding = true;
   bool with_head = true;
   uint64_t seed = 0;  // deterministic init
+  // Parameters, buffers and activations. float64 is how "equal to one
+  // device" is checked exactly (shared/DESIGN.md, "Exactness"); the same
+  // float32 draws initialize every dtype, so runs of two dtypes start alike.
+  c10::ScalarType dtype = c10::ScalarType::Float;
 
   int64_t head_dim() const { return dim / n_heads; }
   int64_t hidden() const;

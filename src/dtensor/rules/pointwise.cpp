@@ -86,10 +86,22 @@ void addAll(RuleRegistry& r, std::initializer_list<const char*> ops, rules::Line
   }
 }
 
+// masked_fill(self, mask, 0) is linear in self, which a Partial may then
+// keep: (a0+a1) masked to 0 = a0 masked to 0 + a1 masked to 0 (libtorch
+// 2.x's cross_entropy zeroes label smoothing's ignored rows this way). Any
+// other value is not. The propagation cache tells zero scalars apart.
+std::vector<Row> maskedFillRows(const OpCall& call, int64_t m) {
+  const c10::IValue& value = call.args[2];
+  const bool zero = value.isScalar() && value.toScalar().equal(0);
+  return rules::pointwiseRows(call, m, zero ? rules::Linearity::FirstArg : rules::Linearity::None);
+}
+
 }  // namespace
 
 void registerPointwiseRules(RuleRegistry& r) {
   using rules::Linearity;
+  for (const char* op : {"aten::masked_fill.Scalar", "aten::masked_fill_.Scalar"})
+    r.add(op, maskedFillRows, pointwiseShape);
   addAll(r, {"aten::add.Tensor", "aten::add_.Tensor", "aten::add.out", "aten::sub.Tensor",
              "aten::sub_.Tensor", "aten::neg", "aten::neg_", "aten::clone", "aten::_to_copy",
              "aten::alias", "aten::detach", "aten::lerp.Scalar", "aten::lerp_.Scalar",
@@ -110,13 +122,13 @@ void registerPointwiseRules(RuleRegistry& r) {
           "aten::clamp_", "aten::clamp_min", "aten::clamp_max", "aten::where.self",
           "aten::eq.Tensor", "aten::eq.Scalar", "aten::ne.Scalar", "aten::gt.Scalar",
           "aten::lt.Scalar", "aten::ge.Scalar", "aten::le.Scalar", "aten::logical_not",
-          "aten::masked_fill.Scalar", "aten::masked_fill_.Scalar", "aten::isnan",
+          "aten::isnan",
           "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
           "aten::silu_backward", "aten::gelu_backward", "aten::fill_.Scalar",
           "aten::mul.out", "aten::sqrt.out", "aten::div.out", "aten::rsub.Scalar",
           "aten::sub.Scalar", "aten::pow.Scalar", "aten::nan_to_num", "aten::erf",
           "aten::exp2", "aten::log1p", "aten::expm1", "aten::logical_and", "aten::bitwise_and.Tensor",
-          "aten::sgn", "aten::square", "aten::add.Scalar", "aten::add_.Scalar"},
+          "aten::sgn", "aten::square", "aten::add.Scalar", "aten::add_.Scalar", "aten::bitwise_not"},
          Linearity::None);
 }
 

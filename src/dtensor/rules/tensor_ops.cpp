@@ -30,6 +30,49 @@ std::vector<Row> copyRows(const OpCall& c, int64_t m) {
   return {Row{Placements(c.specs.size(), cur), {cur}}};
 }
 
+// masked_scatter(self, mask, source) (masked_select's backward): source's
+// elements fill self's masked places in order, so no dim can be sharded. It
+// is linear in (self, source) with a replicated mask:
+// (a0+a1) scattered with (s0+s1) = a0 scattered with s0 + a1 with s1.
+std::vector<Row> maskedScatterRows(const OpCall& c, int64_t m) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  if (c.specs.size() == 3) {
+    const Placement p = rules::linearPartial(c, m);
+    rows.push_back(Row{{p, Replicate(), p}, {p}});
+  }
+  return rows;
+}
+
+// gather(self, dim, index): out[.., i, ..] = self[.., index[.., i, ..], ..]
+// along `dim`; the output has index's shape. With self replicated, index may
+// be sharded along `dim` itself (other dims would pair a local index column
+// with self's global one).
+std::vector<Row> gatherRows(const OpCall& c, int64_t) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  if (c.specs.size() == 2 && c.slot_of_arg(0) == 0) {
+    const int64_t dim = c10::maybe_wrap_dim(c.arg_int(1), c.spec(1).ndim());
+    rows.push_back(Row{{Replicate(), Shard(dim)}, {Shard(dim)}});
+  }
+  return rows;
+}
+
+// scatter_add(self, dim, index, src) (gather's backward) adds src into self
+// at index along `dim`: linear in (self, src). Index and src sharded alike
+// along `dim` add disjoint parts, so self must be a Partial (the replicated
+// zeros of a backward become P(sum) locally, without communication).
+std::vector<Row> scatterAddRows(const OpCall& c, int64_t m) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  if (c.specs.size() == 3) {
+    const int64_t dim = c10::maybe_wrap_dim(c.arg_int(1), c.spec(0).ndim());
+    const Placement p = rules::linearPartial(c, m);
+    rows.push_back(Row{{p, Shard(dim), Shard(dim)}, {p}});
+    rows.push_back(Row{{p, Replicate(), p}, {p}});
+  }
+  return rows;
+}
+
+OutputMeta selfShape(const OpCall& c) { return OutputMeta{{c.spec(0).shape}, {c.spec(0).dtype}}; }
+
 // embedding(weight[V,D], indices): shard D (colwise), shard the indices'
 // batch dims, or shard V (rowwise): each rank looks up its rows, masks the
 // rest to zero, and the output is P(sum). See maskedEmbedding.
@@ -280,6 +323,30 @@ bool indexPutScalar(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
+// masked_select(self, mask) on a replicated or Partial(sum/avg) self with a
+// replicated mask (libtorch 1.13's cross_entropy takes the mean of label
+// smoothing's per-row losses this way). Selecting is linear and the mask is
+// the same on every rank, so the output keeps self's placements; its length
+// depends on the data, so no rule (whose shapes come from meta tensors) can
+// describe it. Sharded operands go to the rules, which have none: a clear error.
+bool maskedSelectReplicatedMask(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 2);
+  auto* impl = maybeGetDTensorImpl(args[0].toTensor());
+  at::Tensor mask = args[1].toTensor();
+  if (impl == nullptr) return false;
+  for (const auto& p : impl->spec().placements)
+    if (p.is_shard() || (p.is_partial() && p.op != ReduceOp::Sum && p.op != ReduceOp::Avg)) return false;
+  if (auto* m = maybeGetDTensorImpl(mask)) {
+    if (!m->spec().is_replicated() || !(m->spec().mesh == impl->spec().mesh)) return false;
+    mask = m->local();
+  }
+  at::Tensor out = at::masked_select(impl->local(), mask);
+  auto spec = make_spec(impl->spec().mesh, impl->spec().placements, out.sizes().vec(), out.scalar_type());
+  torch::jit::drop(*stack, 2);
+  stack->emplace_back(makeDTensor(std::move(out), std::move(spec)));
+  return true;
+}
+
 }  // namespace
 
 void registerTensorOpRules(RuleRegistry& r) {
@@ -290,6 +357,11 @@ void registerTensorOpRules(RuleRegistry& r) {
                          "aten::new_full", "aten::new_empty_strided"})
     r.add(op, newRows);
   r.add("aten::copy_", copyRows);
+  r.add("aten::masked_scatter_", maskedScatterRows, selfShape);
+  r.add("aten::masked_scatter", maskedScatterRows, selfShape);
+  r.add("aten::gather", gatherRows);
+  r.add("aten::scatter_add", scatterAddRows);
+  r.add("aten::scatter_add_", scatterAddRows);
   r.add("aten::embedding", embeddingRows, embeddingShape, maskedEmbedding);
   r.add("aten::embedding_dense_backward", embeddingBackwardRows, embeddingBackwardShape);
   r.add("aten::native_layer_norm", layerNormRows, layerNormShape);
@@ -299,6 +371,7 @@ void registerTensorOpRules(RuleRegistry& r) {
   r.add_handler("aten::new_empty_strided", newEmptyStridedLikeSelf);
   r.add_handler("aten::index_put_", indexPutScalar);
   r.add_handler("aten::index_put", indexPutScalar);
+  r.add_handler("aten::masked_select", maskedSelectReplicatedMask);
 }
 
 }  // namespace dtp

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs a command of this checkout inside a Debian 13 (trixie) root, so that
+# the libtorch 2.x line (Debian 13's libtorch-dev 2.6) is built and tested on
+# a Debian 12 machine too. Default command: the README's test command,
+# building in build-debian13/.
+#
+#   scripts/debian13.sh                      # the whole suite against libtorch 2.6
+#   scripts/debian13.sh scripts/main.sh      # the main job
+#
+# The root is made once with debootstrap (minbase, Debian's archive only) in
+# ${DTP_DEBIAN13_ROOT:-/var/tmp/dtp-debian13} and reused while the machine
+# keeps it; setup.sh installs what is missing inside it with apt, exactly as
+# on a native Debian 13. Needs root (or sudo) for debootstrap, mount and chroot.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+checkout=$(pwd)
+root=${DTP_DEBIAN13_ROOT:-/var/tmp/dtp-debian13}
+mirror=${DTP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+((${#@})) || set -- scripts/test.sh
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+if [ ! -e "$root/.dtp-root-complete" ]; then
+  if ! command -v debootstrap >/dev/null; then
+    echo "debian13: installing debootstrap"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq debootstrap
+  fi
+  echo "debian13: creating a trixie root in $root (debootstrap, minbase)"
+  $sudo rm -rf "$root"
+  $sudo debootstrap --variant=minbase trixie "$root" "$mirror" >/dev/null
+  $sudo touch "$root/.dtp-root-complete"
+fi
+$sudo cp /etc/resolv.conf "$root/etc/resolv.conf"
+
+# proc, dev (with shm for Gloo) and the checkout, unmounted on every exit.
+mounts=()
+cleanup() {
+  local i
+  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do $sudo umount -R "${mounts[i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+mountpoint -q "$root/proc" || { $sudo mount -t proc proc "$root/proc"; mounts+=("$root/proc"); }
+if ! mountpoint -q "$root/dev"; then
+  $sudo mount --rbind /dev "$root/dev"
+  $sudo mount --make-rslave "$root/dev"
+  mounts+=("$root/dev")
+fi
+$sudo mkdir -p "$root/dtp"
+$sudo mount --bind "$checkout" "$root/dtp"
+mounts+=("$root/dtp")
+
+$sudo chroot "$root" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
+  PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  DTP_BUILD_DIR="${DTP_BUILD_DIR:-build-debian13}" ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} \
+  /bin/bash -c 'cd /dtp && exec "$@"' debian13 "$@"
