@@ -1,5 +1,6 @@
 #include "dtensor/dispatch.h"
 
+#include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding_prop.h"
 #include "dtp/dtensor.h"
@@ -17,80 +18,43 @@ namespace {
 thread_local bool implicit_replication = false;
 thread_local bool replicate_fallback = false;
 
-std::string opName(const c10::OperatorHandle& op) {
-  const auto& n = op.operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
-
 // Finds the DTensor slots of the call, checks their meshes, and turns plain
 // tensors into replicated DTensors under ImplicitReplicationGuard.
 OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t nargs) {
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
   const DTensorSpec* first = nullptr;
-  bool mixed = false;
   std::string plain;  // the first plain tensor argument, for the error
-  size_t current = 0;
-  auto visit = [&](const at::Tensor& t) {
+  for_each_tensor_arg(args, nargs, [&](size_t i, const at::Tensor& t) {
     if (auto* impl = maybeGetDTensorImpl(t)) {
       if (first == nullptr) first = &impl->spec();
-      TORCH_CHECK(impl->spec().mesh == first->mesh, "dtp: ", opName(op),
+      TORCH_CHECK(impl->spec().mesh == first->mesh, "dtp: ", op_name(op),
                   " got DTensors on different meshes: ", first->mesh.str(), " and ",
                   impl->spec().mesh.str(), ". Redistribute them onto one mesh first.");
-    } else if (t.defined() && t.dim() > 0) {
-      if (!mixed) {
-        plain = "'" + op.schema().arguments()[current].name() + "' (" +
-                short_dtype_name(t.scalar_type()) + c10::str(t.sizes()) + ")";
-      }
-      mixed = true;
+    } else if (t.defined() && t.dim() > 0 && plain.empty()) {
+      plain = "'" + op.schema().arguments()[i].name() + "' (" + short_dtype_name(t.scalar_type()) +
+              c10::str(t.sizes()) + ")";
     }
-  };
-  for (size_t i = 0; i < nargs; ++i) {
-    current = i;
-    if (args[i].isTensor()) visit(args[i].toTensor());
-    else if (args[i].isTensorList())
-      for (const auto& t : args[i].toTensorList()) visit(t);
-  }
+  });
   TORCH_INTERNAL_ASSERT(first != nullptr, "DTensor fallback reached without a DTensor argument");
-  if (mixed) {
-    TORCH_CHECK(implicit_replication, "dtp: ", opName(op),
+  if (!plain.empty()) {
+    TORCH_CHECK(implicit_replication, "dtp: ", op_name(op),
                 " got a mix of plain at::Tensor and DTensor arguments: ", plain,
                 " is a plain tensor. Convert it with dtp::distribute_tensor or "
                 "dtp::from_local, or run the op inside dtp::ImplicitReplicationGuard to treat "
-                "it as replicated.",
-                opName(op).rfind("aten::nll_loss", 0) == 0
-                    ? " A loss computed under dtp::LossParallelGuard saves plain targets for "
-                      "backward: run backward inside the guard too, or use "
-                      "dtp::loss_parallel_cross_entropy."
-                    : "");
-    auto wrap = [&](const at::Tensor& t) -> at::Tensor {
+                "it as replicated.", RuleRegistry::get().hint(op.operator_name()));
+    map_tensor_args(args, nargs, [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.dim() == 0 || isDTensor(t)) return t;
       return makeDTensor(t, make_spec(first->mesh, Placements(first->mesh.ndim(), Replicate()),
                                       t.sizes().vec(), t.scalar_type()));
-    };
-    for (size_t i = 0; i < nargs; ++i) {
-      if (args[i].isTensor()) {
-        args[i] = wrap(args[i].toTensor());
-      } else if (args[i].isTensorList()) {
-        std::vector<at::Tensor> l;
-        for (const auto& t : args[i].toTensorList()) l.push_back(wrap(t));
-        args[i] = l;
-      }
-    }
+    });
   }
   OpCall call{op, c10::ArrayRef<c10::IValue>(args, nargs), {}, {}, 0};
-  for (size_t i = 0; i < nargs; ++i) {
-    if (args[i].isTensor()) {
-      if (auto* impl = maybeGetDTensorImpl(args[i].toTensor())) {
-        call.specs.push_back(&impl->spec());
-        call.slot_arg.push_back(static_cast<int>(i));
-      }
-    } else if (args[i].isTensorList()) {
-      for (const auto& t : args[i].toTensorList()) {
-        call.specs.push_back(&unsafeGetDTensorImpl(t)->spec());
-        call.slot_arg.push_back(static_cast<int>(i));
-      }
+  for_each_tensor_arg(args, nargs, [&](size_t i, const at::Tensor& t) {
+    if (auto* impl = maybeGetDTensorImpl(t)) {
+      call.specs.push_back(&impl->spec());
+      call.slot_arg.push_back(static_cast<int>(i));
     }
-  }
+  });
   return call;
 }
 
@@ -98,8 +62,8 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
 // returns replicated DTensors. Opt-in via ReplicateFallbackGuard.
 void replicateFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpCall& call) {
   thread_local std::unordered_set<std::string> warned;
-  if (warned.insert(opName(op)).second) {
-    TORCH_WARN("dtp: no sharding rule for ", opName(op),
+  if (warned.insert(op_name(op)).second) {
+    TORCH_WARN("dtp: no sharding rule for ", op_name(op),
                "; gathering its inputs to Replicate (ReplicateFallbackGuard). This costs "
                "communication and memory; add a rule for speed.");
   }
@@ -113,34 +77,19 @@ void replicateFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
     }
     return t;
   };
-  for (size_t i = 0; i < nargs; ++i) {
-    const auto& a = op.schema().arguments()[i];
-    TORCH_CHECK(a.alias_info() == nullptr || !a.alias_info()->isWrite(), "dtp: ", opName(op),
+  for (const auto& a : op.schema().arguments()) {
+    TORCH_CHECK(a.alias_info() == nullptr || !a.alias_info()->isWrite(), "dtp: ", op_name(op),
                 " writes its arguments and has no sharding rule; the replicate fallback "
                 "cannot run in-place ops.");
-    if (args[i].isTensor()) {
-      args[i] = full(args[i].toTensor());
-    } else if (args[i].isTensorList()) {
-      std::vector<at::Tensor> l;
-      for (const auto& t : args[i].toTensorList()) l.push_back(full(t));
-      args[i] = l;
-    }
   }
+  map_tensor_args(args, nargs, full);
   op.callBoxed(stack);
   const size_t nret = op.schema().returns().size();
   auto wrap = [&](const at::Tensor& t) {
     return makeDTensor(t, make_spec(mesh, Placements(mesh.ndim(), Replicate()), t.sizes().vec(),
                                     t.scalar_type()));
   };
-  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(nret); it != stack->end(); ++it) {
-    if (it->isTensor()) {
-      *it = wrap(it->toTensor());
-    } else if (it->isTensorList()) {
-      std::vector<at::Tensor> l;
-      for (const auto& t : it->toTensorList()) l.push_back(wrap(t));
-      *it = l;
-    }
-  }
+  map_tensor_args(&*(stack->end() - static_cast<std::ptrdiff_t>(nret)), nret, wrap);
 }
 
 at::Tensor localFor(const at::Tensor& t, const Placements& target) {
@@ -208,15 +157,7 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::SmallVector<c10::IValue, 4> originals;  // the DTensors written returns give back
   if (info.writes) originals.assign(args, args + nargs);
   size_t slot = 0;
-  for (size_t i = 0; i < nargs; ++i) {
-    if (args[i].isTensor()) {
-      if (isDTensor(args[i].toTensor())) args[i] = localFor(args[i].toTensor(), d.in[slot++]);
-    } else if (args[i].isTensorList()) {
-      std::vector<at::Tensor> l;
-      for (const auto& t : args[i].toTensorList()) l.push_back(localFor(t, d.in[slot++]));
-      args[i] = l;
-    }
-  }
+  map_tensor_args(args, nargs, [&](const at::Tensor& t) { return isDTensor(t) ? localFor(t, d.in[slot++]) : t; });
   if (d.local) d.local(op, stack, d);
   else op.callBoxed(stack);
 

@@ -1,5 +1,6 @@
 #include "dtensor/sharding_prop.h"
-#include "dtp/parallel/loss_parallel.h"
+
+#include "dtensor/op_args.h"
 
 #include <ATen/ATen.h>
 
@@ -8,77 +9,6 @@
 #include <sstream>
 
 namespace dtp {
-
-int64_t OpCall::arg_int(size_t i, int64_t dflt) const {
-  if (i >= args.size() || args[i].isNone()) return dflt;
-  return args[i].toInt();
-}
-
-int OpCall::slot_of_arg(int i) const {
-  for (size_t s = 0; s < slot_arg.size(); ++s)
-    if (slot_arg[s] == i) return static_cast<int>(s);
-  return -1;
-}
-
-RuleRegistry& RuleRegistry::get() {
-  static RuleRegistry* registry = [] {
-    auto* r = new RuleRegistry();
-    registerPointwiseRules(*r);
-    registerMatrixRules(*r);
-    registerViewRules(*r);
-    registerReductionRules(*r);
-    registerTensorOpRules(*r);
-    registerRandomRules(*r);
-    registerLossRules(*r);
-    registerLossParallelRules(*r);
-    return r;
-  }();
-  return *registry;
-}
-
-namespace {
-
-c10::OperatorName parseName(const std::string& op) {
-  auto dot = op.find('.');
-  c10::OperatorName name{op.substr(0, dot), dot == std::string::npos ? "" : op.substr(dot + 1)};
-  // Start-up check: a rule for an op that does not exist is a typo.
-  TORCH_CHECK(c10::Dispatcher::singleton().findOp(name).has_value(),
-              "dtp: sharding rule registered for unknown op '", op,
-              "'. Fix the name in src/dtensor/rules/.");
-  return name;
-}
-
-}  // namespace
-
-void RuleRegistry::add(const std::string& op, StrategyFn strategy, ShapeFn shape,
-                       LocalFn local) {
-  rules_[parseName(op)] = Rule{std::move(strategy), std::move(shape), local};
-}
-
-void RuleRegistry::add_handler(const std::string& op, Handler handler) {
-  handlers_[parseName(op)] = handler;
-}
-
-const Rule* RuleRegistry::find(const c10::OperatorName& name) const {
-  auto it = rules_.find(name);
-  return it == rules_.end() ? nullptr : &it->second;
-}
-
-Handler RuleRegistry::find_handler(const c10::OperatorName& name) const {
-  auto it = handlers_.find(name);
-  return it == handlers_.end() ? nullptr : it->second;
-}
-
-std::vector<std::string> RuleRegistry::names() const {
-  std::vector<std::string> out;
-  auto full = [](const c10::OperatorName& n) {
-    return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-  };
-  for (const auto& kv : rules_) out.push_back(full(kv.first));
-  for (const auto& kv : handlers_) out.push_back(full(kv.first));
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 double transition_cost(const Placement& from, const Placement& to, double bytes,
                        int64_t group_size) {
@@ -183,33 +113,17 @@ std::string describeInputs(const OpCall& call) {
   return os.str();
 }
 
-std::string opName(const c10::OperatorHandle& op) {
-  const auto& n = op.operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
-
 // Output shapes and dtypes from running the op on meta tensors of the global
 // shapes. Runs on cache misses only.
 OutputMeta runOnMeta(const OpCall& call) {
-  torch::jit::Stack stack;
-  auto toMeta = [](const at::Tensor& t) -> at::Tensor {
+  torch::jit::Stack stack(call.args.begin(), call.args.end());
+  map_tensor_args(stack.data(), stack.size(), [](const at::Tensor& t) -> at::Tensor {
     if (auto* impl = maybeGetDTensorImpl(t)) {
       const auto& s = impl->spec();
       return at::empty(s.shape, at::TensorOptions().dtype(s.dtype).device(at::kMeta));
     }
     return t;  // plain 0-dim scalars stay as they are
-  };
-  for (const auto& v : call.args) {
-    if (v.isTensor()) {
-      stack.emplace_back(toMeta(v.toTensor()));
-    } else if (v.isTensorList()) {
-      std::vector<at::Tensor> l;
-      for (const auto& t : v.toTensorList()) l.push_back(toMeta(t));
-      stack.emplace_back(l);
-    } else {
-      stack.push_back(v);
-    }
-  }
+  });
   call.op.callBoxed(&stack);
   OutputMeta r;
   auto add = [&](const at::Tensor& t) {
@@ -233,14 +147,10 @@ bool isWrittenSlot(const OpCall& call, size_t slot) {
 
 Decision compute(const OpCall& call) {
   const Rule* rule = RuleRegistry::get().find(call.op.operator_name());
-  TORCH_CHECK(rule != nullptr, "dtp: no sharding rule for ", opName(call.op), " (inputs: ",
+  TORCH_CHECK(rule != nullptr, "dtp: no sharding rule for ", op_name(call.op), " (inputs: ",
               describeInputs(call),
               "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
-              "enable dtp::ReplicateFallbackGuard to do that automatically.",
-              LossParallelGuard::enabled()
-                  ? " Inside dtp::LossParallelGuard, cross_entropy runs on logits sharded on the class "
-                    "dim (and optionally the batch dim), other mesh dims replicated."
-                  : "");
+              "enable dtp::ReplicateFallbackGuard to do that automatically.");
   // Shapes first: list-returning ops (split, unbind) tell their output count.
   OutputMeta meta;
   const auto& returns = call.op.schema().returns();
@@ -251,7 +161,7 @@ Decision compute(const OpCall& call) {
     try {
       meta = runOnMeta(call);
     } catch (const c10::Error& e) {
-      TORCH_CHECK(rule->shape, "dtp: cannot infer the output shape of ", opName(call.op),
+      TORCH_CHECK(rule->shape, "dtp: cannot infer the output shape of ", op_name(call.op),
                   " on meta tensors (inputs: ", describeInputs(call),
                   "): ", e.what_without_backtrace(), "\nNYI: give its rule a shape function.");
       meta = rule->shape(call);
@@ -279,7 +189,7 @@ Decision compute(const OpCall& call) {
     for (const auto& row : rows) {
       TORCH_INTERNAL_ASSERT(row.in.size() == call.specs.size() &&
                                 static_cast<int64_t>(row.out.size()) == sized.num_outputs,
-                            "rule for ", opName(call.op), " produced a malformed row");
+                            "rule for ", op_name(call.op), " produced a malformed row");
       double cost = 0;
       for (size_t s = 0; s < row.in.size(); ++s) {
         const auto& cur = call.spec(s).placements[m];
@@ -297,10 +207,11 @@ Decision compute(const OpCall& call) {
         best = &row;
       }
     }
-    TORCH_CHECK(best != nullptr, "dtp: no valid sharding for ", opName(call.op), " (inputs: ",
+    TORCH_CHECK(best != nullptr, "dtp: no valid sharding for ", op_name(call.op), " (inputs: ",
                 describeInputs(call), ") on mesh dim ", m,
                 rows.empty() ? "." : ": it writes an argument whose placement would have to "
-                                     "change. Redistribute that argument first.");
+                                     "change. Redistribute that argument first.",
+                RuleRegistry::get().hint(call.op.operator_name()));
     for (size_t s = 0; s < best->in.size(); ++s) d.in[s][m] = best->in[s];
     for (int64_t o = 0; o < sized.num_outputs; ++o) out[o][m] = best->out[o];
   }

@@ -1,98 +1,13 @@
 // Sharding propagation: which placements an op's inputs need and which its
-// outputs get. Rules are keyed by operator name and come in four kinds,
-// cheapest first (shared/DESIGN.md, "Sharding propagation"):
-//   1. pointwise tables for one mesh dimension (rules/pointwise.cpp),
-//   2. einsum-style specs for matrix ops (rules/matrix.cpp),
-//   3. view dim-maps (rules/view.cpp),
-//   4. hand-written strategy functions (rules/*.cpp).
-// Every kind produces, per mesh dimension, candidate rows (input placements ->
-// output placements); the propagator picks the cheapest row per mesh dimension
-// given the inputs' current placements. Results are cached per thread.
+// outputs get. Every rule (rule_registry.h) produces, per mesh dimension,
+// candidate rows (input placements -> output placements); the propagator
+// picks the cheapest row per mesh dimension given the inputs' current
+// placements. Results are cached per thread.
 #pragma once
 
-#include "dtensor/dtensor_impl.h"
-
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
-#include <c10/util/SmallVector.h>
-
-#include <functional>
-#include <optional>
-#include <string>
-#include <unordered_map>
+#include "dtensor/rule_registry.h"
 
 namespace dtp {
-
-// The call as a rule sees it. Tensor "slots" are the DTensor arguments in
-// schema order, with TensorList elements flattened.
-struct OpCall {
-  const c10::OperatorHandle& op;
-  c10::ArrayRef<c10::IValue> args;
-  c10::SmallVector<const DTensorSpec*, 4> specs;  // one per slot
-  c10::SmallVector<int, 4> slot_arg;              // argument index of each slot
-  int64_t num_outputs = 0;                // tensor returns (list returns: elements)
-  std::vector<std::vector<int64_t>> out_shapes;  // global, one per tensor output
-
-  const DTensorSpec& spec(size_t slot) const { return *specs[slot]; }
-  const DeviceMesh& mesh() const { return specs[0]->mesh; }
-  int64_t arg_int(size_t i, int64_t dflt = 0) const;
-  // The slot of argument `i`, or -1 when it is not a DTensor.
-  int slot_of_arg(int i) const;
-};
-
-// One candidate for one mesh dimension.
-struct Row {
-  std::vector<Placement> in;   // per slot
-  std::vector<Placement> out;  // per tensor output
-};
-
-using StrategyFn = std::function<std::vector<Row>(const OpCall& call, int64_t mesh_dim)>;
-// Global shapes and dtypes of an op's tensor outputs.
-struct OutputMeta {
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<c10::ScalarType> dtypes;
-};
-// Output shapes for ops whose meta kernel is missing in some libtorch version
-// (tried when running on meta tensors fails).
-using ShapeFn = std::function<OutputMeta(const OpCall& call)>;
-// Computes the outputs from the unwrapped (local) arguments on the stack, in
-// place of running the op, for ops whose arguments are global (view sizes).
-struct Decision;
-using LocalFn = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                         const Decision& d);
-// Takes the whole op over (random ops, scalar reads, full norms); returns
-// false, leaving the stack untouched, to hand the call to the op's rule.
-using Handler = bool (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
-struct Rule {
-  StrategyFn strategy;
-  ShapeFn shape;          // optional
-  LocalFn local = nullptr;  // optional
-};
-
-struct Decision {
-  std::vector<Placements> in;  // per slot
-  std::vector<SpecPtr> in_specs;  // per slot, after redistribution
-  std::vector<SpecPtr> out;    // per tensor output (null for in-place: the input's)
-  LocalFn local = nullptr;     // the rule's, if any
-};
-
-class RuleRegistry {
- public:
-  static RuleRegistry& get();
-  // `op` like "aten::add.Tensor"; the op must exist (checked at start-up).
-  void add(const std::string& op, StrategyFn strategy, ShapeFn shape = nullptr,
-           LocalFn local = nullptr);
-  void add_handler(const std::string& op, Handler handler);
-  const Rule* find(const c10::OperatorName& name) const;
-  Handler find_handler(const c10::OperatorName& name) const;
-  // Names registered, for the start-up check and documentation.
-  std::vector<std::string> names() const;
-
- private:
-  std::unordered_map<c10::OperatorName, Rule> rules_;
-  std::unordered_map<c10::OperatorName, Handler> handlers_;
-};
 
 // The decision for `call`, from the per-thread cache or computed.
 const Decision& propagate(const OpCall& call);
@@ -103,15 +18,5 @@ void clear_propagation_cache();
 // dimension; used to choose among rows.
 double transition_cost(const Placement& from, const Placement& to, double bytes,
                        int64_t group_size);
-
-// Registration of every rule family, called once from one place.
-void registerPointwiseRules(RuleRegistry& r);
-void registerMatrixRules(RuleRegistry& r);
-void registerViewRules(RuleRegistry& r);
-void registerReductionRules(RuleRegistry& r);
-void registerTensorOpRules(RuleRegistry& r);
-void registerRandomRules(RuleRegistry& r);
-void registerLossRules(RuleRegistry& r);
-void registerLossParallelRules(RuleRegistry& r);  // src/parallel/loss_parallel.cpp
 
 }  // namespace dtp

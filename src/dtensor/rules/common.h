@@ -1,7 +1,7 @@
 // Helpers shared by the rule families.
 #pragma once
 
-#include "dtensor/sharding_prop.h"
+#include "dtensor/rule_registry.h"
 
 namespace dtp::rules {
 

@@ -2,7 +2,7 @@
 #include "dtp/random.h"
 
 #include "dtensor/redistribute.h"
-#include "dtensor/sharding_prop.h"
+#include "dtensor/rule_registry.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,4 +1,5 @@
-// Factories-like ops, copies, embedding, layer norm, and scalar reads.
+// Neural-network ops with rules of their own: embedding (row-, column- and
+// batch-sharded) and its backward, layer norm and its backward.
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rules/common.h"
@@ -9,69 +10,6 @@
 
 namespace dtp {
 namespace {
-
-// Rows that accept the input in any placement it may have on this mesh dim.
-std::vector<Row> anyInput(const OpCall& c, int64_t m, bool keep_shards) {
-  const Placement cur = c.spec(0).placements[m];
-  Placement out = cur.is_shard() && keep_shards ? cur : Replicate();
-  Row r{Placements(c.specs.size(), Replicate()), Placements(c.num_outputs, out)};
-  r.in[0] = cur;
-  return {r};
-}
-
-// empty_like & co.: same shards, a Partial input gives a Replicate output.
-std::vector<Row> likeRows(const OpCall& c, int64_t m) { return anyInput(c, m, true); }
-// new_zeros(size) & co.: a full-size replicated tensor whatever the input.
-std::vector<Row> newRows(const OpCall& c, int64_t m) { return anyInput(c, m, false); }
-
-// copy_(self, src): src takes self's placement (self is written, never moved).
-std::vector<Row> copyRows(const OpCall& c, int64_t m) {
-  const Placement cur = c.spec(0).placements[m];
-  return {Row{Placements(c.specs.size(), cur), {cur}}};
-}
-
-// masked_scatter(self, mask, source) (masked_select's backward): source's
-// elements fill self's masked places in order, so no dim can be sharded. It
-// is linear in (self, source) with a replicated mask:
-// (a0+a1) scattered with (s0+s1) = a0 scattered with s0 + a1 with s1.
-std::vector<Row> maskedScatterRows(const OpCall& c, int64_t m) {
-  std::vector<Row> rows{rules::replicateRow(c)};
-  if (c.specs.size() == 3) {
-    const Placement p = rules::linearPartial(c, m);
-    rows.push_back(Row{{p, Replicate(), p}, {p}});
-  }
-  return rows;
-}
-
-// gather(self, dim, index): out[.., i, ..] = self[.., index[.., i, ..], ..]
-// along `dim`; the output has index's shape. With self replicated, index may
-// be sharded along `dim` itself (other dims would pair a local index column
-// with self's global one).
-std::vector<Row> gatherRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
-  if (c.specs.size() == 2 && c.slot_of_arg(0) == 0) {
-    const int64_t dim = c10::maybe_wrap_dim(c.arg_int(1), c.spec(1).ndim());
-    rows.push_back(Row{{Replicate(), Shard(dim)}, {Shard(dim)}});
-  }
-  return rows;
-}
-
-// scatter_add(self, dim, index, src) (gather's backward) adds src into self
-// at index along `dim`: linear in (self, src). Index and src sharded alike
-// along `dim` add disjoint parts, so self must be a Partial (the replicated
-// zeros of a backward become P(sum) locally, without communication).
-std::vector<Row> scatterAddRows(const OpCall& c, int64_t m) {
-  std::vector<Row> rows{rules::replicateRow(c)};
-  if (c.specs.size() == 3) {
-    const int64_t dim = c10::maybe_wrap_dim(c.arg_int(1), c.spec(0).ndim());
-    const Placement p = rules::linearPartial(c, m);
-    rows.push_back(Row{{p, Shard(dim), Shard(dim)}, {p}});
-    rows.push_back(Row{{p, Replicate(), p}, {p}});
-  }
-  return rows;
-}
-
-OutputMeta selfShape(const OpCall& c) { return OutputMeta{{c.spec(0).shape}, {c.spec(0).dtype}}; }
 
 // embedding(weight[V,D], indices): shard D (colwise), shard the indices'
 // batch dims, or shard V (rowwise): each rank looks up its rows, masks the
@@ -252,126 +190,14 @@ std::vector<Row> layerNormBackwardRows(const OpCall& c, int64_t) {
   return rows;
 }
 
-// item(): the value of the whole (replicated) tensor.
-bool localScalarDense(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  at::Tensor t = torch::jit::pop(*stack).toTensor();
-  auto* impl = unsafeGetDTensorImpl(t);
-  at::Tensor full = redistribute_local(impl->local(), impl->spec(),
-                                       Placements(impl->spec().placements.size(), Replicate()));
-  stack->emplace_back(full);
-  op.callBoxed(stack);
-  return true;
-}
-
-// new_empty_strided(self, size, stride, dtype?, ...) of self's own global shape
-// and dtype keeps self's spec (as PyTorch's factory strategy keeps a sharded
-// input's): AccumulateGrad's clone_obey_contract asks for one to copy a
-// gradient into its parameter's layout, and a Replicate there would gather
-// the gradient and change its placements. Other sizes go to the rule.
-bool newEmptyStridedLikeSelf(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = torch::jit::last(*stack, 7);
-  const at::Tensor self = args[0].toTensor();
-  auto* impl = maybeGetDTensorImpl(self);
-  if (impl == nullptr || args[1].toIntVector() != impl->spec().shape ||
-      (!args[3].isNone() && args[3].toScalarType() != self.scalar_type()))
-    return false;
-  const auto& sizes = impl->spec().local_sizes;
-  at::Tensor local = at::empty_strided(sizes, dense_strides_like(sizes, args[2].toIntVector()),
-                                       impl->local().options());
-  torch::jit::drop(*stack, 7);
-  stack->emplace_back(makeDTensor(std::move(local), impl->spec_ptr()));
-  return true;
-}
-
-// index_put(_)(self, indices, values, accumulate) writing one scalar into a
-// replicated or partial tensor through replicated indices (cross_entropy's
-// label smoothing zeroes ignored rows this way). Zeros keep partial sums
-// exact; anything else on a Partial tensor, or sharded operands, go to the
-// rules (and fail there with the usual message).
-bool indexPutScalar(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = torch::jit::last(*stack, 4);
-  at::Tensor self = args[0].toTensor();
-  auto* impl = maybeGetDTensorImpl(self);
-  const at::Tensor values = args[2].toTensor();
-  if (impl == nullptr || isDTensor(values) || values.dim() != 0 || args[3].toBool()) return false;
-  bool partial = false;
-  for (const auto& p : impl->spec().placements) {
-    if (p.is_shard() || (p.is_partial() && p.op != ReduceOp::Sum)) return false;
-    partial |= p.is_partial();
-  }
-  if (partial && values.item<double>() != 0.0) return false;
-  c10::List<c10::optional<at::Tensor>> local_indices;
-  for (const c10::optional<at::Tensor>& i : args[1].toOptionalTensorList()) {
-    if (i.has_value() && isDTensor(*i)) {
-      auto* ii = unsafeGetDTensorImpl(*i);
-      if (!ii->spec().is_replicated()) return false;
-      local_indices.push_back(ii->local());
-    } else {
-      local_indices.push_back(i);
-    }
-  }
-  at::Tensor local = impl->local();
-  torch::jit::drop(*stack, 4);
-  torch::jit::push(*stack, local, local_indices, values, false);
-  op.callBoxed(stack);
-  if (op.schema().is_mutable()) {
-    torch::jit::drop(*stack, 1);
-    stack->emplace_back(self);
-  } else {
-    stack->back() = makeDTensor(stack->back().toTensor(), impl->spec_ptr());
-  }
-  return true;
-}
-
-// masked_select(self, mask) on a replicated or Partial(sum/avg) self with a
-// replicated mask (libtorch 1.13's cross_entropy takes the mean of label
-// smoothing's per-row losses this way). Selecting is linear and the mask is
-// the same on every rank, so the output keeps self's placements; its length
-// depends on the data, so no rule (whose shapes come from meta tensors) can
-// describe it. Sharded operands go to the rules, which have none: a clear error.
-bool maskedSelectReplicatedMask(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto args = torch::jit::last(*stack, 2);
-  auto* impl = maybeGetDTensorImpl(args[0].toTensor());
-  at::Tensor mask = args[1].toTensor();
-  if (impl == nullptr) return false;
-  for (const auto& p : impl->spec().placements)
-    if (p.is_shard() || (p.is_partial() && p.op != ReduceOp::Sum && p.op != ReduceOp::Avg)) return false;
-  if (auto* m = maybeGetDTensorImpl(mask)) {
-    if (!m->spec().is_replicated() || !(m->spec().mesh == impl->spec().mesh)) return false;
-    mask = m->local();
-  }
-  at::Tensor out = at::masked_select(impl->local(), mask);
-  auto spec = make_spec(impl->spec().mesh, impl->spec().placements, out.sizes().vec(), out.scalar_type());
-  torch::jit::drop(*stack, 2);
-  stack->emplace_back(makeDTensor(std::move(out), std::move(spec)));
-  return true;
-}
-
 }  // namespace
 
-void registerTensorOpRules(RuleRegistry& r) {
-  for (const char* op : {"aten::empty_like", "aten::zeros_like", "aten::ones_like",
-                         "aten::full_like"})
-    r.add(op, likeRows);
-  for (const char* op : {"aten::new_zeros", "aten::new_empty", "aten::new_ones",
-                         "aten::new_full", "aten::new_empty_strided"})
-    r.add(op, newRows);
-  r.add("aten::copy_", copyRows);
-  r.add("aten::masked_scatter_", maskedScatterRows, selfShape);
-  r.add("aten::masked_scatter", maskedScatterRows, selfShape);
-  r.add("aten::gather", gatherRows);
-  r.add("aten::scatter_add", scatterAddRows);
-  r.add("aten::scatter_add_", scatterAddRows);
+void registerNnOpRules(RuleRegistry& r) {
   r.add("aten::embedding", embeddingRows, embeddingShape, maskedEmbedding);
   r.add("aten::embedding_dense_backward", embeddingBackwardRows, embeddingBackwardShape);
+  r.add_handler("aten::embedding_dense_backward", vocabShardedEmbeddingBackward);
   r.add("aten::native_layer_norm", layerNormRows, layerNormShape);
   r.add("aten::native_layer_norm_backward", layerNormBackwardRows, layerNormBackwardShape);
-  r.add_handler("aten::embedding_dense_backward", vocabShardedEmbeddingBackward);
-  r.add_handler("aten::_local_scalar_dense", localScalarDense);
-  r.add_handler("aten::new_empty_strided", newEmptyStridedLikeSelf);
-  r.add_handler("aten::index_put_", indexPutScalar);
-  r.add_handler("aten::index_put", indexPutScalar);
-  r.add_handler("aten::masked_select", maskedSelectReplicatedMask);
 }
 
 }  // namespace dtp

@@ -1,0 +1,91 @@
+// The rule registry: operator names to rules, handlers and error hints,
+// filled once from one place (RuleRegistry::get) and checked at start-up.
+#include "dtensor/rule_registry.h"
+
+#include <algorithm>
+
+namespace dtp {
+
+int64_t OpCall::arg_int(size_t i, int64_t dflt) const {
+  if (i >= args.size() || args[i].isNone()) return dflt;
+  return args[i].toInt();
+}
+
+int OpCall::slot_of_arg(int i) const {
+  for (size_t s = 0; s < slot_arg.size(); ++s)
+    if (slot_arg[s] == i) return static_cast<int>(s);
+  return -1;
+}
+
+RuleRegistry& RuleRegistry::get() {
+  static RuleRegistry* registry = [] {
+    auto* r = new RuleRegistry();
+    registerPointwiseRules(*r);
+    registerMatrixRules(*r);
+    registerViewRules(*r);
+    registerReductionRules(*r);
+    registerFactoryRules(*r);
+    registerIndexingRules(*r);
+    registerNnOpRules(*r);
+    registerRandomRules(*r);
+    registerLossRules(*r);
+    registerLossParallelRules(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+namespace {
+
+c10::OperatorName parseName(const std::string& op) {
+  auto dot = op.find('.');
+  c10::OperatorName name{op.substr(0, dot), dot == std::string::npos ? "" : op.substr(dot + 1)};
+  // Start-up check: a rule for an op that does not exist is a typo.
+  TORCH_CHECK(c10::Dispatcher::singleton().findOp(name).has_value(),
+              "dtp: sharding rule registered for unknown op '", op,
+              "'. Fix the name in src/dtensor/rules/.");
+  return name;
+}
+
+}  // namespace
+
+void RuleRegistry::add(const std::string& op, StrategyFn strategy, ShapeFn shape,
+                       LocalFn local) {
+  rules_[parseName(op)] = Rule{std::move(strategy), std::move(shape), local};
+}
+
+void RuleRegistry::add_handler(const std::string& op, Handler handler) {
+  handlers_[parseName(op)] = handler;
+}
+
+void RuleRegistry::add_hint(const std::string& op, std::string hint) {
+  hints_[parseName(op)] = std::move(hint);
+}
+
+std::string RuleRegistry::hint(const c10::OperatorName& name) const {
+  auto it = hints_.find(name);
+  return it == hints_.end() ? std::string() : " " + it->second;
+}
+
+const Rule* RuleRegistry::find(const c10::OperatorName& name) const {
+  auto it = rules_.find(name);
+  return it == rules_.end() ? nullptr : &it->second;
+}
+
+Handler RuleRegistry::find_handler(const c10::OperatorName& name) const {
+  auto it = handlers_.find(name);
+  return it == handlers_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> RuleRegistry::names() const {
+  std::vector<std::string> out;
+  auto full = [](const c10::OperatorName& n) {
+    return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  };
+  for (const auto& kv : rules_) out.push_back(full(kv.first));
+  for (const auto& kv : handlers_) out.push_back(full(kv.first));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace dtp

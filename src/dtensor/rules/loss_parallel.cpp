@@ -1,0 +1,378 @@
+// loss_parallel: log_softmax and nll_loss on class-sharded logits, computed
+// from the local columns and row statistics instead of gathering the logits.
+// The sharding behaviour lives here, beside nll_loss's rules (loss.cpp); the
+// public face is include/dtp/parallel/loss_parallel.h.
+//
+// Forward (under the guard), per class-sharded mesh dim:
+//   _log_softmax:     all_reduce(max) of row maxima, all_reduce(sum) of
+//                     row sums of exp -> log-probabilities stay class-sharded;
+//   nll_loss_forward: all_reduce(sum) of the target's log-probability, which
+//                     lives on one rank per row.
+// Backward (guard or not):
+//   nll_loss_backward:           the usual sparse gradient, on local columns;
+//   _log_softmax_backward_data:  g - exp(out) * rowsum(g). The row sums of the
+//     gradient nll_loss_backward just made are known on every rank without
+//     communication (-weight[target] * grad_out), so that case moves nothing;
+//     any other gradient (label smoothing adds one) all-reduces its row sums.
+// loss_parallel_cross_entropy on 2-D logits does the same in one autograd
+// node (CrossEntropyBackward), without the dispatcher round trips.
+#include "dtensor/rules/loss_parallel.h"
+
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/rule_registry.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <limits>
+
+namespace dtp {
+namespace {
+
+thread_local bool loss_parallel_on = false;
+
+// The row sums of the last gradient nll_loss_backward produced on this thread,
+// recognised by its local shard (alive, same data, unmodified; views of it
+// such as nll_loss_nd's reshape match too).
+struct NllGradRowSums {
+  c10::weak_intrusive_ptr<c10::TensorImpl> local{c10::intrusive_ptr<c10::TensorImpl>()};
+  const void* data = nullptr;
+  int64_t numel = 0;
+  int64_t version = 0;
+  at::Tensor rowsum;  // one per row, rows in the order of movedim(class, -1)
+
+  bool matches(const at::Tensor& g) const {
+    return rowsum.defined() && !local.expired() && g.data_ptr() == data && g.numel() == numel &&
+           g._version() == version;
+  }
+};
+thread_local NllGradRowSums last_nll_grad;
+
+enum Reduction { kNone = 0, kMean = 1, kSum = 2 };
+
+// Mesh dims sharding the class dim and (for 2-D logits) the batch dim.
+struct ClassSharding {
+  std::vector<size_t> class_dims, batch_dims;
+  Placements rows;  // per-row tensors (targets, losses): Shard(0) on batch dims
+};
+
+std::optional<ClassSharding> classSharding(const DTensorSpec& s, int64_t class_dim) {
+  ClassSharding cs;
+  for (size_t m = 0; m < s.placements.size(); ++m) {
+    const Placement& p = s.placements[m];
+    if (p.is_shard() && p.dim == class_dim) cs.class_dims.push_back(m);
+    else if (p.is_shard() && p.dim == 0 && class_dim == 1) cs.batch_dims.push_back(m);
+    else if (!p.is_replicate()) return std::nullopt;
+    cs.rows.push_back(p.is_shard() && p.dim == 0 && class_dim == 1 ? Shard(0) : Replicate());
+  }
+  if (cs.class_dims.empty()) return std::nullopt;
+  return cs;
+}
+
+void allReduce(const DTensorSpec& s, const std::vector<size_t>& dims, at::Tensor& t, ReduceOp op) {
+  for (size_t m : dims) s.mesh.get_group(m).all_reduce(t, op);
+}
+
+// This rank's part of a per-row argument laid out as `want`: a DTensor is
+// redistributed, a plain tensor is taken as the replicated whole.
+at::Tensor localAs(const at::Tensor& t, const DeviceMesh& mesh, const Placements& want) {
+  if (auto* impl = maybeGetDTensorImpl(t)) return redistribute_local(impl->local(), impl->spec(), want);
+  if (t.dim() == 0) return t;
+  auto whole = make_spec(mesh, Placements(want.size(), Replicate()), t.sizes().vec(), t.scalar_type());
+  return redistribute_local(t, *whole, want);
+}
+
+at::Tensor wrap(at::Tensor local, const DTensorSpec& like, Placements placements, std::vector<int64_t> shape) {
+  auto dtype = local.scalar_type();
+  return makeDTensor(std::move(local), make_spec(like.mesh, std::move(placements), std::move(shape), dtype));
+}
+
+// What nll_loss(2d) forward and backward share: class-sharded logits ([C],
+// [N, C] or [N, C, H, W]) as rows [rows, local classes], this rank's targets,
+// and per row where the target's column lives and its weight. Nothing when
+// the logits are not class-sharded (the ordinary rules take the call).
+struct NllCall {
+  const DTensorImpl* impl;
+  int64_t class_dim;
+  ClassSharding cs;
+  at::Tensor lp;                      // [rows, local classes]
+  at::Tensor target;                  // this rank's targets, in their shape
+  std::vector<int64_t> target_shape;  // global
+  at::Tensor index;                   // [rows, 1] local column of the target (clamped)
+  at::Tensor here;                    // [rows] the target's column is on this rank
+  at::Tensor weight;                  // [rows] weight of the target, 0 where ignored
+};
+
+// `validate`: check the targets' range (forward; its backward sees the same
+// targets, and each check is a host sync on an accelerator).
+std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, size_t target, size_t weight,
+                               size_t ignore_index, bool validate) {
+  auto* impl = maybeGetDTensorImpl(args[self].toTensor());
+  if (impl == nullptr) return std::nullopt;
+  const DTensorSpec& s = impl->spec();
+  const int64_t class_dim = s.ndim() == 1 ? 0 : 1;
+  auto cs = classSharding(s, class_dim);
+  if (!cs) return std::nullopt;
+  NllCall c{impl, class_dim, *cs};
+  const at::Tensor& local = impl->local();
+  int64_t rows = 1;
+  for (int64_t d = 0; d < local.dim(); ++d)
+    if (d != class_dim) rows *= local.size(d);
+  const int64_t local_classes = local.size(class_dim), num_classes = s.shape[class_dim];
+  const int64_t offset = s.local_offset()[class_dim];
+  c.lp = local.movedim(class_dim, -1).reshape({rows, local_classes});
+  const at::Tensor& t_arg = args[target].toTensor();
+  auto* t_impl = maybeGetDTensorImpl(t_arg);
+  c.target_shape = t_impl ? t_impl->spec().shape : t_arg.sizes().vec();
+  c.target = localAs(t_arg, s.mesh, c.cs.rows);
+
+  const at::Tensor flat = c.target.reshape({-1});
+  const at::Tensor valid = flat.ne(args[ignore_index].toInt());
+  const at::Tensor t = at::where(valid, flat, at::zeros_like(flat));
+  if (validate && t.numel() > 0) {
+    const auto [lo, hi] = at::aminmax(t);
+    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < num_classes, "dtp::loss_parallel: target out of range [0, ",
+                num_classes, "): fix the labels or the vocabulary size.");
+  }
+  c.here = valid & t.ge(offset) & t.lt(offset + local_classes);
+  c.index = (t - offset).clamp(0, std::max<int64_t>(local_classes - 1, 0)).unsqueeze(1);
+  const Placements replicated(s.placements.size(), Replicate());
+  const at::Tensor w = args[weight].isNone() ? at::Tensor() : localAs(args[weight].toTensor(), s.mesh, replicated);
+  c.weight = w.defined() ? w.to(c.lp.scalar_type()).index_select(0, t) * valid : valid.to(c.lp.scalar_type());
+  return c;
+}
+
+// nll_loss_forward on the log-probabilities `logp` [rows, local classes]: the
+// loss (per row for reduction none) and the total weight. Per-row losses follow
+// the rows; sums are partial over batch-sharded dims.
+std::pair<at::Tensor, at::Tensor> nllForward(const NllCall& c, const at::Tensor& logp, int64_t reduction) {
+  const DTensorSpec& s = c.impl->spec();
+  at::Tensor picked = logp.size(1) == 0 ? at::zeros({logp.size(0)}, logp.options())
+                                        : logp.gather(1, c.index).squeeze(1) * c.here;
+  allReduce(s, c.cs.class_dims, picked, ReduceOp::Sum);
+  const at::Tensor loss = -picked * c.weight;
+  at::Tensor total = c.weight.sum();
+  Placements sums = c.cs.rows;
+  for (auto& p : sums)
+    if (p.is_shard()) p = Partial();
+  at::Tensor out;
+  Placements out_placements = sums, total_placements = sums;
+  std::vector<int64_t> out_shape;
+  if (reduction == kNone) {
+    out = loss.reshape(c.target.sizes());
+    out_placements = c.cs.rows;
+    out_shape = c.target_shape;
+  } else if (reduction == kSum) {
+    out = loss.sum();
+  } else {
+    allReduce(s, c.cs.batch_dims, total, ReduceOp::Sum);
+    total_placements = Placements(s.placements.size(), Replicate());
+    out = loss.sum() / total;
+  }
+  return {wrap(std::move(out), s, out_placements, out_shape), wrap(std::move(total), s, total_placements, {})};
+}
+
+// d loss / d (row's loss term) from the output's gradient: per row, weighted.
+at::Tensor rowCoeff(const NllCall& c, const DeviceMesh& mesh, const at::Tensor& grad_out, const at::Tensor& total,
+                    int64_t reduction) {
+  const auto dtype = c.weight.scalar_type();
+  const Placements replicated(mesh.ndim(), Replicate());
+  at::Tensor g = localAs(grad_out, mesh, reduction == kNone ? c.cs.rows : replicated);
+  at::Tensor coeff = g.reshape({-1}).to(dtype) * c.weight;
+  if (reduction == kMean) coeff.div_(localAs(total, mesh, replicated).to(dtype));
+  return coeff;
+}
+
+// sum(exp(x), dim), an eighth of the rows (dim 0) at a time: the logits sit
+// at the step's memory peak, where a logits-sized temporary is one logits'
+// worth more peak memory and, with glibc returning the freed top of the heap,
+// fresh pages on every step.
+at::Tensor rowSumExp(const at::Tensor& x, int64_t dim) {
+  if (dim == 0 || x.numel() == 0) return x.exp().sum(dim, /*keepdim=*/true);
+  const int64_t n = x.size(0), block = (n + 7) / 8;
+  auto shape = x.sizes().vec();
+  shape[dim] = 1;
+  at::Tensor sum = at::empty(shape, x.options());
+  for (int64_t i = 0; i < n; i += block) {
+    at::Tensor rows = sum.narrow(0, i, std::min(block, n - i));
+    at::sum_out(rows, x.narrow(0, i, rows.size(0)).exp(), dim, /*keepdim=*/true);
+  }
+  return sum;
+}
+
+// log_softmax of this rank's class columns `x` along `dim` over the whole
+// class dim (the mesh dims `class_dims` shard it): 2 all-reduces per dim.
+at::Tensor localLogSoftmax(const at::Tensor& x, int64_t dim, const DTensorSpec& s,
+                           const std::vector<size_t>& class_dims) {
+  at::Tensor max;
+  if (x.size(dim) == 0) {  // an empty shard (fewer classes than ranks)
+    auto shape = x.sizes().vec();
+    shape[dim] = 1;
+    max = at::full(shape, -std::numeric_limits<double>::infinity(), x.options());
+  } else {
+    max = std::get<0>(x.max(dim, /*keepdim=*/true)).contiguous();
+  }
+  allReduce(s, class_dims, max, ReduceOp::Max);
+  at::Tensor out = x - max;
+  at::Tensor sumexp = rowSumExp(out, dim);
+  allReduce(s, class_dims, sumexp, ReduceOp::Sum);
+  return out.sub_(sumexp.log_());
+}
+
+bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  if (!loss_parallel_on) return false;
+  const at::Tensor self = args[0].toTensor();
+  auto* impl = maybeGetDTensorImpl(self);
+  if (impl == nullptr) return false;
+  const int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), self.dim());
+  auto cs = classSharding(impl->spec(), dim);
+  if (!cs) return false;
+  const bool half_to_float = args[2].toBool();
+  const DTensorSpec& s = impl->spec();
+  at::Tensor out = localLogSoftmax(half_to_float ? impl->local().to(at::kFloat) : impl->local(), dim, s, cs->class_dims);
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(wrap(std::move(out), s, s.placements, s.shape));
+  return true;
+}
+
+bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 4);
+  const at::Tensor grad = args[0].toTensor(), output = args[1].toTensor();
+  auto* out_impl = maybeGetDTensorImpl(output);
+  if (out_impl == nullptr) return false;
+  const DTensorSpec& s = out_impl->spec();
+  const int64_t dim = c10::maybe_wrap_dim(args[2].toInt(), output.dim());
+  auto cs = classSharding(s, dim);
+  if (!cs) return false;
+  const auto input_dtype = static_cast<at::ScalarType>(args[3].toInt());
+  at::Tensor g = localAs(grad, s.mesh, s.placements);
+  at::Tensor rowsum;
+  if (last_nll_grad.matches(g)) {
+    auto shape = g.movedim(dim, -1).sizes().vec();
+    shape.back() = 1;
+    rowsum = last_nll_grad.rowsum.reshape(shape).movedim(-1, dim);
+  } else {
+    rowsum = g.sum(dim, /*keepdim=*/true);
+    allReduce(s, cs->class_dims, rowsum, ReduceOp::Sum);
+  }
+  last_nll_grad = NllGradRowSums{};
+  at::Tensor grad_in = out_impl->local().exp().mul_(rowsum.neg()).add_(g).to(input_dtype);
+  torch::jit::drop(*stack, 4);
+  stack->emplace_back(wrap(std::move(grad_in), s, s.placements, s.shape));
+  return true;
+}
+
+bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 5);
+  if (!loss_parallel_on) return false;
+  auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
+  if (!c) return false;
+  auto [out, total] = nllForward(*c, c->lp, args[3].toInt());
+  torch::jit::drop(*stack, 5);
+  stack->emplace_back(std::move(out));
+  stack->emplace_back(std::move(total));
+  return true;
+}
+
+bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 7);
+  auto c = nllCall(args, /*self=*/1, /*target=*/2, /*weight=*/3, /*ignore_index=*/5, /*validate=*/false);
+  if (!c) return false;
+  const DTensorSpec& s = c->impl->spec();
+  const at::Tensor& lp = c->lp;
+  at::Tensor coeff = rowCoeff(*c, s.mesh, args[0].toTensor(), args[6].toTensor(), args[4].toInt()).neg_();
+  at::Tensor grad = at::zeros_like(lp);
+  if (lp.size(1) > 0) grad.scatter_(1, c->index, (coeff * c->here).unsqueeze(1));
+  grad = grad.reshape(c->impl->local().movedim(c->class_dim, -1).sizes()).movedim(-1, c->class_dim);
+  last_nll_grad = NllGradRowSums{c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()),
+                                 grad.data_ptr(), grad.numel(), grad._version(), coeff};
+  torch::jit::drop(*stack, 7);
+  stack->emplace_back(wrap(std::move(grad), s, s.placements, s.shape));
+  return true;
+}
+
+// loss_parallel_cross_entropy on 2-D logits without label smoothing, fused:
+// the same all-reduces and arithmetic as log_softmax + nll_loss (so the same
+// values as one device's), without the dispatcher round trips, nll_loss's
+// zero-filled gradient and, unless the graph is retained, any new
+// logits-sized tensor in backward (the log-probabilities become the gradient).
+struct CrossEntropyBackward : torch::autograd::Node {
+  NllCall call;        // the targets' rows; its logits (impl, lp) dropped
+  SpecPtr spec;        // the logits'
+  at::Tensor logp;     // [rows, local classes]
+  at::Tensor total;    // the total weight (mean)
+  int64_t reduction = kMean;
+  bool reuse = false;  // backward may overwrite `logp`
+
+  std::string name() const override { return "dtp::CrossEntropyBackward"; }
+  void will_release_variables() override { reuse = true; }
+  void release_variables() override { logp.reset(); }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    TORCH_CHECK(logp.defined(), "dtp::loss_parallel_cross_entropy: backward ran a second time through a "
+                "graph whose saved log-probabilities were freed. Pass retain_graph=true to the first backward.");
+    if (!grads[0].defined()) return {at::Tensor()};
+    const at::Tensor coeff = rowCoeff(call, spec->mesh, grads[0], total, reduction);
+    // log_softmax's backward of nll_loss's gradient: softmax * coeff, minus
+    // coeff at the target.
+    at::Tensor grad;
+    if (reuse) {
+      grad = std::move(logp);
+      grad.exp_();
+    } else {
+      grad = logp.exp();
+    }
+    grad.mul_(coeff.unsqueeze(1));
+    if (grad.size(1) > 0) grad.scatter_add_(1, call.index, (coeff * call.here).neg_().unsqueeze(1));
+    return {makeDTensor(std::move(grad), spec)};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& weight,
+                               int64_t reduction, int64_t ignore_index) {
+  auto* impl = maybeGetDTensorImpl(logits);
+  if (impl == nullptr || logits.dim() != 2) return {};
+  const c10::IValue args[] = {logits, target, weight.defined() ? c10::IValue(weight) : c10::IValue(),
+                              c10::IValue(reduction), c10::IValue(ignore_index)};
+  auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
+  if (!c) return {};
+  at::Tensor logp = localLogSoftmax(c->lp, 1, impl->spec(), c->cs.class_dims);
+  auto [out, total] = nllForward(*c, logp, reduction);
+  if (logits.requires_grad() && at::GradMode::is_enabled()) {
+    auto node = std::make_shared<CrossEntropyBackward>();
+    node->spec = impl->spec_ptr();
+    node->logp = std::move(logp);
+    node->total = std::move(total);
+    node->reduction = reduction;
+    node->call = std::move(*c);
+    node->call.impl = nullptr;
+    node->call.lp.reset();
+    node->set_next_edges(torch::autograd::collect_next_edges(logits));
+    torch::autograd::set_history(out, node);
+  }
+  return out;
+}
+
+void registerLossParallelRules(RuleRegistry& r) {
+  r.add_handler("aten::_log_softmax", logSoftmax);
+  r.add_handler("aten::_log_softmax_backward_data", logSoftmaxBackward);
+  for (const char* op : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"}) {
+    r.add_handler(op, nllLossForward);
+    r.add_hint(op, "For logits sharded on the class dim, compute the loss inside dtp::LossParallelGuard "
+                   "or with dtp::loss_parallel_cross_entropy.");
+  }
+  for (const char* op : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"}) {
+    r.add_handler(op, nllLossBackward);
+    r.add_hint(op, "A loss computed under dtp::LossParallelGuard saves plain targets for backward: run "
+                   "backward inside the guard too, or use dtp::loss_parallel_cross_entropy.");
+  }
+}
+
+bool loss_parallel_enabled() { return loss_parallel_on; }
+void set_loss_parallel_enabled(bool on) { loss_parallel_on = on; }
+
+}  // namespace dtp
