@@ -1,5 +1,7 @@
 #include "dtp/device_mesh.h"
 
+#include "mesh/fake_mesh.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -81,6 +83,8 @@ int64_t DeviceMesh::get_local_rank(const std::string& name) const {
 
 ProcessGroup DeviceMesh::get_group(int64_t dim) const {
   size(dim);
+  TORCH_CHECK(impl_->groups[dim].valid(), "DeviceMesh: ", str(), " has no process group on dim ", dim,
+              " (a mesh for communication-free rule tests). Build the mesh with init_device_mesh.");
   return impl_->groups[dim];
 }
 ProcessGroup DeviceMesh::get_group(const std::string& name) const {
@@ -142,6 +146,28 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
 }
 
 std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh) { return os << mesh.str(); }
+
+DeviceMesh make_fake_device_mesh(const std::vector<int64_t>& shape, const std::vector<int64_t>& coordinate,
+                                 const std::vector<std::string>& names) {
+  TORCH_CHECK(!shape.empty() && coordinate.size() == shape.size() && (names.empty() || names.size() == shape.size()),
+              "make_fake_device_mesh: shape ", c10::IntArrayRef(shape), ", coordinate ",
+              c10::IntArrayRef(coordinate), " and ", names.size(), " names do not fit together.");
+  auto impl = std::make_shared<DeviceMesh::Impl>();
+  impl->device_type = "cpu";
+  impl->shape = shape;
+  impl->names = names;
+  impl->coordinate = coordinate;
+  impl->groups.resize(shape.size());
+  const auto st = strides(shape);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    TORCH_CHECK(coordinate[d] >= 0 && coordinate[d] < shape[d], "make_fake_device_mesh: coordinate ",
+                c10::IntArrayRef(coordinate), " lies outside shape ", c10::IntArrayRef(shape), ".");
+    impl->rank += static_cast<int>(coordinate[d] * st[d]);
+  }
+  const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  for (int64_t r = 0; r < n; ++r) impl->ranks.push_back(static_cast<int>(r));
+  return DeviceMesh(std::move(impl));
+}
 
 DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& names,
