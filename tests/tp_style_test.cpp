@@ -273,4 +273,46 @@ TEST(TpStyleTest, PrepareModuleInputAndOutput) {
   });
 }
 
+struct TwoProjectionsImpl : torch::nn::Module {
+  dtp::nn::Linear a{register_module("a", dtp::nn::Linear(4, 6))};
+  dtp::nn::Linear b{register_module("b", dtp::nn::Linear(4, 6))};
+  at::Tensor forward(const at::Tensor& x) { return a(x) + b(x); }
+};
+DTP_MODULE(TwoProjections);
+
+// Megatron's f: with gradient_boundary, the Partial gradients of the two
+// Colwise projections meet at the module's input and leave it Replicate
+// (one all-reduce there); without, the layer before gets them Partial.
+TEST(TpStyleTest, PrepareModuleInputGradientBoundary) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    for (bool boundary : {true, false}) {
+      SCOPED_TRACE(boundary ? "boundary" : "no boundary");
+      TwoProjections m;
+      setDeterministic(m);
+      TwoProjections ref;
+      setDeterministic(ref);
+      parallelize_module(*m, mesh, {{"a", ColwiseParallel(ColwiseParallelOptions().use_local_output(false))},
+                                    {"b", ColwiseParallel(ColwiseParallelOptions().use_local_output(false))}});
+      parallelize_module(*m, mesh, PrepareModuleInput(PrepareModuleInputOptions()
+                                                          .input_layouts({Replicate()})
+                                                          .desired_input_layouts({Replicate()})
+                                                          .gradient_boundary(boundary)));
+      const at::Tensor full = data({3, 4}).to(at::kFloat);
+      at::Tensor leaf = distribute_tensor(full.clone().requires_grad_(true), mesh, {Replicate()});
+      at::Tensor h = leaf * 2;  // the layer before the module
+      Placements seen;
+      h.register_hook([&](const at::Tensor& g) { seen = placements(g); });
+      at::Tensor y = m(h);
+      CommCounter bwd;
+      full_tensor(y).sum().backward();
+      EXPECT_EQ(seen, boundary ? Placements{Replicate()} : Placements{Partial()});
+      EXPECT_EQ(bwd.count(CollectiveType::AllReduce), 1) << bwd.str();  // at the boundary, or for the leaf
+      at::Tensor fx = full.clone().requires_grad_(true);
+      ref(fx * 2).sum().backward();
+      EXPECT_TRUE(full_tensor(leaf.grad()).allclose(fx.grad(), 1e-5, 1e-5));
+    }
+  });
+}
+
 }  // namespace

@@ -5,7 +5,6 @@
 #include "dtp/parallel/parallelize.h"
 
 #include <algorithm>
-#include <iostream>
 
 namespace dtp::models {
 
@@ -27,9 +26,8 @@ void checkDivisible(const char* what, int64_t value, int64_t tp, const char* fix
 void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options) {
   auto tp_mesh = get_tp_mesh(mesh);
   if (!tp_mesh) {
-    std::cerr << "dtp: apply_tensor_parallel: " << mesh.str()
-              << " has no \"tp\" dimension; the model stays unparallelized. Name a mesh dimension "
-                 "\"tp\" to shard it.\n";
+    TORCH_WARN("apply_tensor_parallel: ", mesh.str(), " has no \"tp\" dimension; the model stays "
+               "unparallelized. Name a mesh dimension \"tp\" to shard it.");
     return;
   }
   const LlamaConfig& c = model->config;
@@ -54,21 +52,28 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                                                             .input_layouts(Replicate())
                                                             .output_layouts(residual)
                                                             .use_local_output(false)));
+  // Megatron's f at the input of each module holding Colwise projections
+  // after a norm (attention, MLP, the head): their Partial gradients are
+  // summed and reduced once there, so the norm gets a Replicate gradient and
+  // its weight needs no all-reduce of its own. Under SP the all-gather of the
+  // sequence is that boundary already.
+  const auto gather_input = PrepareModuleInput(PrepareModuleInputOptions()
+                                                   .input_layouts({residual})
+                                                   .desired_input_layouts({Replicate()})
+                                                   .gradient_boundary(true));
   if (c.with_head) {
     plan.emplace_back("output", ColwiseParallel(ColwiseParallelOptions()
                                                     .input_layouts(residual)
                                                     .output_layouts(Shard(-1))
                                                     .use_local_output(false)));
+    if (!sp) plan.emplace_back("output", gather_input);
   }
   if (sp) {
     plan.emplace_back("norm", SequenceParallel());
     plan.emplace_back("layers.*.attention_norm", SequenceParallel());
     plan.emplace_back("layers.*.ffn_norm", SequenceParallel());
-    for (const char* m : {"layers.*.attention", "layers.*.feed_forward"})
-      plan.emplace_back(m, PrepareModuleInput(PrepareModuleInputOptions()
-                                                  .input_layouts({Shard(1)})
-                                                  .desired_input_layouts({Replicate()})));
   }
+  for (const char* m : {"layers.*.attention", "layers.*.feed_forward"}) plan.emplace_back(m, gather_input);
   const auto rowwise_out = RowwiseParallel(RowwiseParallelOptions().output_layouts(residual).use_local_output(false));
   for (const char* m : {"wq", "wk", "wv"}) plan.emplace_back(std::string("layers.*.attention.") + m, ColwiseParallel());
   plan.emplace_back("layers.*.attention.wo", rowwise_out);
@@ -80,24 +85,6 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                plan.end());
   }
   parallelize_module(*model, *tp_mesh, plan);
-  if (!sp) {
-    // Megatron's f: the Colwise projections after a norm (q/k/v, w1/w3, the
-    // head) send back Partial gradients; reduce their sum once at the input
-    // of the module holding them, so the norm gets a Replicate gradient and
-    // its weight needs no all-reduce of its own.
-    std::vector<nn::HookHost*> inputs;
-    for (const auto& layer : *model->layers) {
-      auto* block = layer->as<TransformerBlockImpl>();
-      inputs.push_back(block->attention.get());
-      inputs.push_back(block->feed_forward.get());
-    }
-    if (c.with_head) inputs.push_back(model->output.get());
-    for (nn::HookHost* host : inputs) {
-      host->pre_hooks.push_back([m = *tp_mesh](std::vector<at::Tensor>& in) {
-        if (is_dtensor(in[0])) in[0] = redistribute(in[0], m, {Replicate()});
-      });
-    }
-  }
 
   // Whatever the plan left plain (the norms without SP) is replicated. A
   // stage takes and returns plain activations, replicated on every rank.

@@ -164,8 +164,9 @@ void PrepareModuleInput::apply(torch::nn::Module& m, const std::string& fqn, con
                 " entries.");
     for (size_t i = 0; i < o.input_layouts().size(); ++i) {
       if (!o.input_layouts()[i]) continue;
-      in[i] = to(asDTensor(in[i], mesh, *o.input_layouts()[i]), mesh, *o.desired_input_layouts()[i],
-                 o.use_local_output());
+      at::Tensor x = asDTensor(in[i], mesh, *o.input_layouts()[i]);
+      if (o.gradient_boundary()) x = redistribute(std::move(x), mesh, {*o.desired_input_layouts()[i]});
+      in[i] = to(std::move(x), mesh, *o.desired_input_layouts()[i], o.use_local_output());
     }
   });
 }

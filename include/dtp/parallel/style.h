@@ -28,6 +28,19 @@ class ParallelStyle {
   virtual std::string name() const = 0;
 };
 
+// What every style shares, written once (CRTP): its options, held by value
+// with PyTorch's defaults, and its name, Derived::kName.
+template <class Derived, class Options>
+class ParallelStyleWith : public ParallelStyle {
+ public:
+  explicit ParallelStyleWith(Options options = {}) : options_(std::move(options)) {}
+  std::string name() const override { return Derived::kName; }
+  const Options& options() const { return options_; }
+
+ protected:
+  Options options_;
+};
+
 struct ColwiseParallelOptions {
   TORCH_ARG(Placement, input_layouts) = Replicate();
   TORCH_ARG(Placement, output_layouts) = Shard(-1);
@@ -36,15 +49,12 @@ struct ColwiseParallelOptions {
 
 // nn::Linear: weight and bias Shard(0), output sharded on the last dim.
 // nn::Embedding: weight Shard(1) (embedding dim).
-class ColwiseParallel : public ParallelStyle {
+class ColwiseParallel : public ParallelStyleWith<ColwiseParallel, ColwiseParallelOptions> {
  public:
-  explicit ColwiseParallel(ColwiseParallelOptions options = {}) : options_(options) {}
+  static constexpr const char* kName = "ColwiseParallel";
+  using ParallelStyleWith::ParallelStyleWith;
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
-  std::string name() const override { return "ColwiseParallel"; }
-
- private:
-  ColwiseParallelOptions options_;
 };
 
 struct RowwiseParallelOptions {
@@ -56,15 +66,12 @@ struct RowwiseParallelOptions {
 // nn::Linear: weight Shard(1), bias Replicate; the Partial output becomes
 // output_layouts (Replicate: all_reduce; Shard(d): reduce_scatter).
 // nn::Embedding: weight Shard(0) (vocab); replicated ids; Partial output.
-class RowwiseParallel : public ParallelStyle {
+class RowwiseParallel : public ParallelStyleWith<RowwiseParallel, RowwiseParallelOptions> {
  public:
-  explicit RowwiseParallel(RowwiseParallelOptions options = {}) : options_(options) {}
+  static constexpr const char* kName = "RowwiseParallel";
+  using ParallelStyleWith::ParallelStyleWith;
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
-  std::string name() const override { return "RowwiseParallel"; }
-
- private:
-  RowwiseParallelOptions options_;
 };
 
 struct SequenceParallelOptions {
@@ -74,15 +81,12 @@ struct SequenceParallelOptions {
 
 // Norms and dropout on sequence-sharded activations: parameters replicated,
 // input Shard(sequence_dim) (a plain tensor is taken as this rank's shard).
-class SequenceParallel : public ParallelStyle {
+class SequenceParallel : public ParallelStyleWith<SequenceParallel, SequenceParallelOptions> {
  public:
-  explicit SequenceParallel(SequenceParallelOptions options = {}) : options_(options) {}
+  static constexpr const char* kName = "SequenceParallel";
+  using ParallelStyleWith::ParallelStyleWith;
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
-  std::string name() const override { return "SequenceParallel"; }
-
- private:
-  SequenceParallelOptions options_;
 };
 
 // One entry per tensor argument of forward; nullopt leaves that argument alone.
@@ -92,20 +96,23 @@ struct PrepareModuleInputOptions {
   TORCH_ARG(Layouts, input_layouts);
   TORCH_ARG(Layouts, desired_input_layouts);
   TORCH_ARG(bool, use_local_output) = false;
+  // Megatron's f: redistribute even where the input already has the desired
+  // layout, so that the gradients of everything inside the module meet here
+  // and are reduced to the input's layout (for a Replicate input: one
+  // all-reduce of the sum of its Colwise projections' Partial gradients, so
+  // the layer before gets a Replicate gradient). dtp extension.
+  TORCH_ARG(bool, gradient_boundary) = false;
 };
 
 // Turns forward's tensor arguments into DTensors with input_layouts (plain
 // tensors are this rank's shard) and redistributes them to the desired ones.
 // C++ forwards have no keyword arguments: input_kwarg_layouts has no analogue.
-class PrepareModuleInput : public ParallelStyle {
+class PrepareModuleInput : public ParallelStyleWith<PrepareModuleInput, PrepareModuleInputOptions> {
  public:
-  explicit PrepareModuleInput(PrepareModuleInputOptions options) : options_(std::move(options)) {}
+  static constexpr const char* kName = "PrepareModuleInput";
+  using ParallelStyleWith::ParallelStyleWith;
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
-  std::string name() const override { return "PrepareModuleInput"; }
-
- private:
-  PrepareModuleInputOptions options_;
 };
 
 struct PrepareModuleOutputOptions {
@@ -114,15 +121,12 @@ struct PrepareModuleOutputOptions {
   TORCH_ARG(bool, use_local_output) = true;
 };
 
-class PrepareModuleOutput : public ParallelStyle {
+class PrepareModuleOutput : public ParallelStyleWith<PrepareModuleOutput, PrepareModuleOutputOptions> {
  public:
-  explicit PrepareModuleOutput(PrepareModuleOutputOptions options) : options_(options) {}
+  static constexpr const char* kName = "PrepareModuleOutput";
+  using ParallelStyleWith::ParallelStyleWith;
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
-  std::string name() const override { return "PrepareModuleOutput"; }
-
- private:
-  PrepareModuleOutputOptions options_;
 };
 
 class PrepareModuleInputOutput : public ParallelStyle {
