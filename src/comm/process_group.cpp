@@ -269,7 +269,7 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
                               const std::vector<int64_t>& sizes, bool async_op) const {
   checkSizes(*impl_, "all_gather", sizes);
   dim = c10::maybe_wrap_dim(dim, local.dim());
-  TORCH_CHECK(local.size(dim) == sizes[impl_->rank], "dtp: all_gather: local tensor has ",
+  TORCH_CHECK(local.size(dim) == sizes[impl_->rank], "ProcessGroup::all_gather: local tensor has ",
               local.size(dim), " elements along dim ", dim, ", but sizes[", impl_->rank,
               "] = ", sizes[impl_->rank], ".");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -333,7 +333,7 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
   checkSizes(*impl_, "reduce_scatter", sizes);
   dim = c10::maybe_wrap_dim(dim, input.dim());
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  TORCH_CHECK(input.size(dim) == total, "dtp: reduce_scatter: input has ", input.size(dim),
+  TORCH_CHECK(input.size(dim) == total, "ProcessGroup::reduce_scatter: input has ", input.size(dim),
               " elements along dim ", dim, ", but the per-rank sizes add up to ", total, ".");
   if (impl_->size == 1) return Work::ready(op == ReduceOp::Avg ? input.clone() : input);
   CommCounter::record(CollectiveType::ReduceScatter, nbytes(input));
@@ -370,11 +370,11 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
   cat_dim = c10::maybe_wrap_dim(cat_dim, input.dim());
   TORCH_CHECK(split_dim != cat_dim, "dtp: all_to_all needs split_dim != cat_dim.");
   const int me = impl_->rank, W = impl_->size;
-  TORCH_CHECK(input.size(cat_dim) == cat_sizes[me], "dtp: all_to_all: input has ",
+  TORCH_CHECK(input.size(cat_dim) == cat_sizes[me], "ProcessGroup::all_to_all: input has ",
               input.size(cat_dim), " elements along dim ", cat_dim, ", expected cat_sizes[",
               me, "] = ", cat_sizes[me], ".");
   const int64_t split_total = std::accumulate(split_sizes.begin(), split_sizes.end(), int64_t{0});
-  TORCH_CHECK(input.size(split_dim) == split_total, "dtp: all_to_all: input has ",
+  TORCH_CHECK(input.size(split_dim) == split_total, "ProcessGroup::all_to_all: input has ",
               input.size(split_dim), " elements along dim ", split_dim,
               ", but split_sizes add up to ", split_total, ".");
   if (W == 1) return Work::ready(input);
@@ -427,7 +427,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
   if (me == src) {
     TORCH_CHECK(static_cast<int>(chunks.size()) == W, "dtp: scatter on the source rank needs ",
                 W, " chunks, got ", chunks.size(), ".");
-    TORCH_CHECK(chunks[me].sizes() == output.sizes(), "dtp: scatter: the source's own chunk ",
+    TORCH_CHECK(chunks[me].sizes() == output.sizes(), "ProcessGroup::scatter: the source's own chunk ",
                 chunks[me].sizes(), " does not match its output ", output.sizes(), ".");
   }
   if (W == 1) {

@@ -98,7 +98,7 @@ auto run_hooked(M& m, Args&&... args) {
   if constexpr (std::is_same_v<decltype(out), at::Tensor>) {
     for (auto& hook : host.post_hooks) hook(out);
   } else {
-    TORCH_CHECK(host.post_hooks.empty(), "dtp::nn: module '", host.fqn,
+    TORCH_CHECK(host.post_hooks.empty(), "Hooked: module '", host.fqn,
                 "' has output hooks but its forward does not return one at::Tensor. NYI: hooks "
                 "on other outputs; prepare the output in the caller instead.");
   }

@@ -133,7 +133,7 @@ std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, siz
   const at::Tensor t = at::where(valid, flat, at::zeros_like(flat));
   if (validate && t.numel() > 0) {
     const auto [lo, hi] = at::aminmax(t);
-    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < num_classes, "dtp::loss_parallel: target out of range [0, ",
+    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < num_classes, "loss_parallel: target out of range [0, ",
                 num_classes, "): fix the labels or the vocabulary size.");
   }
   c.here = valid & t.ge(offset) & t.lt(offset + local_classes);
@@ -311,7 +311,7 @@ struct CrossEntropyBackward : torch::autograd::Node {
   void will_release_variables() override { reuse = true; }
   void release_variables() override { logp.reset(); }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    TORCH_CHECK(logp.defined(), "dtp::loss_parallel_cross_entropy: backward ran a second time through a "
+    TORCH_CHECK(logp.defined(), "loss_parallel_cross_entropy: backward ran a second time through a "
                 "graph whose saved log-probabilities were freed. Pass retain_graph=true to the first backward.");
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor coeff = rowCoeff(call, spec->mesh, grads[0], total, reduction);
