@@ -13,8 +13,9 @@ void checkOneDim(const DeviceMesh& mesh, const char* fn) {
   TORCH_CHECK(mesh.ndim() == 1, fn, ": needs a 1-D mesh, got ", mesh.str(), ". Slice it by name (mesh[\"tp\"]).");
 }
 
-// `t` as a DTensor: plain tensors are this rank's part of `layout`.
-at::Tensor asDTensor(const at::Tensor& t, const DeviceMesh& mesh, Placement layout, const char* fn) {
+// `t` laid out as `layout`: a DTensor is redistributed to it, a plain tensor
+// is taken as this rank's part of it.
+at::Tensor inLayout(const at::Tensor& t, const DeviceMesh& mesh, Placement layout, const char* fn) {
   checkOneDim(mesh, fn);
   return is_dtensor(t) ? redistribute(t, mesh, {layout}) : from_local(t, mesh, {layout}, /*run_check=*/false);
 }
@@ -48,16 +49,16 @@ void PairwiseParallel::apply(torch::nn::Module& module, const std::string& fqn, 
 }
 
 at::Tensor make_input_replicate_1d(const at::Tensor& input, const DeviceMesh& mesh) {
-  return asDTensor(input, mesh, Replicate(), "make_input_replicate_1d");
+  return inLayout(input, mesh, Replicate(), "make_input_replicate_1d");
 }
 at::Tensor make_input_shard_1d(const at::Tensor& input, const DeviceMesh& mesh, int64_t dim) {
-  return asDTensor(input, mesh, Shard(dim), "make_input_shard_1d");
+  return inLayout(input, mesh, Shard(dim), "make_input_shard_1d");
 }
 at::Tensor make_input_shard_1d_last_dim(const at::Tensor& input, const DeviceMesh& mesh) {
-  return asDTensor(input, mesh, Shard(-1), "make_input_shard_1d_last_dim");
+  return inLayout(input, mesh, Shard(-1), "make_input_shard_1d_last_dim");
 }
 at::Tensor make_input_reshard_replicate(const at::Tensor& input, const DeviceMesh& mesh) {
-  return redistribute(asDTensor(input, mesh, Shard(0), "make_input_reshard_replicate"), mesh, {Replicate()});
+  return redistribute(inLayout(input, mesh, Shard(0), "make_input_reshard_replicate"), mesh, {Replicate()});
 }
 at::Tensor make_output_replicate_1d(const at::Tensor& output, const DeviceMesh& mesh) {
   return reshard(output, mesh, Replicate(), "make_output_replicate_1d");
