@@ -2,6 +2,7 @@
 // on one device.
 #include "dist.h"
 #include "dtp/comm_counter.h"
+#include "dtp/dtensor.h"
 
 #include <ATen/ATen.h>
 
@@ -139,6 +140,43 @@ TEST_P(CommTest, ScatterUnevenChunks) {
     at::Tensor out = at::empty({chunk_sizes(n, w)[rank], 2});
     dtp::default_process_group().scatter(out, chunks, 0);
     EXPECT_TRUE(out.equal(chunkOf(full, 0, w, rank)));
+  });
+}
+
+// Zero-size tensors work in every collective as on one device (Gloo divides
+// by the element count and dies of SIGFPE when given none), and move nothing.
+TEST_P(CommTest, ZeroSizeTensorsInEveryCollective) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    dtp::CommCounter comm;
+    at::Tensor e = at::zeros({0, 4});
+    EXPECT_EQ(pg.all_reduce(e).wait().sizes(), e.sizes());
+    EXPECT_EQ(pg.broadcast(e, w - 1).wait().sizes(), e.sizes());
+    EXPECT_EQ(pg.all_gather(e, 0, std::vector<int64_t>(w, 0)).wait().sizes(), c10::IntArrayRef({0, 4}));
+    EXPECT_EQ(pg.all_gather(at::zeros({2, 0}), 0, std::vector<int64_t>(w, 2)).wait().sizes(),
+              c10::IntArrayRef({2 * w, 0}));
+    EXPECT_EQ(pg.reduce_scatter(at::zeros({0, 4}), 0, std::vector<int64_t>(w, 0)).wait().sizes(),
+              c10::IntArrayRef({0, 4}));
+    EXPECT_EQ(pg.reduce_scatter(at::zeros({w, 0}), 0, std::vector<int64_t>(w, 1)).wait().sizes(),
+              c10::IntArrayRef({1, 0}));
+    EXPECT_EQ(pg.all_to_all(at::zeros({0, 0}), 0, std::vector<int64_t>(w, 0), 1, std::vector<int64_t>(w, 0))
+                  .wait().sizes(), c10::IntArrayRef({0, 0}));
+    std::vector<at::Tensor> chunks(w, at::zeros({0, 4}));
+    EXPECT_EQ(pg.scatter(at::zeros({0, 4}), rank == 0 ? chunks : std::vector<at::Tensor>{}, 0).wait().sizes(),
+              c10::IntArrayRef({0, 4}));
+    // Only scatter still calls Gloo (with zero counts, which it takes): a
+    // rank cannot tell that every other rank's chunk is empty too.
+    EXPECT_EQ(comm.total_count(), comm.count(CollectiveType::Scatter)) << comm.str();
+    // The same through DTensors: [0,4] and [4,0] distributed, gathered, reduced.
+    auto mesh = dtp::init_device_mesh("cpu", {w});
+    for (auto shape : {std::vector<int64_t>{0, 4}, std::vector<int64_t>{4, 0}}) {
+      for (auto p : {dtp::Placement(dtp::Shard(0)), dtp::Placement(dtp::Shard(1)), dtp::Placement(dtp::Replicate())}) {
+        at::Tensor d = dtp::distribute_tensor(at::zeros(shape), mesh, {p});
+        EXPECT_EQ(dtp::full_tensor(d).sizes(), c10::IntArrayRef(shape));
+        EXPECT_EQ(dtp::full_tensor(d.sum(0)).sizes(), c10::IntArrayRef({shape[1]}));
+      }
+    }
   });
 }
 

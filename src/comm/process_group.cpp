@@ -246,8 +246,14 @@ void checkSizes(const ProcessGroup::Impl& g, const char* what,
 
 }  // namespace
 
+// NOTE: [Zero-size collectives]
+// Gloo divides by the element count and dies of SIGFPE on empty buffers. A
+// collective whose buffers are empty on every rank moves nothing, so it is
+// skipped (and not counted). Each rank can tell: the shapes that make it
+// empty (the tensor's, or the per-rank sizes passed) are the same everywhere.
+
 Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) const {
-  if (impl_->size == 1) return Work::ready(tensor);
+  if (impl_->size == 1 || tensor.numel() == 0) return Work::ready(tensor);
   TORCH_CHECK(tensor.scalar_type() != at::kBool || op == ReduceOp::Max || op == ReduceOp::Min,
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
@@ -274,8 +280,9 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
               "] = ", sizes[impl_->rank], ".");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   if (impl_->size == 1) return Work::ready(local);
-  CommCounter::record(CollectiveType::AllGather,
-                      numelOf(chunkShape(local, dim, total)) * local.element_size());
+  const int64_t gathered = numelOf(chunkShape(local, dim, total));
+  if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
+  CommCounter::record(CollectiveType::AllGather, gathered * local.element_size());
 
   // Every rank's shard, flattened and padded to the largest one.
   std::vector<int64_t> numels;
@@ -336,6 +343,11 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
   TORCH_CHECK(input.size(dim) == total, "ProcessGroup::reduce_scatter: input has ", input.size(dim),
               " elements along dim ", dim, ", but the per-rank sizes add up to ", total, ".");
   if (impl_->size == 1) return Work::ready(op == ReduceOp::Avg ? input.clone() : input);
+  if (input.numel() == 0) {
+    auto shape = input.sizes().vec();
+    shape[dim] = sizes[impl_->rank];
+    return Work::ready(at::empty(shape, input.options()));
+  }
   CommCounter::record(CollectiveType::ReduceScatter, nbytes(input));
 
   const int me = impl_->rank, W = impl_->size;
@@ -378,6 +390,16 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
               input.size(split_dim), " elements along dim ", split_dim,
               ", but split_sizes add up to ", split_total, ".");
   if (W == 1) return Work::ready(input);
+  int64_t rest = 1;  // elements per (split, cat) pair: the same on every rank
+  for (int64_t d = 0; d < input.dim(); ++d)
+    if (d != split_dim && d != cat_dim) rest *= input.size(d);
+  const int64_t cat_total = std::accumulate(cat_sizes.begin(), cat_sizes.end(), int64_t{0});
+  if (rest * split_total * cat_total == 0) {
+    auto shape = input.sizes().vec();
+    shape[split_dim] = split_sizes[me];
+    shape[cat_dim] = cat_total;
+    return Work::ready(at::empty(shape, input.options()));
+  }
   CommCounter::record(CollectiveType::AllToAll, nbytes(input));
 
   at::Tensor in = input.movedim(split_dim, 0).contiguous().view({-1});
@@ -406,7 +428,7 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
 Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   TORCH_CHECK(src >= 0 && src < impl_->size, "dtp: broadcast from rank ", src,
               " in a group of ", impl_->size, " ranks.");
-  if (impl_->size == 1) return Work::ready(tensor);
+  if (impl_->size == 1 || tensor.numel() == 0) return Work::ready(tensor);
   CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
