@@ -2,6 +2,7 @@
 // checked with real collectives, slicing, printing and every error.
 #include "dist.h"
 #include "dtp/device_mesh.h"
+#include "dtp/dtensor.h"
 
 #include <ATen/ATen.h>
 
@@ -105,6 +106,31 @@ TEST(DeviceMeshTest, ErrorsNameTheProblem) {
     EXPECT_NE(dtp::test::error_of([&] { unnamed["tp"]; }).find("Give init_device_mesh mesh_dim_names"),
               std::string::npos);
   });
+}
+
+// Default-constructed handles and a CUDA mesh without CUDA are errors at the
+// API boundary, not segfaults or tensors silently left on the CPU.
+TEST(DeviceMeshTest, InvalidHandlesAndMissingCudaAreErrors) {
+  using dtp::test::expect_error;
+  const std::vector<std::string> mesh_msg{"DeviceMesh: this handle is invalid", "init_device_mesh"};
+  const std::vector<std::string> pg_msg{"ProcessGroup: this handle is invalid", "default_process_group"};
+  dtp::DeviceMesh mesh;
+  expect_error([&] { mesh.size(); }, mesh_msg);
+  expect_error([&] { mesh.get_group(0); }, mesh_msg);
+  expect_error([&] { mesh["tp"]; }, mesh_msg);
+  expect_error([&] { dtp::distribute_tensor(at::ones({4}), mesh, {dtp::Shard(0)}); }, mesh_msg);
+  EXPECT_EQ(mesh.str(), "DeviceMesh(invalid)");
+  dtp::ProcessGroup pg;
+  expect_error([&] { pg.rank(); }, pg_msg);
+  expect_error([&] { pg.all_reduce(at::ones({2})); }, pg_msg);
+  expect_error([&] { pg.barrier(); }, pg_msg);
+  expect_error([&] { pg.new_group({0}); }, pg_msg);
+  EXPECT_EQ(pg.str(), "ProcessGroup(invalid)");
+  if (!at::hasCUDA()) {
+    run_ranks(2, [](int) {
+      dtp::test::expect_error([] { dtp::init_device_mesh("cuda", {2}); }, {"no CUDA device", "Use \"cpu\""});
+    });
+  }
 }
 
 }  // namespace

@@ -55,6 +55,8 @@ class DeviceMesh {
   explicit DeviceMesh(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
  private:
+  // The mesh's state; a clear error on an invalid (default) handle.
+  const Impl& impl() const;
   std::shared_ptr<const Impl> impl_;
 };
 

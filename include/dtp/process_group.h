@@ -102,6 +102,8 @@ class ProcessGroup {
   bool operator==(const ProcessGroup& other) const { return impl_ == other.impl_; }
 
  private:
+  // The group's state; a clear error on an invalid (default) handle.
+  Impl& impl() const;
   std::shared_ptr<Impl> impl_;
 };
 

@@ -160,10 +160,17 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   return ProcessGroup(std::move(impl));
 }
 
-int ProcessGroup::rank() const { return impl_->rank; }
-int ProcessGroup::size() const { return impl_->size; }
-const std::vector<int>& ProcessGroup::global_ranks() const { return impl_->global_ranks; }
-const std::string& ProcessGroup::backend_name() const { return impl_->backend_name; }
+ProcessGroup::Impl& ProcessGroup::impl() const {
+  TORCH_CHECK(impl_ != nullptr, "ProcessGroup: this handle is invalid (default-constructed, or from new_group on a "
+              "rank outside the group). Get one from init_process_group(), default_process_group() or "
+              "DeviceMesh::get_group().");
+  return *impl_;
+}
+
+int ProcessGroup::rank() const { return impl().rank; }
+int ProcessGroup::size() const { return impl().size; }
+const std::vector<int>& ProcessGroup::global_ranks() const { return impl().global_ranks; }
+const std::string& ProcessGroup::backend_name() const { return impl().backend_name; }
 
 std::string ProcessGroup::str() const {
   if (!impl_) return "ProcessGroup(invalid)";
@@ -177,25 +184,25 @@ std::string ProcessGroup::str() const {
 }
 
 ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
-  TORCH_CHECK(impl_, "dtp: new_group on an invalid ProcessGroup.");
+  Impl& self = impl();
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   TORCH_CHECK(!ranks.empty() && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
-                  sorted.front() >= 0 && sorted.back() < impl_->size,
-              "dtp: new_group got invalid ranks for a group of size ", impl_->size,
-              ": expected distinct ranks in [0, ", impl_->size, ").");
-  const int64_t id = impl_->next_group_id++;
-  auto it = std::find(ranks.begin(), ranks.end(), impl_->rank);
+                  sorted.front() >= 0 && sorted.back() < self.size,
+              "dtp: new_group got invalid ranks for a group of size ", self.size,
+              ": expected distinct ranks in [0, ", self.size, ").");
+  const int64_t id = self.next_group_id++;
+  auto it = std::find(ranks.begin(), ranks.end(), self.rank);
   if (it == ranks.end()) return ProcessGroup();
 
   auto impl = std::make_shared<Impl>();
-  impl->root_store = impl_->root_store;
-  impl->prefix = impl_->prefix + "/" + std::to_string(id);
+  impl->root_store = self.root_store;
+  impl->prefix = self.prefix + "/" + std::to_string(id);
   impl->rank = static_cast<int>(it - ranks.begin());
   impl->size = static_cast<int>(ranks.size());
-  for (int r : ranks) impl->global_ranks.push_back(impl_->global_ranks[r]);
-  impl->options = impl_->options;
-  impl->backend_name = impl_->backend_name;
+  for (int r : ranks) impl->global_ranks.push_back(self.global_ranks[r]);
+  impl->options = self.options;
+  impl->backend_name = self.backend_name;
   if (impl->size > 1) {
     try {
       impl->backend = makeBackend(
@@ -253,7 +260,7 @@ void checkSizes(const ProcessGroup::Impl& g, const char* what,
 // empty (the tensor's, or the per-rank sizes passed) are the same everywhere.
 
 Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) const {
-  if (impl_->size == 1 || tensor.numel() == 0) return Work::ready(tensor);
+  if (impl().size == 1 || tensor.numel() == 0) return Work::ready(tensor);
   TORCH_CHECK(tensor.scalar_type() != at::kBool || op == ReduceOp::Max || op == ReduceOp::Min,
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
@@ -262,9 +269,9 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toC10d(op);
-  auto work = impl_->backend->allreduce(bufs, opts);
-  const int size = impl_->size;
-  return finish(*impl_, "all_reduce", work, [tensor, buf, op, size]() mutable {
+  auto work = impl().backend->allreduce(bufs, opts);
+  const int size = impl().size;
+  return finish(impl(), "all_reduce", work, [tensor, buf, op, size]() mutable {
     if (op == ReduceOp::Avg) buf.div_(size);
     if (!buf.is_same(tensor)) tensor.copy_(buf);
     return tensor;
@@ -273,13 +280,13 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
 
 Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
                               const std::vector<int64_t>& sizes, bool async_op) const {
-  checkSizes(*impl_, "all_gather", sizes);
+  checkSizes(impl(), "all_gather", sizes);
   dim = c10::maybe_wrap_dim(dim, local.dim());
-  TORCH_CHECK(local.size(dim) == sizes[impl_->rank], "ProcessGroup::all_gather: local tensor has ",
-              local.size(dim), " elements along dim ", dim, ", but sizes[", impl_->rank,
-              "] = ", sizes[impl_->rank], ".");
+  TORCH_CHECK(local.size(dim) == sizes[impl().rank], "ProcessGroup::all_gather: local tensor has ",
+              local.size(dim), " elements along dim ", dim, ", but sizes[", impl().rank,
+              "] = ", sizes[impl().rank], ".");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  if (impl_->size == 1) return Work::ready(local);
+  if (impl().size == 1) return Work::ready(local);
   const int64_t gathered = numelOf(chunkShape(local, dim, total));
   if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
   CommCounter::record(CollectiveType::AllGather, gathered * local.element_size());
@@ -292,14 +299,14 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   if (in.numel() < max_numel) {
     in = at::cat({in, in.new_zeros({max_numel - in.numel()})});
   }
-  at::Tensor out = at::empty({impl_->size, max_numel}, local.options());
+  at::Tensor out = at::empty({impl().size, max_numel}, local.options());
   std::vector<std::vector<at::Tensor>> outs(1);
-  for (int r = 0; r < impl_->size; ++r) outs[0].push_back(wire(out[r]));
+  for (int r = 0; r < impl().size; ++r) outs[0].push_back(wire(out[r]));
   std::vector<at::Tensor> ins{wire(in)};
-  auto work = impl_->backend->allgather(outs, ins);
+  auto work = impl().backend->allgather(outs, ins);
   const bool even = std::all_of(numels.begin(), numels.end(),
                                 [&](int64_t n) { return n == max_numel; });
-  return finish(*impl_, "all_gather", work, [=] {
+  return finish(impl(), "all_gather", work, [=] {
     if (even && dim == 0) {
       auto shape = local.sizes().vec();
       shape[0] = total;
@@ -337,30 +344,30 @@ std::vector<int64_t> frontShape(const at::Tensor& t, int64_t dim, int64_t front,
 Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
                                   const std::vector<int64_t>& sizes, ReduceOp op,
                                   bool async_op) const {
-  checkSizes(*impl_, "reduce_scatter", sizes);
+  checkSizes(impl(), "reduce_scatter", sizes);
   dim = c10::maybe_wrap_dim(dim, input.dim());
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   TORCH_CHECK(input.size(dim) == total, "ProcessGroup::reduce_scatter: input has ", input.size(dim),
               " elements along dim ", dim, ", but the per-rank sizes add up to ", total, ".");
-  if (impl_->size == 1) return Work::ready(op == ReduceOp::Avg ? input.clone() : input);
+  if (impl().size == 1) return Work::ready(op == ReduceOp::Avg ? input.clone() : input);
   if (input.numel() == 0) {
     auto shape = input.sizes().vec();
-    shape[dim] = sizes[impl_->rank];
+    shape[dim] = sizes[impl().rank];
     return Work::ready(at::empty(shape, input.options()));
   }
   CommCounter::record(CollectiveType::ReduceScatter, nbytes(input));
 
-  const int me = impl_->rank, W = impl_->size;
+  const int me = impl().rank, W = impl().size;
   at::Tensor in = input.movedim(dim, 0).contiguous().view({-1});
   const int64_t inner = input.numel() == 0 ? numelOf(frontShape(input, dim, 1))
                                            : input.numel() / total;
   std::vector<int64_t> in_counts, out_counts(W, sizes[me] * inner);
   for (int64_t s : sizes) in_counts.push_back(s * inner);
   at::Tensor out = at::empty({W * sizes[me] * inner}, input.options());
-  auto work = allToAllFlat(*impl_, out, in, out_counts, in_counts);
+  auto work = allToAllFlat(impl(), out, in, out_counts, in_counts);
   auto recv_shape = frontShape(input, dim, sizes[me]);
   recv_shape.insert(recv_shape.begin(), W);
-  return finish(*impl_, "reduce_scatter", work, [=] {
+  return finish(impl(), "reduce_scatter", work, [=] {
     at::Tensor stacked = out.view(recv_shape);
     at::Tensor r;
     switch (op) {
@@ -376,12 +383,12 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
 Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
                               const std::vector<int64_t>& split_sizes, int64_t cat_dim,
                               const std::vector<int64_t>& cat_sizes, bool async_op) const {
-  checkSizes(*impl_, "all_to_all", split_sizes);
-  checkSizes(*impl_, "all_to_all", cat_sizes);
+  checkSizes(impl(), "all_to_all", split_sizes);
+  checkSizes(impl(), "all_to_all", cat_sizes);
   split_dim = c10::maybe_wrap_dim(split_dim, input.dim());
   cat_dim = c10::maybe_wrap_dim(cat_dim, input.dim());
   TORCH_CHECK(split_dim != cat_dim, "dtp: all_to_all needs split_dim != cat_dim.");
-  const int me = impl_->rank, W = impl_->size;
+  const int me = impl().rank, W = impl().size;
   TORCH_CHECK(input.size(cat_dim) == cat_sizes[me], "ProcessGroup::all_to_all: input has ",
               input.size(cat_dim), " elements along dim ", cat_dim, ", expected cat_sizes[",
               me, "] = ", cat_sizes[me], ".");
@@ -413,8 +420,8 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
   }
   at::Tensor out = at::empty({std::accumulate(out_counts.begin(), out_counts.end(), int64_t{0})},
                              input.options());
-  auto work = allToAllFlat(*impl_, out, in, out_counts, in_counts);
-  return finish(*impl_, "all_to_all", work, [=] {
+  auto work = allToAllFlat(impl(), out, in, out_counts, in_counts);
+  return finish(impl(), "all_to_all", work, [=] {
     std::vector<at::Tensor> pieces;
     int64_t offset = 0;
     for (int r = 0; r < W; ++r) {
@@ -426,16 +433,16 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
 }
 
 Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
-  TORCH_CHECK(src >= 0 && src < impl_->size, "dtp: broadcast from rank ", src,
-              " in a group of ", impl_->size, " ranks.");
-  if (impl_->size == 1 || tensor.numel() == 0) return Work::ready(tensor);
+  TORCH_CHECK(src >= 0 && src < impl().size, "dtp: broadcast from rank ", src,
+              " in a group of ", impl().size, " ranks.");
+  if (impl().size == 1 || tensor.numel() == 0) return Work::ready(tensor);
   CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
-  auto work = impl_->backend->broadcast(bufs, opts);
-  return finish(*impl_, "broadcast", work, [tensor, buf]() mutable {
+  auto work = impl().backend->broadcast(bufs, opts);
+  return finish(impl(), "broadcast", work, [tensor, buf]() mutable {
     if (!buf.is_same(tensor)) tensor.copy_(buf);
     return tensor;
   }, async_op);
@@ -443,7 +450,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
 
 Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chunks, int src,
                            bool async_op) const {
-  const int me = impl_->rank, W = impl_->size;
+  const int me = impl().rank, W = impl().size;
   TORCH_CHECK(src >= 0 && src < W, "dtp: scatter from rank ", src, " in a group of ", W,
               " ranks.");
   if (me == src) {
@@ -475,17 +482,17 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
   }
   at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
   at::Tensor out_flat = out.view({-1});
-  auto work = allToAllFlat(*impl_, out_flat, in, out_counts, in_counts);
-  return finish(*impl_, "scatter", work, [output, out]() mutable {
+  auto work = allToAllFlat(impl(), out_flat, in, out_counts, in_counts);
+  return finish(impl(), "scatter", work, [output, out]() mutable {
     if (!out.is_same(output)) output.copy_(out);
     return output;
   }, async_op);
 }
 
 void ProcessGroup::barrier() const {
-  if (impl_->size == 1) return;
+  if (impl().size == 1) return;
   CommCounter::record(CollectiveType::Barrier, 0);
-  finish(*impl_, "barrier", impl_->backend->barrier(), [] { return at::Tensor(); }, false);
+  finish(impl(), "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, false);
 }
 
 ProcessGroup default_process_group() {

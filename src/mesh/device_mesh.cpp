@@ -45,37 +45,43 @@ std::string shapeStr(const std::vector<int64_t>& shape, const std::vector<std::s
 
 }  // namespace
 
-const std::string& DeviceMesh::device_type() const { return impl_->device_type; }
-int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(impl_->shape.size()); }
-std::vector<int64_t> DeviceMesh::shape() const { return impl_->shape; }
-int64_t DeviceMesh::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
-const std::vector<std::string>& DeviceMesh::mesh_dim_names() const { return impl_->names; }
-int DeviceMesh::get_rank() const { return impl_->rank; }
-std::vector<int64_t> DeviceMesh::get_coordinate() const { return impl_->coordinate; }
+const DeviceMesh::Impl& DeviceMesh::impl() const {
+  TORCH_CHECK(impl_ != nullptr, "DeviceMesh: this handle is invalid (default-constructed). Build a mesh with "
+              "init_device_mesh(\"cpu\", {world_size}).");
+  return *impl_;
+}
+
+const std::string& DeviceMesh::device_type() const { return impl().device_type; }
+int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(impl().shape.size()); }
+std::vector<int64_t> DeviceMesh::shape() const { return impl().shape; }
+int64_t DeviceMesh::size() const { return static_cast<int64_t>(impl().ranks.size()); }
+const std::vector<std::string>& DeviceMesh::mesh_dim_names() const { return impl().names; }
+int DeviceMesh::get_rank() const { return impl().rank; }
+std::vector<int64_t> DeviceMesh::get_coordinate() const { return impl().coordinate; }
 
 int64_t DeviceMesh::size(int64_t dim) const {
   TORCH_CHECK(dim >= 0 && dim < ndim(), "DeviceMesh: dim ", dim, " out of range for ",
               str(), ". Expected 0 <= dim < ", ndim(), ".");
-  return impl_->shape[dim];
+  return impl().shape[dim];
 }
 
 at::Tensor DeviceMesh::mesh() const {
-  std::vector<int64_t> r(impl_->ranks.begin(), impl_->ranks.end());
-  return at::tensor(r, at::kLong).view(impl_->shape);
+  std::vector<int64_t> r(impl().ranks.begin(), impl().ranks.end());
+  return at::tensor(r, at::kLong).view(impl().shape);
 }
 
 int64_t DeviceMesh::dim_index(const std::string& name) const {
-  auto it = std::find(impl_->names.begin(), impl_->names.end(), name);
-  TORCH_CHECK(it != impl_->names.end(), "DeviceMesh: no dimension named '", name, "' in ",
+  auto it = std::find(impl().names.begin(), impl().names.end(), name);
+  TORCH_CHECK(it != impl().names.end(), "DeviceMesh: no dimension named '", name, "' in ",
               str(), ". ",
-              impl_->names.empty() ? "Give init_device_mesh mesh_dim_names to slice by name."
+              impl().names.empty() ? "Give init_device_mesh mesh_dim_names to slice by name."
                                    : "Use one of the mesh's dimension names.");
-  return it - impl_->names.begin();
+  return it - impl().names.begin();
 }
 
 int64_t DeviceMesh::get_local_rank(int64_t dim) const {
   size(dim);  // validates dim
-  return impl_->coordinate[dim];
+  return impl().coordinate[dim];
 }
 int64_t DeviceMesh::get_local_rank(const std::string& name) const {
   return get_local_rank(dim_index(name));
@@ -83,9 +89,9 @@ int64_t DeviceMesh::get_local_rank(const std::string& name) const {
 
 ProcessGroup DeviceMesh::get_group(int64_t dim) const {
   size(dim);
-  TORCH_CHECK(impl_->groups[dim].valid(), "DeviceMesh: ", str(), " has no process group on dim ", dim,
+  TORCH_CHECK(impl().groups[dim].valid(), "DeviceMesh: ", str(), " has no process group on dim ", dim,
               " (a mesh for communication-free rule tests). Build the mesh with init_device_mesh.");
-  return impl_->groups[dim];
+  return impl().groups[dim];
 }
 ProcessGroup DeviceMesh::get_group(const std::string& name) const {
   return get_group(dim_index(name));
@@ -96,6 +102,7 @@ DeviceMesh DeviceMesh::operator[](const std::string& name) const {
 }
 
 DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
+  const Impl& self = impl();
   TORCH_CHECK(!names.empty(), "DeviceMesh: slicing ", str(), " needs at least one name.");
   std::vector<int64_t> dims;
   for (const auto& n : names) dims.push_back(dim_index(n));
@@ -106,21 +113,21 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
                 "(dp, cp, tp) ask for {dp, cp} or {cp, tp}, not {tp, dp} or {dp, tp}.");
   }
   auto impl = std::make_shared<Impl>();
-  impl->device_type = impl_->device_type;
-  impl->rank = impl_->rank;
+  impl->device_type = self.device_type;
+  impl->rank = self.rank;
   impl->names = names;
   // The sub-mesh holds the ranks that share this rank's coordinate on every
   // dimension not kept.
-  const auto st = strides(impl_->shape);
+  const auto st = strides(self.shape);
   int64_t base = 0;
   for (int64_t d = 0; d < ndim(); ++d) {
     bool kept = std::find(dims.begin(), dims.end(), d) != dims.end();
-    if (!kept) base += impl_->coordinate[d] * st[d];
+    if (!kept) base += self.coordinate[d] * st[d];
   }
   for (int64_t d : dims) {
-    impl->shape.push_back(impl_->shape[d]);
-    impl->coordinate.push_back(impl_->coordinate[d]);
-    impl->groups.push_back(impl_->groups[d]);
+    impl->shape.push_back(self.shape[d]);
+    impl->coordinate.push_back(self.coordinate[d]);
+    impl->groups.push_back(self.groups[d]);
   }
   const auto sub_st = strides(impl->shape);
   const int64_t n = std::accumulate(impl->shape.begin(), impl->shape.end(), int64_t{1},
@@ -128,7 +135,7 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
   for (int64_t i = 0; i < n; ++i) {
     int64_t flat = base;
     for (size_t k = 0; k < dims.size(); ++k) flat += (i / sub_st[k]) % impl->shape[k] * st[dims[k]];
-    impl->ranks.push_back(impl_->ranks[flat]);
+    impl->ranks.push_back(self.ranks[flat]);
   }
   return DeviceMesh(std::move(impl));
 }
@@ -175,6 +182,9 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   ProcessGroup world = world_in ? *world_in : default_process_group();
   TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "init_device_mesh: device_type '",
               device_type, "' is not supported. Use \"cpu\" or \"cuda\".");
+  TORCH_CHECK(device_type != "cuda" || at::hasCUDA(), "init_device_mesh: device_type \"cuda\", but ",
+              "this process sees no CUDA device (or libtorch was built without CUDA). Use \"cpu\", or run ",
+              "on a machine with GPUs and a CUDA libtorch.");
   TORCH_CHECK(!shape.empty(), "init_device_mesh: mesh shape is empty. Pass e.g. {",
               world.size(), "}.");
   for (int64_t s : shape) {
