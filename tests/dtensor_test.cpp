@@ -183,6 +183,25 @@ TEST(DTensorApiTest, FromLocalRunCheckRejectsInconsistentShards) {
   });
 }
 
+// Ranks handed different values for a Replicate dim agree after run_check
+// (first rank's values, as PyTorch's broadcast); without it they are trusted.
+TEST(DTensorApiTest, FromLocalRunCheckMakesReplicasAgree) {
+  run_ranks(4, [](int rank) {
+    auto mesh = init_device_mesh("cpu", {2, 2});
+    const at::Tensor mine = at::full({2, 3}, static_cast<double>(rank));
+    at::Tensor local = mine.clone().requires_grad_(true);
+    at::Tensor d = from_local(local, mesh, {Replicate(), Shard(0)}, /*run_check=*/true);
+    // Mesh dim 0 is replicated: ranks r and r+2 take rank (r % 2)'s values.
+    EXPECT_TRUE(to_local(d).equal(at::full({2, 3}, static_cast<double>(rank % 2)))) << to_local(d);
+    EXPECT_TRUE(local.detach().equal(to_local(d)));
+    EXPECT_TRUE(full_tensor(d).equal(at::cat({at::full({2, 3}, 0.0), at::full({2, 3}, 1.0)})));
+    (d * 2).sum().backward();
+    EXPECT_TRUE(local.grad().defined());
+    at::Tensor trusted = from_local(mine.clone(), mesh, {Replicate(), Shard(0)});
+    EXPECT_TRUE(to_local(trusted).equal(mine));
+  });
+}
+
 TEST(DTensorApiTest, ToLocalGradPlacementsAndFromLocalBackward) {
   run_ranks(2, [](int rank) {
     auto mesh = init_device_mesh("cpu", {2});

@@ -42,8 +42,10 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
 void keep_grad_placements(const at::Tensor& param);
 
 // Wraps this rank's shard. The global shape is `shape`, or inferred assuming
-// even shards. run_check verifies every rank's shard shape against it
-// (collective). Differentiable: the gradient flows back to `local`.
+// even shards. run_check (collective) verifies every rank's shard shape
+// against it and, as PyTorch's, makes Replicate dims agree: `local` takes the
+// values of the first rank of each such dim, in place. Differentiable: the
+// gradient flows back to `local`.
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
                       const Placements& placements, bool run_check = false,
                       std::optional<std::vector<int64_t>> shape = std::nullopt);

@@ -159,6 +159,12 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
                     " there. Pass the global shape= explicitly for uneven shards.");
       }
     }
+    // As PyTorch: a Replicate dim takes the data of its first rank, in place,
+    // so that ranks that were handed different values agree from here on.
+    at::AutoGradMode no_grad(false);
+    at::Tensor data = local.detach();
+    for (int64_t m = 0; m < mesh.ndim(); ++m)
+      if (placements[m].is_replicate()) mesh.get_group(m).broadcast(data, 0);
   }
   TORCH_CHECK(local.sizes() == c10::IntArrayRef(spec->local_sizes), "from_local: local shard ",
               local.sizes(), " does not match ", spec->str(), ", which puts ",
