@@ -10,7 +10,9 @@
 # The root is made once with debootstrap (minbase, Debian's archive only) in
 # ${DTP_DEBIAN13_ROOT:-/var/tmp/dtp-debian13} and reused while the machine
 # keeps it; setup.sh installs what is missing inside it with apt, exactly as
-# on a native Debian 13. Needs root (or sudo) for debootstrap, mount and chroot.
+# on a native Debian 13, plus python3-torch (DTP_EXTRA_PACKAGES) for the tests
+# that start dtp ranks under a real torchrun. Needs root (or sudo) for
+# debootstrap, mount and chroot.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 checkout=$(pwd)
@@ -52,5 +54,6 @@ mounts+=("$root/dtp")
 
 $sudo chroot "$root" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  DTP_BUILD_DIR="${DTP_BUILD_DIR:-build-debian13}" ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} \
+  DTP_BUILD_DIR="${DTP_BUILD_DIR:-build-debian13}" DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES-python3-torch}" \
+  ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} \
   /bin/bash -c 'cd /dtp && exec "$@"' debian13 "$@"

@@ -4,6 +4,9 @@
 #include "comm/compat.h"
 #include "comm/error_text.h"
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -51,10 +54,13 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
               " in the environment. Set both (dtprun and torchrun do), or neither for a "
               "single-process run.");
   if (!rank) {
+    // A world of one needs no rendezvous: an in-process store, no listener,
+    // so that single-process runs on one machine never collide on a port.
     std::cerr << "dtp: no RANK/WORLD_SIZE in the environment; running as a single process "
                  "(rank 0 of 1). Use dtprun -n N to start N ranks.\n";
-    rank = 0;
-    world = 1;
+    ProcessGroup alone = ProcessGroup::create(c10::make_intrusive<c10d::HashStore>(), 0, 1, options);
+    set_default_process_group(alone);
+    return alone;
   }
   TORCH_CHECK(*world >= 1 && *rank >= 0 && *rank < *world, "dtp: RANK=", *rank,
               " is outside [0, WORLD_SIZE=", *world, ").");
@@ -68,17 +74,26 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
     else options.bind_address = isLoopback(addr) ? "127.0.0.1" : "*";
   }
 
+  // Under torchrun's elastic agent (TORCHELASTIC_USE_AGENT_STORE=True) the
+  // agent already serves a TCPStore on MASTER_ADDR:MASTER_PORT: every rank
+  // joins it as a client, under the agent's per-attempt prefix, as PyTorch's
+  // own workers do. Otherwise rank 0 serves the store.
+  const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(
-        addr, compat::tcpStoreOptions(static_cast<uint16_t>(port), *rank == 0,
+        addr, compat::tcpStoreOptions(static_cast<uint16_t>(port), *rank == 0 && !agent_store,
                                       static_cast<size_t>(*world), options.timeout));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "dtp: rendezvous failed for rank ", *rank, " of ", *world, " at ",
-                addr, ":", port, " (timeout ", options.timeout.count() / 1000, " s): ",
-                error_text(e),
+                addr, ":", port, " (timeout ", options.timeout.count() / 1000, " s", agent_store ? ", torchrun's agent store" : "",
+                "): ", error_text(e),
                 "\nCheck that all WORLD_SIZE ranks were started, that MASTER_ADDR/MASTER_PORT "
                 "are the same everywhere and reachable, and that the port is free.");
+  }
+  if (agent_store) {
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + env("TORCHELASTIC_RESTART_COUNT").value_or("0"), store);
   }
   // libtorch 1.13's TCPStore stops waiting for workers silently: count the
   // ranks that joined so that a missing one is named here, after the timeout.

@@ -9,6 +9,9 @@
 //   die          rank 1 exits with status 3 right after the rendezvous; the
 //                others enter an all_reduce, which must fail (or the launcher
 //                stops them), never hang
+//   alone        no launcher environment: a world of one without a network
+//                listener (two at once must not collide on a port); prints
+//                "alone ok"
 //   lonely       init_process_group() and nothing else: started alone with
 //                WORLD_SIZE=2, the rendezvous must time out with an error
 //                that says what is missing and how to fix it
@@ -25,6 +28,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -312,6 +316,19 @@ int lonely() {
   return 1;
 }
 
+int alone() {
+  dtp::ProcessGroup world = dtp::init_process_group();
+  Checker check("alone", world.rank());
+  check.same("world size", world.size(), 1);
+  auto mesh = dtp::init_device_mesh("cpu", {1});
+  at::Tensor x = at::arange(6, at::kFloat).view({2, 3});
+  check.equal("full_tensor", dtp::full_tensor(dtp::distribute_tensor(x, mesh, {dtp::Shard(0)})), x);
+  if (check.verdict(world) > 0) return 1;
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // overlap with the other process
+  std::cout << "alone ok" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -320,7 +337,8 @@ int main(int argc, char** argv) {
   if (cmd == "mesh") return mesh();
   if (cmd == "die") return die();
   if (cmd == "lonely") return lonely();
+  if (cmd == "alone") return alone();
   std::cerr << "mp_worker: unknown subcommand '" << cmd
-            << "'. Expected collectives, mesh, die or lonely.\n";
+            << "'. Expected collectives, mesh, die, lonely or alone.\n";
   return 2;
 }
