@@ -2,6 +2,7 @@
 // only into a model of the same shape).
 #pragma once
 
+#include "checks.h"
 #include "dtp/models/llama.h"
 
 #include <CLI/CLI.hpp>
@@ -21,11 +22,11 @@ inline c10::ScalarType dtype_of(const std::string& name) {
 }
 
 inline void add_model_flags(CLI::App& app, ModelFlags& f) {
-  app.add_option("--dim", f.dim, "Model width")->check(CLI::PositiveNumber);
-  app.add_option("--layers", f.layers, "Transformer blocks")->check(CLI::NonNegativeNumber);
-  app.add_option("--heads", f.heads, "Attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", f.kv_heads, "Key/value heads (grouped-query attention)")->check(CLI::PositiveNumber);
-  app.add_option("--ffn", f.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(CLI::NonNegativeNumber);
+  app.add_option("--dim", f.dim, "Model width")->check(apps::kPositive);
+  app.add_option("--layers", f.layers, "Transformer blocks")->check(apps::kNonNegative);
+  app.add_option("--heads", f.heads, "Attention heads")->check(apps::kPositive);
+  app.add_option("--kv-heads", f.kv_heads, "Key/value heads (grouped-query attention)")->check(apps::kPositive);
+  app.add_option("--ffn", f.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(apps::kNonNegative);
   app.add_flag("--tie-embeddings", f.tie, "Share the embedding and output weights");
   app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks")
       ->check(CLI::IsMember({"float32", "float64"}));

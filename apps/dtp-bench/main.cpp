@@ -13,6 +13,7 @@
 // when the variants' losses or dtp's communication disagree with the theory.
 // Run it under the launcher: `dtprun -n 2 dtp-bench`; `-n 1` leaves only
 // DTensor's own CPU cost (no communication) between dtp and hand-written.
+#include "../common/checks.h"
 #include "megatron.h"
 #include "memory.h"
 
@@ -363,8 +364,8 @@ int main(int argc, char** argv) {
   app.add_option("--sp", o.sp, "Sequence parallelism settings to run")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  app.add_option("--reps", o.reps, "Timed steps per variant")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--reps", o.reps, "Timed steps per variant")->check(dtp::apps::kPositive)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(dtp::apps::kNonNegative)->capture_default_str();
   app.add_flag("--aa", o.aa, "Also time a second, identical hand-written model: the comparison's noise floor");
   CLI11_PARSE(app, argc, argv);
 

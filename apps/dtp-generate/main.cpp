@@ -23,10 +23,10 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", checkpoint, "File written by dtp-train --save")->required();
   apps::add_model_flags(app, model_flags);
   app.add_option("--prompt", prompt, "Text to continue");
-  app.add_option("--tokens", tokens, "Bytes to generate")->check(CLI::PositiveNumber);
-  app.add_option("--context", context, "Context window (dtp-train's --seq)")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", tokens, "Bytes to generate")->check(dtp::apps::kPositive);
+  app.add_option("--context", context, "Context window (dtp-train's --seq)")->check(dtp::apps::kPositive);
   app.add_option("--temperature", temperature, "0: greedy; else sample from softmax(logits / T)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(dtp::apps::kNonNegative);
   app.add_option("--seed", seed, "Sampling seed (the same on every rank)");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -163,14 +163,14 @@ int main(int argc, char** argv) {
   CLI::App app{"dtp-train: tensor-parallel Llama training on byte-level text (run under dtprun -n N)"};
   app.add_option("--data", o.data, "Text file or directory [default: Debian's fortunes]");
   apps::add_model_flags(app, o.model);
-  app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch", o.batch, "Sequences per step")->check(CLI::PositiveNumber);
-  app.add_option("--seq", o.seq, "Tokens per sequence")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "Optimizer steps")->check(dtp::apps::kPositive);
+  app.add_option("--batch", o.batch, "Sequences per step")->check(dtp::apps::kPositive);
+  app.add_option("--seq", o.seq, "Tokens per sequence")->check(dtp::apps::kPositive);
+  app.add_option("--lr", o.lr, "AdamW learning rate")->check(dtp::apps::kPositive);
   app.add_option("--dropout", o.dropout, "Dropout after attention and MLP")->check(CLI::Range(0.0, 0.99));
   app.add_option("--seed", o.seed, "Seed for init, batches and dropout");
-  app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE]")->check(CLI::PositiveNumber);
-  app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(CLI::PositiveNumber);
+  app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE]")->check(dtp::apps::kPositive);
+  app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(dtp::apps::kPositive);
   app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
   app.add_flag("--check-parity", o.check_parity,
                "Also train on one device and compare (exact in float64; float32 against one device's own error)");
