@@ -11,7 +11,7 @@ build=${DTP_BUILD_DIR:-build}
 # Debian's libtorch runs matmul on the reference BLAS, ~25x slower
 # (shared/DESIGN.md, "Real components").
 packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-openmp libgtest-dev
-          libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev fortunes
+          libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev fortunes
           ${DTP_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do

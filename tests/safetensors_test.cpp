@@ -1,6 +1,7 @@
 // safetensors checkpoints: round trips, byte-for-byte agreement with the
 // reference (Python/Rust) writer, and a loud, path-naming error for every
 // kind of damaged file and failed save.
+#include "dist.h"
 #include "files.h"
 
 #include "dtp/io/safetensors.h"
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <random>
 
 using dtp::io::load_safetensors;
 using dtp::io::save_safetensors;
@@ -131,20 +133,21 @@ TEST_F(SafetensorsTest, RoundTripsMetadata) {
 }
 
 // The expected bytes are the reference implementation's own serialization
-// tests (huggingface/safetensors, safetensors/src/tensor.rs).
+// tests (huggingface/safetensors, safetensors/src/tensor.rs); dtp's checksums
+// off, as the reference writes none.
 TEST_F(SafetensorsTest, WritesTheSameBytesAsTheReferenceWriter) {
   const std::string floats = bytes({0, 0, 0, 0, 0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0, 160, 64});
-  save_safetensors(file("a.safetensors"), {{"attn0", at::arange(6, at::kFloat).reshape({1, 1, 2, 3})}});
+  save_safetensors(file("a.safetensors"), {{"attn0", at::arange(6, at::kFloat).reshape({1, 1, 2, 3})}}, {}, /*checksums=*/false);
   EXPECT_EQ(dtp::test::read_bytes(file("a.safetensors")),
       lengthPrefix(72) + R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})" + "       " + floats);
 
-  save_safetensors(file("b.safetensors"), {{"attn.0", at::arange(6, at::kFloat).reshape({1, 2, 3})}});
+  save_safetensors(file("b.safetensors"), {{"attn.0", at::arange(6, at::kFloat).reshape({1, 2, 3})}}, {}, false);
   EXPECT_EQ(dtp::test::read_bytes(file("b.safetensors")),
       lengthPrefix(64) + R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})" + floats);
 
   save_safetensors(file("c.safetensors"), {});
   EXPECT_EQ(dtp::test::read_bytes(file("c.safetensors")), lengthPrefix(8) + "{}      ");
-  save_safetensors(file("d.safetensors"), {}, {{"framework", "pt"}});
+  save_safetensors(file("d.safetensors"), {}, {{"framework", "pt"}}, false);
   EXPECT_EQ(dtp::test::read_bytes(file("d.safetensors")), lengthPrefix(40) + R"({"__metadata__":{"framework":"pt"}})" + "     ");
 }
 
@@ -327,6 +330,62 @@ TEST_F(SafetensorsTest, SaveReplacesExistingFile) {
   EXPECT_EQ(ckpt.tensors[0].first, "v");
   EXPECT_TRUE(at::equal(ckpt.tensors[0].second, at::ones({2}, at::kInt)));
   EXPECT_EQ(listing(), std::vector<std::string>{"ckpt.safetensors"});
+}
+
+}  // namespace
+
+namespace {
+
+// NOTE: [Tensor checksums]. A flipped byte anywhere in the file is an error
+// (the header's JSON or structure, or a tensor's CRC-32) or harmless (JSON
+// whitespace, the padding): it never loads as different numbers. Flips in
+// tensor data name the tensor.
+TEST_F(SafetensorsTest, EveryByteFlipIsCaughtOrHarmless) {
+  const TensorMap tensors = {{"w", at::linspace(-1, 1, 24, at::kFloat).view({4, 6})},
+                             {"step", at::tensor({int64_t{1200}})},
+                             {"b", at::arange(5, at::kDouble)}};
+  save_safetensors(file("good.safetensors"), tensors, {{"format", "pt"}});
+  const std::string good = dtp::test::read_bytes(file("good.safetensors"));
+  uint64_t header = 0;
+  for (int b = 7; b >= 0; --b) header = (header << 8) | static_cast<unsigned char>(good[b]);
+  const size_t data_start = 8 + header;
+  std::mt19937 rng(7);
+  int caught = 0, harmless = 0, data_flips = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string bad = good;
+    const size_t pos = rng() % bad.size();
+    bad[pos] = static_cast<char>(bad[pos] ^ (1 + rng() % 255));
+    dtp::test::write_bytes(file("bad.safetensors"), bad);
+    try {
+      auto got = load_safetensors(file("bad.safetensors"));
+      ASSERT_EQ(got.tensors.size(), tensors.size()) << "flip at byte " << pos;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        EXPECT_EQ(got.tensors[i].first, tensors[i].first) << "flip at byte " << pos;
+        EXPECT_TRUE(got.tensors[i].second.equal(tensors[i].second)) << "flip at byte " << pos << " loaded other numbers";
+      }
+      EXPECT_LT(pos, data_start) << "a flip in tensor data loaded";
+      ++harmless;
+    } catch (const c10::Error& e) {
+      ++caught;
+      if (pos >= data_start) {
+        ++data_flips;
+        EXPECT_NE(std::string(e.what()).find("fails its checksum"), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_GT(data_flips, 100);
+  EXPECT_EQ(caught + harmless, 300);
+  // One named: the first byte of "b" (after w's 96 and step's 8 bytes).
+  std::string bad = good;
+  bad[data_start + 96 + 8] ^= 0x01;
+  dtp::test::write_bytes(file("bad.safetensors"), bad);
+  dtp::test::expect_error([&] { load_safetensors(file("bad.safetensors")); },
+                          {"tensor 'b' fails its checksum", "load the previous checkpoint"});
+  // Checksum entries stay internal; the user's metadata round-trips.
+  EXPECT_EQ(load_safetensors(file("good.safetensors")).metadata,
+            (std::map<std::string, std::string>{{"format", "pt"}}));
+  dtp::test::expect_error([&] { save_safetensors(file("x.safetensors"), tensors, {{"dtp.crc32:w", "0"}}); },
+                          {"reserved for dtp's tensor checksums"});
 }
 
 }  // namespace

@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <zlib.h>
 #include <system_error>
 #include <tuple>
 
@@ -34,6 +36,21 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Real headers nest 3 deep ({name: {shape: [..]}}); the limit keeps error
 // messages (which print header fragments recursively) away from deep stacks.
 constexpr int kMaxHeaderDepth = 8;
+
+// NOTE: [Tensor checksums] dtp stores a CRC-32 of each tensor's bytes in the
+// metadata, under "dtp.crc32:<name>" (metadata is the format's only place for
+// extras; other readers ignore it), and verifies it on load: a flipped byte
+// in the data is an error naming the tensor instead of a silently wrong
+// weight. Files without checksums (written by other tools) load as before.
+constexpr const char* kChecksumPrefix = "dtp.crc32:";
+
+std::string crc32Of(const void* data, uint64_t n) {
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  crc = crc32_z(crc, static_cast<const Bytef*>(data), static_cast<z_size_t>(n));
+  char hex[9];
+  std::snprintf(hex, sizeof(hex), "%08lx", static_cast<unsigned long>(crc & 0xffffffffUL));
+  return hex;
+}
 
 constexpr const char* kCutShort =
     "The file was probably cut short while being written (crash, full disk, interrupted copy); "
@@ -103,11 +120,16 @@ bool writeAll(int fd, const void* data, size_t n) {
 void save_safetensors(
     const std::string& path,
     const TensorMap& tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, bool checksums) {
   // Everything is checked before the first byte is written, so a bad entry
   // never costs the existing file.
   Json header = Json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const auto& [k, v] : metadata) {
+    TORCH_CHECK(k.rfind(kChecksumPrefix, 0) != 0, "save_safetensors: metadata key '", k, "' for '", path,
+        "' starts with \"", kChecksumPrefix, "\", which is reserved for dtp's tensor checksums. Rename the key.");
+  }
+  Json meta(metadata);
+  if (!metadata.empty() || (checksums && !tensors.empty())) header["__metadata__"] = Json::object();
   std::map<std::string, size_t> seen;
   std::vector<at::Tensor> data;
   uint64_t offset = 0;
@@ -131,9 +153,11 @@ void save_safetensors(
     at::Tensor c = t.to(at::kCPU).contiguous();
     const uint64_t nbytes = c.nbytes();
     header[name] = {{"dtype", dtype}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + nbytes}}};
+    if (checksums) meta[kChecksumPrefix + name] = crc32Of(c.data_ptr(), nbytes);
     offset += nbytes;
     data.push_back(std::move(c));
   }
+  if (header.contains("__metadata__")) header["__metadata__"] = std::move(meta);
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // Data starts 8-byte aligned, as the reference writes.
   unsigned char length[8];
@@ -300,12 +324,23 @@ Checkpoint load_safetensors(const std::string& path) {
     if (nbytes > 0) in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(nbytes));
     LOAD_CHECK(nbytes == 0 || static_cast<uint64_t>(in.gcount()) == nbytes, "truncated: read ", in.gcount(),
         " of ", nbytes, " bytes for tensor '", e.name, "' (did the file change while loading?). ", kCutShort, ".");
+    auto sum = ckpt.metadata.find(kChecksumPrefix + e.name);
+    if (sum != ckpt.metadata.end()) {
+      const std::string got = crc32Of(t.data_ptr(), nbytes);
+      LOAD_CHECK(got == sum->second, "tensor '", e.name, "' fails its checksum: its bytes have CRC-32 ", got,
+          ", the file recorded ", sum->second, " when it was written. The file is corrupted (disk or copy "
+          "error); load the previous checkpoint.");
+      ckpt.metadata.erase(sum);
+    }
     if (e.type == at::kBool) {
       const auto* b = static_cast<const uint8_t*>(t.data_ptr());
       LOAD_CHECK(std::all_of(b, b + nbytes, [](uint8_t v) { return v <= 1; }), "BOOL tensor '", e.name,
           "' holds bytes other than 0 and 1. The data is corrupt; re-save the checkpoint.");
     }
     ckpt.tensors.emplace_back(e.name, std::move(t));
+  }
+  for (const auto& [k, v] : ckpt.metadata) {
+    LOAD_CHECK(k.rfind(kChecksumPrefix, 0) != 0, "checksum '", k, "' names no tensor of the file. ", kCorrupt, ".");
   }
   return ckpt;
 }

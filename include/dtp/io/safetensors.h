@@ -41,12 +41,18 @@ struct Checkpoint {
 // a crash or error leaves any existing file at `path` untouched and no
 // temporary file behind. Names must be unique, non-empty and not
 // "__metadata__"; tensors must be defined and of a supported dtype.
+// `checksums` records a CRC-32 of every tensor in the metadata
+// ("dtp.crc32:<name>"; other readers ignore it); without them the bytes are
+// exactly the reference writer's.
 void save_safetensors(
     const std::string& path,
     const TensorMap& tensors,
-    const std::map<std::string, std::string>& metadata = {});
+    const std::map<std::string, std::string>& metadata = {},
+    bool checksums = true);
 
-// Reads and validates a whole file; tensors come back on CPU, contiguous.
+// Reads and validates a whole file; tensors come back on CPU, contiguous. A
+// tensor whose recorded checksum does not match its bytes is an error naming
+// it; checksum entries are not returned in `metadata`.
 Checkpoint load_safetensors(const std::string& path);
 
 }  // namespace dtp::io
