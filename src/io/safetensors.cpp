@@ -252,7 +252,9 @@ Checkpoint load_safetensors(const std::string& path) {
   };
   std::vector<Entry> entries;
   Checkpoint ckpt;
-  for (const auto& [key, val] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string& key = item.key();  // named, not bound: lambdas below use them (C++17)
+    const Json& val = item.value();
     if (key == "__metadata__") {
       LOAD_CHECK(val.is_object(), "__metadata__ is a JSON ", val.type_name(), ", expected an object of strings. ",
           kCorrupt, ".");
