@@ -33,7 +33,8 @@ if [ ! -e "$root/.dtp-root-complete" ]; then
   $sudo debootstrap --variant=minbase trixie "$root" "$mirror" >/dev/null
   $sudo touch "$root/.dtp-root-complete"
 fi
-$sudo cp /etc/resolv.conf "$root/etc/resolv.conf"
+# Name resolution as on the host (torchrun's agents advertise the hostname).
+$sudo cp /etc/resolv.conf /etc/hosts "$root/etc/"
 
 # proc, dev (with shm for Gloo) and the checkout, unmounted on every exit.
 mounts=()

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -48,6 +49,53 @@ double peakRssMiB() {
 }
 
 LlamaConfig configOf(const Options& o) { return apps::config_of(o.model, o.seq, o.dropout, o.seed); }
+
+// Bytes of memory available to this process: MemAvailable shared by the
+// local ranks.
+double availableBytesPerRank(int64_t world) {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  while (in >> key) {
+    if (key == "MemAvailable:") {
+      in >> kb;
+      break;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t ranks = local != nullptr && std::atoll(local) > 0 ? std::atoll(local) : world;
+  return kb * 1024.0 / static_cast<double>(ranks);
+}
+
+// A rough lower estimate of one rank's peak memory for a training step:
+// parameters, gradients and AdamW's two moments (sharded 1/tp), and the
+// activations autograd keeps per layer (about 10 [batch, seq, dim] tensors,
+// 4 of the MLP's [batch, seq, hidden/tp], 3 of the attention's
+// [batch, heads/tp, seq, seq]) plus 3 copies of the logits [batch, seq, vocab/tp].
+struct MemoryEstimate {
+  double states, activations, scores;
+  double total() const { return states + activations; }
+};
+
+MemoryEstimate estimateMemory(const Options& o, int64_t tp) {
+  const LlamaConfig c = configOf(o);
+  const double bytes = c10::elementSize(c.dtype), B = o.batch, S = o.seq, D = c.dim, L = c.n_layers;
+  const double params = 2.0 * c.vocab_size * D + L * (D * D * 2 + 2.0 * D * c.n_kv_heads * c.head_dim() +
+                                                      3.0 * D * c.hidden());
+  MemoryEstimate m;
+  m.states = 4 * params / tp * bytes;
+  m.scores = L * 3 * B * (static_cast<double>(c.n_heads) / tp) * S * S * bytes;
+  m.activations = L * B * S * (10 * D + 4.0 * c.hidden() / tp) * bytes + m.scores +
+                  3 * B * S * (static_cast<double>(c.vocab_size) / tp) * bytes;
+  return m;
+}
+
+std::string gib(double b) {
+  char s[32];
+  std::snprintf(s, sizeof(s), "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  return s;
+}
 
 struct Run {
   std::vector<double> losses;
@@ -182,6 +230,13 @@ int main(int argc, char** argv) {
     const int64_t tp = o.tp > 0 ? o.tp : world.size();
     TORCH_CHECK(tp == world.size(), "dtp-train: --tp=", tp, " but WORLD_SIZE=", world.size(),
                 ". dtp-train runs tensor parallelism only: start it with dtprun -n ", tp, ".");
+    const MemoryEstimate need = estimateMemory(o, tp);
+    const double have = availableBytesPerRank(world.size());
+    TORCH_CHECK(need.total() <= have, "this configuration needs at least ", gib(need.total()),
+                " per rank (parameters, gradients and AdamW state ", gib(need.states), ", activations ",
+                gib(need.activations), " of which attention scores ", gib(need.scores), " for --batch ", o.batch,
+                " --seq ", o.seq, "), but ", gib(have), " are available per local rank. Lower --seq or --batch, "
+                "shrink the model, or use more ranks.");
     const at::Tensor corpus = apps::load_corpus(o.data);
     Llama model(configOf(o));
     DeviceMesh mesh = init_device_mesh("cpu", {tp}, {"tp"});
@@ -198,6 +253,9 @@ int main(int argc, char** argv) {
     at::manual_seed(o.seed);
     Run run = train(model, o, corpus, /*log=*/true, world);
     if (o.check_parity && world.rank() == 0) return checkParity(o, corpus, run);
+  } catch (const c10::Error& e) {
+    std::cerr << "dtp-train: " << e.what_without_backtrace() << "\n";  // a user error: no C++ backtrace
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "dtp-train: " << e.what() << "\n";
     return 1;
