@@ -51,3 +51,30 @@ TEST(DTensorRandomTest, FillsAndLikesEqualSingleDevice) {
 }
 
 }  // namespace
+
+namespace {
+
+// Ranks seeded differently (or one that drew extra numbers) still agree: the
+// first random op on a mesh after manual_seed gives every rank the first
+// rank's generator state, as PyTorch's RNG tracker does (NOTE: [Generator
+// sync]); without it each rank's replica would hold its own numbers.
+TEST(DTensorRandomTest, RanksSeededDifferentlyAgreeWithTheFirstRank) {
+  const at::Tensor x = data({9, 6}).to(at::kFloat);
+  at::manual_seed(kSeed);
+  const at::Tensor want = at::dropout(x, 0.5, true);
+  run_ranks(4, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {2, 2});
+    at::Tensor dx = distribute_tensor(x, mesh, {Replicate(), Shard(0)});
+    dtp::manual_seed(rank == 0 ? kSeed : kSeed + rank);
+    if (rank == 3) at::rand({7}, random_generator());  // a plain draw on one rank
+    at::Tensor got = at::dropout(dx, 0.5, true);
+    // Replicas of the same shard agree, and the whole equals one device seeded like rank 0.
+    at::Tensor local = to_local(got).contiguous();
+    at::Tensor peer = local.clone();
+    mesh.get_group(0).broadcast(peer, 0);
+    EXPECT_TRUE(local.equal(peer)) << "rank " << rank;
+    EXPECT_TRUE(full_tensor(got).equal(want)) << "rank " << rank;
+  });
+}
+
+}  // namespace

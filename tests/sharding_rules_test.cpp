@@ -3,7 +3,11 @@
 // specs on 1-D meshes of 2 and 4 ranks and a (2,2) mesh, uneven shapes
 // included. "A, B -> out": the placements inputs are moved to, then the
 // outputs' specs.
+#include "dist.h"
 #include "rule_golden.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/random.h"
 
 #include "dtp/dtensor.h"
 
@@ -157,14 +161,28 @@ TEST(ShardingRuleTest, Indexing) {
             "P(sum), S(0), S(0) -> f32[5](P(sum))");
 }
 
-// Random ops draw the global tensor and keep the shard (no communication),
-// so their outputs keep the input's placements, uneven shards included.
+// Random ops draw the global tensor and keep the shard, so their outputs
+// keep the input's placements, uneven shards included. Not communication-free:
+// the first random op after manual_seed syncs the ranks' generators (one
+// broadcast per mesh dim, NOTE: [Generator sync]); these run on real ranks.
 TEST(ShardingRuleTest, RandomOpsKeepPlacements) {
-  RuleGolden g4({4}, {3}), g22({2, 2}, {1, 0});
-  EXPECT_EQ(dtp::dtensor_spec(at::rand_like(g4.t("f32[5,3](S(0))"))).str(), "f32[5,3](S(0))");
-  EXPECT_EQ(dtp::dtensor_spec(at::dropout(g4.t("f32[5,3](S(1))"), 0.5, true)).str(), "f32[5,3](S(1))");
-  EXPECT_EQ(dtp::dtensor_spec(at::randn_like(g22.t("f32[4,6](S(1)S(0))"))).str(), "f32[4,6](S(1)S(0))");
-  EXPECT_EQ(dtp::dtensor_spec(at::dropout(g22.t("f32[4,6](RS(1))"), 0.1, true)).str(), "f32[4,6](RS(1))");
+  dtp::test::run_ranks(4, [](int) {
+    auto m4 = dtp::init_device_mesh("cpu", {4});
+    auto m22 = dtp::init_device_mesh("cpu", {2, 2});
+    auto t = [](const dtp::DeviceMesh& m, std::vector<int64_t> shape, dtp::Placements p) {
+      return dtp::distribute_tensor(at::zeros(shape), m, p);
+    };
+    const at::Tensor a = t(m4, {5, 3}, {dtp::Shard(0)}), b = t(m4, {5, 3}, {dtp::Shard(1)});
+    const at::Tensor c = t(m22, {4, 6}, {dtp::Shard(1), dtp::Shard(0)}), d = t(m22, {4, 6}, {dtp::Replicate(), dtp::Shard(1)});
+    dtp::manual_seed(1);
+    dtp::CommCounter comm;
+    EXPECT_EQ(dtp::dtensor_spec(at::rand_like(a)).str(), "f32[5,3](S(0))");
+    EXPECT_EQ(dtp::dtensor_spec(at::dropout(b, 0.5, true)).str(), "f32[5,3](S(1))");
+    EXPECT_EQ(dtp::dtensor_spec(at::randn_like(c)).str(), "f32[4,6](S(1)S(0))");
+    EXPECT_EQ(dtp::dtensor_spec(at::dropout(d, 0.1, true)).str(), "f32[4,6](RS(1))");
+    EXPECT_EQ(comm.count(dtp::CollectiveType::Broadcast), 3) << comm.str();  // m4 once, m22 once per dim
+    EXPECT_EQ(comm.total_count(), 3) << comm.str();
+  });
 }
 
 TEST(ShardingRuleTest, NoRuleIsAClearError) {

@@ -10,6 +10,10 @@
 //
 // The generator is the default CPU generator, or the one set by manual_seed on
 // this thread (ranks running as threads of one process each need their own).
+// As PyTorch's, ranks start from one state: the first random op on a mesh
+// after each manual_seed (and the first ever) gives every rank the mesh's
+// first rank's generator state (a broadcast), so ranks seeded differently
+// still agree.
 #pragma once
 
 #include <ATen/core/Generator.h>

@@ -7,12 +7,39 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <mutex>
 #include <optional>
+#include <vector>
 
 namespace dtp {
 namespace {
 
 thread_local std::optional<at::Generator> thread_generator;
+
+// NOTE: [Generator sync] Every rank must draw from the same generator state,
+// or a replicated random op silently differs between ranks (ranks seeded
+// differently, or one that drew extra numbers). As PyTorch's RNG tracker
+// does, the first random op on a mesh after each dtp::manual_seed (and the
+// first ever) gives every rank the state of the mesh's first rank: one
+// broadcast per mesh dim. The decision depends only on calls every rank
+// makes alike (manual_seed, random ops on the mesh), so ranks agree on it.
+thread_local uint64_t seed_epoch = 0;
+thread_local std::vector<std::pair<const void*, uint64_t>> synced;  // (mesh, epoch)
+
+at::Generator syncedGenerator(const DeviceMesh& mesh) {
+  at::Generator gen = random_generator();
+  const std::pair<const void*, uint64_t> key{mesh.id(), seed_epoch};
+  if (std::find(synced.begin(), synced.end(), key) != synced.end()) return gen;
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  at::Tensor state = gen.get_state();
+  for (int64_t m = 0; m < mesh.ndim(); ++m)
+    if (mesh.size(m) > 1) mesh.get_group(m).broadcast(state, 0);
+  gen.set_state(state);
+  if (synced.size() >= 64) synced.clear();  // meshes made and dropped in a loop
+  synced.push_back(key);
+  return gen;
+}
 
 // This rank's shard of a full tensor laid out by `spec`.
 at::Tensor shardOf(const at::Tensor& full, const DTensorSpec& spec) {
@@ -56,7 +83,7 @@ bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                 op.schema().name(), " with DTensor parameters is NYI; pass scalars.");
   }
   const size_t g = generatorArg(op.schema());
-  if (args[g].isNone()) args[g] = random_generator();
+  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh);
   args[0] = at::empty(spec.shape, impl->local().options());
   op.callBoxed(stack);
   at::Tensor full = torch::jit::pop(*stack).toTensor();
@@ -83,7 +110,7 @@ bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
   at::Tensor mask_full = at::empty(spec.shape, local.options().dtype(at::kBool));
-  mask_full.bernoulli_(p1m, random_generator());
+  mask_full.bernoulli_(p1m, syncedGenerator(spec.mesh));
   at::Tensor mask = shardOf(mask_full, spec).contiguous();
   // Dropout is linear in its input: a Partial input stays Partial.
   stack->emplace_back(makeDTensor(local.mul(mask).mul_(scale), impl->spec_ptr()));
@@ -102,7 +129,7 @@ bool onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& spec = impl->spec();
   args[0] = redistribute_local(impl->local(), spec, Placements(spec.placements.size(), Replicate()));
   const size_t g = generatorArg(op.schema());
-  if (args[g].isNone()) args[g] = random_generator();
+  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh);
   op.callBoxed(stack);
   at::Tensor full = torch::jit::pop(*stack).toTensor();
   auto out_spec = withoutPartial(spec, full.scalar_type());
@@ -121,8 +148,9 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto* impl = unsafeGetDTensorImpl(self);
   const auto& spec = impl->spec();
   at::Tensor full = at::empty(spec.shape, impl->local().options().dtype(dtype.value_or(spec.dtype)));
-  if (Normal) full.normal_(0, 1, random_generator());
-  else full.uniform_(0, 1, random_generator());
+  at::Generator gen = syncedGenerator(spec.mesh);
+  if (Normal) full.normal_(0, 1, gen);
+  else full.uniform_(0, 1, gen);
   torch::jit::drop(*stack, nargs);
   auto out_spec = withoutPartial(spec, full.scalar_type());
   stack->emplace_back(makeDTensor(shardOf(full, *out_spec).contiguous(), out_spec));
@@ -131,7 +159,10 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 }  // namespace
 
-void manual_seed(uint64_t seed) { thread_generator = at::make_generator<at::CPUGeneratorImpl>(seed); }
+void manual_seed(uint64_t seed) {
+  thread_generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  ++seed_epoch;  // the next random op on each mesh syncs (NOTE: [Generator sync])
+}
 
 at::Generator random_generator() {
   return thread_generator ? *thread_generator : at::detail::getDefaultCPUGenerator();
