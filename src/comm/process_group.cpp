@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 #include <sstream>
 
 // NOTE: [Uneven shards]
@@ -36,6 +37,7 @@ struct ProcessGroup::Impl {
   ProcessGroupOptions options;
   std::string backend_name;
   mutable int64_t next_group_id = 0;
+  mutable int64_t collectives = 0;  // issued on this group, the same count on every member
 };
 
 namespace {
@@ -222,21 +224,66 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
 
 namespace {
 
-// Waits for a c10d work and turns a peer failure into an error that names
-// the collective and the group.
+// NOTE: [Who did not arrive] When a collective fails, each member that was
+// in it records so in the job's store (under the group's prefix and the
+// collective's number, which every member counts alike) and looks, for a few
+// seconds, for the others' records: a member that never records did not
+// reach the collective (it exited, crashed, hangs or took another code path).
+// Nothing is written while collectives succeed.
+struct Members {
+  c10::intrusive_ptr<c10d::Store> root_store;
+  std::string prefix;
+  int rank, size;
+  std::vector<int> global_ranks;
+  int64_t timeout_s;
+};
+
+std::string whoDidNotArrive(const Members& g, int64_t n) {
+  try {
+    c10d::PrefixStore store(g.prefix + "/dtp.arrived/" + std::to_string(n), g.root_store);
+    store.set(std::to_string(g.rank), std::vector<uint8_t>{1});
+    std::vector<int> missing;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (true) {
+      missing.clear();
+      for (int r = 0; r < g.size; ++r)
+        if (r != g.rank && !store.check({std::to_string(r)})) missing.push_back(g.global_ranks[r]);
+      if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (missing.empty()) return "every member reached it";
+    std::string s = missing.size() == 1 ? "global rank " : "global ranks ";
+    for (size_t i = 0; i < missing.size(); ++i) s += (i ? ", " : "") + std::to_string(missing[i]);
+    return s + " did not reach it";
+  } catch (const std::exception&) {
+    return "the job's store (served by global rank 0) is unreachable, so rank 0 has probably exited";
+  }
+}
+
+// Waits for a c10d work and turns a peer failure into one readable line that
+// names the collective, the group, the ranks that did not arrive and why.
 Work finish(const ProcessGroup::Impl& g, const char* what,
             c10::intrusive_ptr<c10d::Work> work, std::function<at::Tensor()> then,
             bool async_op) {
-  std::string where = std::string(what) + " on ranks of size-" + std::to_string(g.size) +
-                      " group (global rank " + std::to_string(g.global_ranks[g.rank]) + ")";
-  auto timeout_s = g.options.timeout.count() / 1000;
-  Work result([work = std::move(work), then = std::move(then), where, timeout_s] {
+  const int64_t n = ++g.collectives;
+  Members m{g.root_store, g.prefix, g.rank, g.size, g.global_ranks, g.options.timeout.count() / 1000};
+  Work result([g = std::move(m), n, what, work = std::move(work), then = std::move(then)] {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "dtp: ", where, " failed: ", error_text(e),
-                  "\nA peer rank exited, crashed or did not reach this collective within ",
-                  timeout_s, " s. Check the other ranks' output.");
+      const std::string err = error_text(e);
+      const bool closed = err.find("Connection closed") != std::string::npos ||
+                          err.find("Connection reset") != std::string::npos ||
+                          err.find("Broken pipe") != std::string::npos;
+      const bool timed_out = err.find("imed out") != std::string::npos || err.find("imeout") != std::string::npos;
+      TORCH_CHECK(false, "dtp: ", what, " #", n, " on ranks of size-", g.size, " group (global rank ",
+                  g.global_ranks[g.rank], ") failed: ", whoDidNotArrive(g, n), "; ",
+                  closed ? "a peer closed its connection (it exited, crashed, or gave up after DTP_TIMEOUT_S=" +
+                               std::to_string(g.timeout_s) + " s)"
+                  : timed_out ? "nothing came within DTP_TIMEOUT_S=" + std::to_string(g.timeout_s) + " s"
+                              : std::string("the backend failed"),
+                  ". A rank that did not reach it exited, crashed, hangs or took another code path: check its output",
+                  ". [", err, "]");
     }
     return then();
   });

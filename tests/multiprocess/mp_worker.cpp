@@ -12,6 +12,8 @@
 //   alone        no launcher environment: a world of one without a network
 //                listener (two at once must not collide on a port); prints
 //                "alone ok"
+//   stall        rank 2 sleeps past DTP_TIMEOUT_S instead of joining an
+//                all_reduce: the others' errors must name global rank 2
 //   lonely       init_process_group() and nothing else: started alone with
 //                WORLD_SIZE=2, the rendezvous must time out with an error
 //                that says what is missing and how to fix it
@@ -308,6 +310,18 @@ int die() {
   return 1;
 }
 
+int stall() {
+  dtp::ProcessGroup world = dtp::init_process_group();
+  if (world.rank() == 2) {
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    return 0;
+  }
+  at::Tensor t = at::ones({4});
+  world.all_reduce(t);  // must throw, naming global rank 2
+  std::cerr << "stall: all_reduce returned without rank 2" << std::endl;
+  return 1;
+}
+
 int lonely() {
   dtp::init_process_group();  // must throw: the other ranks never arrive
   std::cerr << "lonely: init_process_group returned although no other rank was started; "
@@ -338,7 +352,8 @@ int main(int argc, char** argv) {
   if (cmd == "die") return die();
   if (cmd == "lonely") return lonely();
   if (cmd == "alone") return alone();
+  if (cmd == "stall") return stall();
   std::cerr << "mp_worker: unknown subcommand '" << cmd
-            << "'. Expected collectives, mesh, die, lonely or alone.\n";
+            << "'. Expected collectives, mesh, die, stall, lonely or alone.\n";
   return 2;
 }
