@@ -10,10 +10,16 @@
 //   string in 1.13, as void* from 2.1.
 // - c10::Allocator::allocate is const in 1.13 and not from 2.3 (when
 //   copy_data became pure virtual): DTP_ALLOCATE_CONST.
+// - c10::Error takes its backtrace as a string in 1.13 and as a lazy value
+//   in 2.x: error_without_backtrace.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <c10/util/string_utils.h>
+
+#include <string>
+#include <type_traits>
 
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -60,6 +66,15 @@ inline auto optimizer_state_key(const at::Tensor& param) {
 #else
   return c10::guts::to_string(param.unsafeGetTensorImpl());
 #endif
+}
+
+// A c10::Error whose what() is `msg` alone, for failures a user should read
+// in one line (a peer that did not arrive); TORCH_SHOW_CPP_STACKTRACES=1
+// asks for the C++ backtrace (TORCH_CHECK's) instead.
+template <class E = c10::Error>
+E error_without_backtrace(std::string msg) {
+  if constexpr (std::is_constructible_v<E, std::string, std::string>) return E(std::move(msg), std::string());
+  else return E(std::move(msg), nullptr);
 }
 
 }  // namespace dtp::compat

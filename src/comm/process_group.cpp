@@ -12,6 +12,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <thread>
 #include <sstream>
@@ -276,7 +277,7 @@ Work finish(const ProcessGroup::Impl& g, const char* what,
                           err.find("Connection reset") != std::string::npos ||
                           err.find("Broken pipe") != std::string::npos;
       const bool timed_out = err.find("imed out") != std::string::npos || err.find("imeout") != std::string::npos;
-      TORCH_CHECK(false, "dtp: ", what, " #", n, " on ranks of size-", g.size, " group (global rank ",
+      std::string msg = c10::str("dtp: ", what, " #", n, " on ranks of size-", g.size, " group (global rank ",
                   g.global_ranks[g.rank], ") failed: ", whoDidNotArrive(g, n), "; ",
                   closed ? "a peer closed its connection (it exited, crashed, or gave up after DTP_TIMEOUT_S=" +
                                std::to_string(g.timeout_s) + " s)"
@@ -284,6 +285,9 @@ Work finish(const ProcessGroup::Impl& g, const char* what,
                               : std::string("the backend failed"),
                   ". A rank that did not reach it exited, crashed, hangs or took another code path: check its output",
                   ". [", err, "]");
+      const char* show = std::getenv("TORCH_SHOW_CPP_STACKTRACES");
+      TORCH_CHECK(show == nullptr || std::string(show) != "1", msg);
+      throw compat::error_without_backtrace(std::move(msg));
     }
     return then();
   });
