@@ -13,7 +13,6 @@
 
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor_impl.h"
-#include "dtensor/op_args.h"
 #include "dtensor/sharding_prop.h"
 #include "mesh/fake_mesh.h"
 
@@ -84,12 +83,7 @@ class RuleGolden {
       args.push_back(*schema.arguments()[i].default_value());
     }
     OpCall call{handle, args, {}, {}, 0};
-    for_each_tensor_arg(args.data(), args.size(), [&](size_t i, const at::Tensor& x) {
-      if (auto* impl = maybeGetDTensorImpl(x)) {
-        call.specs.push_back(&impl->spec());
-        call.slot_arg.push_back(static_cast<int>(i));
-      }
-    });
+    fill_slots(call);  // as the fallback does
     try {
       const Decision& d = dtp::propagate(call);
       std::string s;

@@ -33,39 +33,32 @@ struct Options {
   std::string save, resume;
 };
 
-// Peak resident memory of this process (VmHWM), MiB.
-double peakRssMiB() {
-  std::ifstream in("/proc/self/status");
+// A "Key: value kB" field of a /proc file (0 when missing), in kB.
+double procFieldKb(const char* file, const std::string& field) {
+  std::ifstream in(file);
   std::string key;
   while (in >> key) {
-    if (key == "VmHWM:") {
+    if (key == field) {
       double kb = 0;
       in >> kb;
-      return kb / 1024.0;
+      return kb;
     }
     in.ignore(1 << 20, '\n');
   }
   return 0.0;
 }
 
+// Peak resident memory of this process (VmHWM), MiB.
+double peakRssMiB() { return procFieldKb("/proc/self/status", "VmHWM:") / 1024.0; }
+
 LlamaConfig configOf(const Options& o) { return apps::config_of(o.model, o.seq, o.dropout, o.seed); }
 
 // Bytes of memory available to this process: MemAvailable shared by the
 // local ranks.
 double availableBytesPerRank(int64_t world) {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (in >> key) {
-    if (key == "MemAvailable:") {
-      in >> kb;
-      break;
-    }
-    in.ignore(1 << 20, '\n');
-  }
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t ranks = local != nullptr && std::atoll(local) > 0 ? std::atoll(local) : world;
-  return kb * 1024.0 / static_cast<double>(ranks);
+  return procFieldKb("/proc/meminfo", "MemAvailable:") * 1024.0 / static_cast<double>(ranks);
 }
 
 // A rough lower estimate of one rank's peak memory for a training step:

@@ -231,15 +231,7 @@ namespace {
 // seconds, for the others' records: a member that never records did not
 // reach the collective (it exited, crashed, hangs or took another code path).
 // Nothing is written while collectives succeed.
-struct Members {
-  c10::intrusive_ptr<c10d::Store> root_store;
-  std::string prefix;
-  int rank, size;
-  std::vector<int> global_ranks;
-  int64_t timeout_s;
-};
-
-std::string whoDidNotArrive(const Members& g, int64_t n) {
+std::string whoDidNotArrive(const ProcessGroup::Impl& g, int64_t n) {
   try {
     c10d::PrefixStore store(g.prefix + "/dtp.arrived/" + std::to_string(n), g.root_store);
     store.set(std::to_string(g.rank), std::vector<uint8_t>{1});
@@ -263,12 +255,13 @@ std::string whoDidNotArrive(const Members& g, int64_t n) {
 
 // Waits for a c10d work and turns a peer failure into one readable line that
 // names the collective, the group, the ranks that did not arrive and why.
-Work finish(const ProcessGroup::Impl& g, const char* what,
+Work finish(const std::shared_ptr<ProcessGroup::Impl>& group, const char* what,
             c10::intrusive_ptr<c10d::Work> work, std::function<at::Tensor()> then,
             bool async_op) {
-  const int64_t n = ++g.collectives;
-  Members m{g.root_store, g.prefix, g.rank, g.size, g.global_ranks, g.options.timeout.count() / 1000};
-  Work result([g = std::move(m), n, what, work = std::move(work), then = std::move(then)] {
+  const int64_t n = ++group->collectives;
+  // Holds the group: an async Work may outlive the caller's handle.
+  Work result([group, n, what, work = std::move(work), then = std::move(then)] {
+    const ProcessGroup::Impl& g = *group;
     try {
       work->wait();
     } catch (const std::exception& e) {
@@ -280,8 +273,8 @@ Work finish(const ProcessGroup::Impl& g, const char* what,
       std::string msg = c10::str("dtp: ", what, " #", n, " on ranks of size-", g.size, " group (global rank ",
                   g.global_ranks[g.rank], ") failed: ", whoDidNotArrive(g, n), "; ",
                   closed ? "a peer closed its connection (it exited, crashed, or gave up after DTP_TIMEOUT_S=" +
-                               std::to_string(g.timeout_s) + " s)"
-                  : timed_out ? "nothing came within DTP_TIMEOUT_S=" + std::to_string(g.timeout_s) + " s"
+                               std::to_string(g.options.timeout.count() / 1000) + " s)"
+                  : timed_out ? "nothing came within DTP_TIMEOUT_S=" + std::to_string(g.options.timeout.count() / 1000) + " s"
                               : std::string("the backend failed"),
                   ". A rank that did not reach it exited, crashed, hangs or took another code path: check its output",
                   ". [", err, "]");
@@ -322,7 +315,7 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
   opts.reduceOp = toC10d(op);
   auto work = impl().backend->allreduce(bufs, opts);
   const int size = impl().size;
-  return finish(impl(), "all_reduce", work, [tensor, buf, op, size]() mutable {
+  return finish(impl_, "all_reduce", work, [tensor, buf, op, size]() mutable {
     if (op == ReduceOp::Avg) buf.div_(size);
     if (!buf.is_same(tensor)) tensor.copy_(buf);
     return tensor;
@@ -357,7 +350,7 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   auto work = impl().backend->allgather(outs, ins);
   const bool even = std::all_of(numels.begin(), numels.end(),
                                 [&](int64_t n) { return n == max_numel; });
-  return finish(impl(), "all_gather", work, [=] {
+  return finish(impl_, "all_gather", work, [=] {
     if (even && dim == 0) {
       auto shape = local.sizes().vec();
       shape[0] = total;
@@ -418,7 +411,7 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
   auto work = allToAllFlat(impl(), out, in, out_counts, in_counts);
   auto recv_shape = frontShape(input, dim, sizes[me]);
   recv_shape.insert(recv_shape.begin(), W);
-  return finish(impl(), "reduce_scatter", work, [=] {
+  return finish(impl_, "reduce_scatter", work, [=] {
     at::Tensor stacked = out.view(recv_shape);
     at::Tensor r;
     switch (op) {
@@ -472,7 +465,7 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
   at::Tensor out = at::empty({std::accumulate(out_counts.begin(), out_counts.end(), int64_t{0})},
                              input.options());
   auto work = allToAllFlat(impl(), out, in, out_counts, in_counts);
-  return finish(impl(), "all_to_all", work, [=] {
+  return finish(impl_, "all_to_all", work, [=] {
     std::vector<at::Tensor> pieces;
     int64_t offset = 0;
     for (int r = 0; r < W; ++r) {
@@ -493,7 +486,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
   auto work = impl().backend->broadcast(bufs, opts);
-  return finish(impl(), "broadcast", work, [tensor, buf]() mutable {
+  return finish(impl_, "broadcast", work, [tensor, buf]() mutable {
     if (!buf.is_same(tensor)) tensor.copy_(buf);
     return tensor;
   }, async_op);
@@ -534,7 +527,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
   at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
   at::Tensor out_flat = out.view({-1});
   auto work = allToAllFlat(impl(), out_flat, in, out_counts, in_counts);
-  return finish(impl(), "scatter", work, [output, out]() mutable {
+  return finish(impl_, "scatter", work, [output, out]() mutable {
     if (!out.is_same(output)) output.copy_(out);
     return output;
   }, async_op);
@@ -543,7 +536,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
 void ProcessGroup::barrier() const {
   if (impl().size == 1) return;
   CommCounter::record(CollectiveType::Barrier, 0);
-  finish(impl(), "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, false);
+  finish(impl_, "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, false);
 }
 
 ProcessGroup default_process_group() {

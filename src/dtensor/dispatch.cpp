@@ -49,12 +49,7 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
     });
   }
   OpCall call{op, c10::ArrayRef<c10::IValue>(args, nargs), {}, {}, 0};
-  for_each_tensor_arg(args, nargs, [&](size_t i, const at::Tensor& t) {
-    if (auto* impl = maybeGetDTensorImpl(t)) {
-      call.specs.push_back(&impl->spec());
-      call.slot_arg.push_back(static_cast<int>(i));
-    }
-  });
+  fill_slots(call);
   return call;
 }
 

@@ -2,6 +2,8 @@
 // filled once from one place (RuleRegistry::get) and checked at start-up.
 #include "dtensor/rule_registry.h"
 
+#include "dtensor/op_args.h"
+
 #include <algorithm>
 
 namespace dtp {
@@ -15,6 +17,15 @@ int OpCall::slot_of_arg(int i) const {
   for (size_t s = 0; s < slot_arg.size(); ++s)
     if (slot_arg[s] == i) return static_cast<int>(s);
   return -1;
+}
+
+void fill_slots(OpCall& call) {
+  for_each_tensor_arg(call.args.data(), call.args.size(), [&](size_t i, const at::Tensor& t) {
+    if (auto* impl = maybeGetDTensorImpl(t)) {
+      call.specs.push_back(&impl->spec());
+      call.slot_arg.push_back(static_cast<int>(i));
+    }
+  });
 }
 
 RuleRegistry& RuleRegistry::get() {

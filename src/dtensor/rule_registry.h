@@ -39,6 +39,10 @@ struct OpCall {
   int slot_of_arg(int i) const;
 };
 
+// Fills call.specs and call.slot_arg from call.args: its DTensor arguments in
+// schema order, TensorList elements flattened.
+void fill_slots(OpCall& call);
+
 // One candidate for one mesh dimension.
 struct Row {
   std::vector<Placement> in;   // per slot
