@@ -183,6 +183,34 @@ TEST(DTensorApiTest, FromLocalRunCheckRejectsInconsistentShards) {
   });
 }
 
+// Without run_check, shards that fit no one global shape make the ranks post
+// buffers of sizes their peers do not expect (NOTE: [Collective checks]).
+// With TORCH_DISTRIBUTED_DEBUG=DETAIL that is an error on every rank naming
+// each rank's call; without it, Gloo terminates the process and dtp says why.
+TEST(DTensorApiTest, FromLocalWithoutRunCheckInconsistentShardsAreCaught) {
+  auto inconsistent = [](int rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor d = from_local(at::ones({rank == 0 ? 2 : 3, 4}), mesh, {Shard(0)}, /*run_check=*/false);
+    return full_tensor(d);  // rank 0 expects [4, 4], rank 1 [6, 4]
+  };
+  setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
+  run_ranks(2, [&](int rank) {
+    dtp::test::expect_error([&] { inconsistent(rank); },
+                            {"disagree on collective #1", "global rank 0: all_gather of Float[2, 4] along dim 0 with sizes [2, 2]",
+                             "global rank 1: all_gather of Float[3, 4] along dim 0 with sizes [3, 3]", "run_check=true"});
+    // Consistent calls pass the check, which CommCounter does not count.
+    auto mesh = init_device_mesh("cpu", {2});
+    CommCounter comm;
+    at::Tensor ok = full_tensor(from_local(at::full({2, 4}, double(rank)), mesh, {Shard(0)}, false));
+    EXPECT_TRUE(ok.equal(at::cat({at::zeros({2, 4}, at::kDouble), at::ones({2, 4}, at::kDouble)})));
+    EXPECT_EQ(comm.total_count(), 1);
+  });
+  unsetenv("TORCH_DISTRIBUTED_DEBUG");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(run_ranks(2, [&](int rank) { inconsistent(rank); }),
+               "the ranks disagree on a collective's shapes .*Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL");
+}
+
 // Ranks handed different values for a Replicate dim agree after run_check
 // (first rank's values, as PyTorch's broadcast); without it they are trusted.
 TEST(DTensorApiTest, FromLocalRunCheckMakesReplicasAgree) {

@@ -46,6 +46,11 @@ struct ProcessGroupOptions {
   // Address the Gloo transport binds to; empty: loopback for single-node jobs,
   // the host's own address otherwise.
   std::string bind_address;
+  // Before each collective, check that what every rank sends is what its
+  // peers expect, and fail with each rank's call when not (one extra small
+  // collective each). Also on when TORCH_DISTRIBUTED_DEBUG=DETAIL.
+  // See NOTE: [Collective checks] in src/comm/collective_check.h.
+  bool check_collectives = false;
 };
 
 class ProcessGroup {

@@ -1,6 +1,6 @@
 #include "dtp/process_group.h"
 
-#include "comm/compat.h"
+#include "comm/collective_check.h"
 #include "comm/error_text.h"
 #include "dtp/comm_counter.h"
 
@@ -27,19 +27,6 @@
 // local tensor alone, so an empty shard is as valid as any other.
 
 namespace dtp {
-
-struct ProcessGroup::Impl {
-  c10::intrusive_ptr<compat::Backend> backend;  // null for a group of one
-  c10::intrusive_ptr<c10d::Store> root_store;
-  std::string prefix;  // store prefix of this group, unique in the job
-  int rank = 0;
-  int size = 1;
-  std::vector<int> global_ranks;
-  ProcessGroupOptions options;
-  std::string backend_name;
-  mutable int64_t next_group_id = 0;
-  mutable int64_t collectives = 0;  // issued on this group, the same count on every member
-};
 
 namespace {
 
@@ -109,6 +96,12 @@ int64_t numelOf(const std::vector<int64_t>& shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
 }
 
+// "f64[2, 4]" and "[2, 2]", for the call descriptions of NOTE: [Collective checks].
+std::string shapeText(const at::Tensor& t) {
+  return c10::str(c10::toString(t.scalar_type()), t.sizes());
+}
+std::string listText(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
+
 }  // namespace
 
 std::string to_string(ReduceOp op) {
@@ -148,7 +141,10 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   impl->global_ranks.resize(size);
   std::iota(impl->global_ranks.begin(), impl->global_ranks.end(), 0);
   impl->options = options;
+  const char* debug = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  if (debug != nullptr && std::string(debug) == "DETAIL") impl->options.check_collectives = true;
   impl->backend_name = resolveBackend(options.backend);
+  if (impl->backend_name == "gloo") install_gloo_abort_hint();
   try {
     impl->backend = makeBackend(impl->backend_name,
                                 c10::make_intrusive<c10d::PrefixStore>(impl->prefix, store),
@@ -253,6 +249,30 @@ std::string whoDidNotArrive(const ProcessGroup::Impl& g, int64_t n) {
   }
 }
 
+}  // namespace
+
+[[noreturn]] void explain_failure(const ProcessGroup::Impl& g, const std::string& what, int64_t n,
+                                  const std::exception& e) {
+  const std::string err = error_text(e);
+  const bool closed = err.find("Connection closed") != std::string::npos ||
+                      err.find("Connection reset") != std::string::npos ||
+                      err.find("Broken pipe") != std::string::npos;
+  const bool timed_out = err.find("imed out") != std::string::npos || err.find("imeout") != std::string::npos;
+  std::string msg = c10::str("dtp: ", what, " #", n, " on ranks of size-", g.size, " group (global rank ",
+              g.global_ranks[g.rank], ") failed: ", whoDidNotArrive(g, n), "; ",
+              closed ? "a peer closed its connection (it exited, crashed, or gave up after DTP_TIMEOUT_S=" +
+                           std::to_string(g.options.timeout.count() / 1000) + " s)"
+              : timed_out ? "nothing came within DTP_TIMEOUT_S=" + std::to_string(g.options.timeout.count() / 1000) + " s"
+                          : std::string("the backend failed"),
+              ". A rank that did not reach it exited, crashed, hangs or took another code path: check its output",
+              ". [", err, "]");
+  const char* show = std::getenv("TORCH_SHOW_CPP_STACKTRACES");
+  TORCH_CHECK(show == nullptr || std::string(show) != "1", msg);
+  throw compat::error_without_backtrace(std::move(msg));
+}
+
+namespace {
+
 // Waits for a c10d work and turns a peer failure into one readable line that
 // names the collective, the group, the ranks that did not arrive and why.
 Work finish(const std::shared_ptr<ProcessGroup::Impl>& group, const char* what,
@@ -261,26 +281,10 @@ Work finish(const std::shared_ptr<ProcessGroup::Impl>& group, const char* what,
   const int64_t n = ++group->collectives;
   // Holds the group: an async Work may outlive the caller's handle.
   Work result([group, n, what, work = std::move(work), then = std::move(then)] {
-    const ProcessGroup::Impl& g = *group;
     try {
       work->wait();
     } catch (const std::exception& e) {
-      const std::string err = error_text(e);
-      const bool closed = err.find("Connection closed") != std::string::npos ||
-                          err.find("Connection reset") != std::string::npos ||
-                          err.find("Broken pipe") != std::string::npos;
-      const bool timed_out = err.find("imed out") != std::string::npos || err.find("imeout") != std::string::npos;
-      std::string msg = c10::str("dtp: ", what, " #", n, " on ranks of size-", g.size, " group (global rank ",
-                  g.global_ranks[g.rank], ") failed: ", whoDidNotArrive(g, n), "; ",
-                  closed ? "a peer closed its connection (it exited, crashed, or gave up after DTP_TIMEOUT_S=" +
-                               std::to_string(g.options.timeout.count() / 1000) + " s)"
-                  : timed_out ? "nothing came within DTP_TIMEOUT_S=" + std::to_string(g.options.timeout.count() / 1000) + " s"
-                              : std::string("the backend failed"),
-                  ". A rank that did not reach it exited, crashed, hangs or took another code path: check its output",
-                  ". [", err, "]");
-      const char* show = std::getenv("TORCH_SHOW_CPP_STACKTRACES");
-      TORCH_CHECK(show == nullptr || std::string(show) != "1", msg);
-      throw compat::error_without_backtrace(std::move(msg));
+      explain_failure(*group, what, n, e);
     }
     return then();
   });
@@ -304,7 +308,11 @@ void checkSizes(const ProcessGroup::Impl& g, const char* what,
 // empty (the tensor's, or the per-rank sizes passed) are the same everywhere.
 
 Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) const {
-  if (impl().size == 1 || tensor.numel() == 0) return Work::ready(tensor);
+  if (impl().size == 1) return Work::ready(tensor);
+  check_collective(impl(), {"all_reduce", c10::str("all_reduce(", to_string(op), ") of ", shapeText(tensor)),
+                            tensor.scalar_type(), std::vector<int64_t>(impl().size, tensor.numel()),
+                            std::vector<int64_t>(impl().size, tensor.numel())});
+  if (tensor.numel() == 0) return Work::ready(tensor);
   TORCH_CHECK(tensor.scalar_type() != at::kBool || op == ReduceOp::Max || op == ReduceOp::Min,
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
@@ -331,14 +339,17 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
               "] = ", sizes[impl().rank], ".");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   if (impl().size == 1) return Work::ready(local);
-  const int64_t gathered = numelOf(chunkShape(local, dim, total));
-  if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
-  CommCounter::record(CollectiveType::AllGather, gathered * local.element_size());
-
   // Every rank's shard, flattened and padded to the largest one.
   std::vector<int64_t> numels;
   for (int64_t s : sizes) numels.push_back(numelOf(chunkShape(local, dim, s)));
   const int64_t max_numel = *std::max_element(numels.begin(), numels.end());
+  check_collective(impl(), {"all_gather", c10::str("all_gather of ", shapeText(local), " along dim ", dim,
+                                                   " with sizes ", listText(sizes)),
+                            local.scalar_type(), std::vector<int64_t>(impl().size, max_numel),
+                            std::vector<int64_t>(impl().size, max_numel)});
+  const int64_t gathered = numelOf(chunkShape(local, dim, total));
+  if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
+  CommCounter::record(CollectiveType::AllGather, gathered * local.element_size());
   at::Tensor in = local.contiguous().view({-1});
   if (in.numel() < max_numel) {
     in = at::cat({in, in.new_zeros({max_numel - in.numel()})});
@@ -365,10 +376,13 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
 
 namespace {
 
-// all_to_all over flattened buffers with per-peer element counts.
-c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, at::Tensor& out,
-                                             at::Tensor& in, std::vector<int64_t> out_counts,
+// all_to_all over flattened buffers with per-peer element counts; `what`
+// and `call` describe it for NOTE: [Collective checks].
+c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, const char* what,
+                                             const std::string& call, at::Tensor& out, at::Tensor& in,
+                                             std::vector<int64_t> out_counts,
                                              std::vector<int64_t> in_counts) {
+  check_collective(g, {what, call, in.scalar_type(), in_counts, out_counts});
   at::Tensor out_wire = wire(out), in_wire = wire(in);
   return g.backend->alltoall_base(out_wire, in_wire, out_counts, in_counts);
 }
@@ -408,7 +422,10 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
   std::vector<int64_t> in_counts, out_counts(W, sizes[me] * inner);
   for (int64_t s : sizes) in_counts.push_back(s * inner);
   at::Tensor out = at::empty({W * sizes[me] * inner}, input.options());
-  auto work = allToAllFlat(impl(), out, in, out_counts, in_counts);
+  auto work = allToAllFlat(impl(), "reduce_scatter",
+                           c10::str("reduce_scatter of ", shapeText(input), " along dim ", dim, " with sizes ",
+                                    listText(sizes)),
+                           out, in, out_counts, in_counts);
   auto recv_shape = frontShape(input, dim, sizes[me]);
   recv_shape.insert(recv_shape.begin(), W);
   return finish(impl_, "reduce_scatter", work, [=] {
@@ -464,7 +481,11 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
   }
   at::Tensor out = at::empty({std::accumulate(out_counts.begin(), out_counts.end(), int64_t{0})},
                              input.options());
-  auto work = allToAllFlat(impl(), out, in, out_counts, in_counts);
+  auto work = allToAllFlat(impl(), "all_to_all",
+                           c10::str("all_to_all of ", shapeText(input), " split along dim ", split_dim, " by ",
+                                    listText(split_sizes), ", gathered along dim ", cat_dim, " by ",
+                                    listText(cat_sizes)),
+                           out, in, out_counts, in_counts);
   return finish(impl_, "all_to_all", work, [=] {
     std::vector<at::Tensor> pieces;
     int64_t offset = 0;
@@ -479,7 +500,12 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
 Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   TORCH_CHECK(src >= 0 && src < impl().size, "dtp: broadcast from rank ", src,
               " in a group of ", impl().size, " ranks.");
-  if (impl().size == 1 || tensor.numel() == 0) return Work::ready(tensor);
+  if (impl().size == 1) return Work::ready(tensor);
+  std::vector<int64_t> send(impl().size, impl().rank == src ? tensor.numel() : 0), recv(impl().size, 0);
+  recv[src] = tensor.numel();
+  check_collective(impl(), {"broadcast", c10::str("broadcast of ", shapeText(tensor), " from rank ", src),
+                            tensor.scalar_type(), send, recv});
+  if (tensor.numel() == 0) return Work::ready(tensor);
   CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
@@ -526,7 +552,9 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
   }
   at::Tensor out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
   at::Tensor out_flat = out.view({-1});
-  auto work = allToAllFlat(impl(), out_flat, in, out_counts, in_counts);
+  auto work = allToAllFlat(impl(), "scatter",
+                           c10::str("scatter from rank ", src, " into ", shapeText(output)),
+                           out_flat, in, out_counts, in_counts);
   return finish(impl_, "scatter", work, [output, out]() mutable {
     if (!out.is_same(output)) output.copy_(out);
     return output;

@@ -1,0 +1,31 @@
+// The state behind a dtp::ProcessGroup handle, shared by the files of src/comm.
+#pragma once
+
+#include "comm/compat.h"
+#include "dtp/process_group.h"
+
+#include <exception>
+#include <string>
+
+namespace dtp {
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<compat::Backend> backend;  // null for a group of one
+  c10::intrusive_ptr<c10d::Store> root_store;
+  std::string prefix;  // store prefix of this group, unique in the job
+  int rank = 0;
+  int size = 1;
+  std::vector<int> global_ranks;
+  ProcessGroupOptions options;
+  std::string backend_name;
+  mutable int64_t next_group_id = 0;
+  mutable int64_t collectives = 0;  // issued on this group, the same count on every member
+};
+
+// Throws the one-line error of a failed collective: `what` #n (the group's
+// collective count) on `g`, the ranks that did not reach it and why.
+// See NOTE: [Who did not arrive] in process_group.cpp.
+[[noreturn]] void explain_failure(const ProcessGroup::Impl& g, const std::string& what, int64_t n,
+                                  const std::exception& e);
+
+}  // namespace dtp
