@@ -55,6 +55,7 @@ class DeviceMesh {
   explicit DeviceMesh(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
  private:
+  friend DeviceMesh select_mesh_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims);
   // The mesh's state; a clear error on an invalid (default) handle.
   const Impl& impl() const;
   std::shared_ptr<const Impl> impl_;

@@ -23,6 +23,10 @@ void replace_parameter(torch::nn::Module& module, const std::string& name, const
 // need register_parameter_fields, else this fails naming the type.
 void set_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value);
 
+// Sets the public field only; the registry keeps what it holds (fully_shard:
+// the registry holds the sharded parameter, forward reads the gathered one).
+void set_parameter_field(torch::nn::Module& module, const std::string& name, const at::Tensor& value);
+
 using FieldSetter = std::function<void(torch::nn::Module&, const std::string&, const at::Tensor&)>;
 void register_parameter_fields(std::type_index impl_type, FieldSetter setter);
 

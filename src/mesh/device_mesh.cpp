@@ -1,6 +1,7 @@
 #include "dtp/device_mesh.h"
 
 #include "mesh/fake_mesh.h"
+#include "mesh/select_dims.h"
 
 #include <ATen/ATen.h>
 
@@ -112,15 +113,23 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
                 ": the names must be adjacent dimensions in mesh order. For example, on "
                 "(dp, cp, tp) ask for {dp, cp} or {cp, tp}, not {tp, dp} or {dp, tp}.");
   }
-  auto impl = std::make_shared<Impl>();
+  return select_mesh_dims(*this, dims);
+}
+
+DeviceMesh select_mesh_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims) {
+  const DeviceMesh::Impl& self = mesh.impl();
+  auto impl = std::make_shared<DeviceMesh::Impl>();
   impl->device_type = self.device_type;
   impl->rank = self.rank;
-  impl->names = names;
+  for (int64_t d : dims) {
+    TORCH_CHECK(d >= 0 && d < mesh.ndim(), "select_mesh_dims: dim ", d, " out of range for ", mesh.str());
+    if (!self.names.empty()) impl->names.push_back(self.names[d]);
+  }
   // The sub-mesh holds the ranks that share this rank's coordinate on every
   // dimension not kept.
   const auto st = strides(self.shape);
   int64_t base = 0;
-  for (int64_t d = 0; d < ndim(); ++d) {
+  for (int64_t d = 0; d < mesh.ndim(); ++d) {
     bool kept = std::find(dims.begin(), dims.end(), d) != dims.end();
     if (!kept) base += self.coordinate[d] * st[d];
   }

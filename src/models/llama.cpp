@@ -157,7 +157,7 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
 
 at::Tensor LlamaImpl::forward(const at::Tensor& input) {
   at::Tensor h = config.with_embedding ? tok_embeddings(input) : input;
-  for (const auto& layer : *layers) h = layer->as<TransformerBlockImpl>()->forward(h);
+  for (const auto& layer : *layers) h = dtp::nn::run_hooked(*layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>(), h);
   if (!config.with_head) return h;
   return output(norm(h));
 }

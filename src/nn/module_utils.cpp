@@ -73,7 +73,9 @@ void register_parameter_fields(std::type_index impl_type, FieldSetter setter) {
   r.setters[impl_type] = std::move(setter);
 }
 
-void set_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
+namespace {
+
+FieldSetter fieldSetter(const torch::nn::Module& module, const std::string& name) {
   FieldSetter setter;
   {
     auto& r = fields();
@@ -84,8 +86,19 @@ void set_parameter(torch::nn::Module& module, const std::string& name, const at:
   TORCH_CHECK(setter, "dtp: cannot swap parameter '", name, "' of a ", module.name(),
               ": dtp does not know which public field of that module type holds it. Call "
               "dtp::register_parameter_fields<", module.name(), ">(...) once at start-up.");
+  return setter;
+}
+
+}  // namespace
+
+void set_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
+  FieldSetter setter = fieldSetter(module, name);
   replace_parameter(module, name, value);
   setter(module, name, value);
+}
+
+void set_parameter_field(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
+  fieldSetter(module, name)(module, name, value);
 }
 
 }  // namespace dtp

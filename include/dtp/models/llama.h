@@ -6,6 +6,7 @@
 
 #include "dtp/device_mesh.h"
 #include "dtp/nn/modules.h"
+#include "dtp/parallel/fully_shard.h"
 
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -118,5 +119,10 @@ struct TensorParallelOptions {
 // embedding or head) gets TP without SP. Validation happens before anything
 // changes.
 void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options = {});
+
+// Data parallelism over mesh["dp"] after apply_tensor_parallel, as
+// torchtitan's apply_fsdp: each transformer block is a fully_shard unit, the
+// root (embedding, final norm, head) the last one. A 1-D mesh is dp alone.
+void apply_fsdp(Llama& model, const DeviceMesh& mesh, FullyShardOptions options = {});
 
 }  // namespace dtp::models

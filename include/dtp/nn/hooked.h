@@ -29,6 +29,9 @@ struct HookHost {
   std::vector<PreHook> pre_hooks;
   std::vector<PostHook> post_hooks;
   std::string fqn;  // set by parallelize_module; CommCounter attributes to it
+  // Techniques applied to the module ("fully_shard", "replicate"), so that
+  // each can check the order they compose in.
+  std::vector<std::string> applied;
   virtual ~HookHost() = default;
 };
 

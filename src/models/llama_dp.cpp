@@ -1,0 +1,11 @@
+// apply_fsdp: the torchtitan data-parallel wrapping of the reference Llama.
+#include "dtp/models/llama.h"
+
+namespace dtp::models {
+
+void apply_fsdp(Llama& model, const DeviceMesh& mesh, FullyShardOptions options) {
+  for (const auto& layer : *model->layers) fully_shard(*layer, mesh, options);
+  fully_shard(*model, mesh, options);
+}
+
+}  // namespace dtp::models

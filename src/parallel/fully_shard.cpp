@@ -1,0 +1,320 @@
+// fully_shard: FSDP2-style units of dim-0 sharded parameters over "dp".
+#include "dtp/parallel/fully_shard.h"
+
+#include "dtensor/dtensor_impl.h"
+#include "dtp/dtensor.h"
+#include "dtp/module_utils.h"
+#include "dtp/nn/hooked.h"
+#include "mesh/select_dims.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <numeric>
+#include <unordered_map>
+
+namespace dtp {
+namespace {
+
+using torch::autograd::variable_list;
+
+constexpr const char* kApplied = "fully_shard";
+
+// One parameter of a unit.
+struct ShardedParam {
+  std::vector<std::pair<torch::nn::Module*, std::string>> fields;  // where forward reads it (tied: several)
+  std::string fqn;
+  at::Tensor sharded;                 // the registered leaf: DTensor [tp placement, S(0)] on (tp, dp)
+  std::optional<DeviceMesh> tp_mesh;  // the TP DTensor forward sees, or a plain tensor
+  Placements tp_placements;
+  std::vector<int64_t> shape;         // global
+  std::vector<int64_t> local_shape;   // the TP shard (gathered over dp)
+  std::vector<int64_t> rows;          // its rows on each dp rank (torch.chunk)
+  int64_t inner = 1;                  // elements per row
+  at::Tensor gathered;                // this step's TP shard; its memory is freed when resharded
+
+  int64_t row_start(int r) const {
+    int64_t s = 0;
+    for (int q = 0; q < r; ++q) s += rows[q];
+    return s;
+  }
+};
+
+class Unit;
+
+// NOTE: [Unit gather backward] The gathered TP shards of a unit are outputs
+// of one autograd node whose inputs are the sharded parameters' locals: the
+// engine runs it once, after every op of the unit has produced its
+// gradients, and it reduce-scatters all of them in one collective.
+struct UnitGatherBackward : torch::autograd::Node {
+  std::weak_ptr<Unit> unit;
+  std::string name() const override { return "dtp::FullyShardGatherBackward"; }
+  variable_list apply(variable_list&& grads) override;
+};
+
+// NOTE: [Reshard after forward] Autograd keeps the gathered parameters that
+// ops saved for backward. Freeing them means releasing their storage's memory
+// while the tensors stay (every alias shares the StorageImpl); gathering
+// again puts new memory of the same size under the same StorageImpl, so
+// what autograd saved reads the gathered values, without a version bump.
+class Unit : public std::enable_shared_from_this<Unit> {
+ public:
+  std::string name;
+  ProcessGroup dp;
+  FullyShardOptions options;
+  std::vector<ShardedParam> params;
+  std::vector<int64_t> flat_sizes;  // elements each dp rank contributes
+  std::optional<bool> root;         // decided by the first forward
+
+  // Forward pre-hook: gathers every parameter (one all-gather), connected to
+  // autograd, and points the modules' fields at the gathered tensors.
+  void unshard() {
+    std::vector<at::Tensor> locals;
+    bool needs_grad = false;
+    for (auto& p : params) {
+      locals.push_back(to_local(p.sharded));
+      needs_grad = needs_grad || locals.back().requires_grad();
+    }
+    auto gathered = gather(locals);
+    if (needs_grad && at::GradMode::is_enabled()) {
+      auto node = std::make_shared<UnitGatherBackward>();
+      node->unit = weak_from_this();
+      node->set_next_edges(torch::autograd::collect_next_edges(locals));
+      torch::autograd::set_history(gathered, node);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& p = params[i];
+      p.gathered = gathered[i];
+      at::Tensor value = p.tp_mesh ? from_local(p.gathered, *p.tp_mesh, p.tp_placements, false, p.shape) : p.gathered;
+      for (auto& [module, field] : p.fields) set_parameter_field(*module, field, value);
+    }
+  }
+
+  void reshard() {
+    for (auto& p : params) {
+      if (!p.gathered.defined()) continue;
+      auto* storage = p.gathered.storage().unsafeGetStorageImpl();
+      storage->set_data_ptr_noswap(at::DataPtr(nullptr, p.gathered.device()));
+      storage->set_nbytes(0);
+    }
+  }
+
+  // Before backward reaches the unit: the freed parameters again.
+  void regather_if_freed() {
+    if (params.empty() || !params[0].gathered.defined() || params[0].gathered.storage().nbytes() != 0) return;
+    std::vector<at::Tensor> locals;
+    for (auto& p : params) locals.push_back(unsafeGetDTensorImpl(p.sharded)->local());
+    at::NoGradGuard no_grad;
+    auto fresh = gather(locals);
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto* into = params[i].gathered.storage().unsafeGetStorageImpl();
+      auto* from = fresh[i].storage().unsafeGetStorageImpl();
+      into->set_nbytes(from->nbytes());
+      into->set_data_ptr_noswap(from->set_data_ptr(at::DataPtr(nullptr, fresh[i].device())));
+    }
+  }
+
+  // Each rank's dim-0 pieces of every gradient, averaged over dp: this rank's
+  // shard gradients.
+  variable_list reduce_scatter(variable_list& grads) {
+    const int W = dp.size();
+    std::vector<at::Tensor> pieces;
+    for (int r = 0; r < W; ++r) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& p = params[i];
+        at::Tensor g = grads[i].defined() ? grads[i] : at::zeros(p.local_shape, p.gathered.options());
+        pieces.push_back(g.narrow(0, p.row_start(r), p.rows[r]).reshape({-1}));
+      }
+    }
+    at::Tensor mine = dp.reduce_scatter(at::cat(pieces), 0, flat_sizes, ReduceOp::Avg).wait();
+    variable_list out;
+    int64_t offset = 0;
+    const int me = dp.rank();
+    for (const auto& p : params) {
+      auto shape = p.local_shape;
+      shape[0] = p.rows[me];
+      out.push_back(mine.narrow(0, offset, p.rows[me] * p.inner).view(shape));
+      offset += p.rows[me] * p.inner;
+    }
+    reshard();
+    return out;
+  }
+
+ private:
+  // One all-gather of every parameter's local shard, flattened together;
+  // returns each parameter's TP shard (fresh, contiguous).
+  std::vector<at::Tensor> gather(const std::vector<at::Tensor>& locals) const {
+    std::vector<at::Tensor> flat;
+    for (const auto& l : locals) flat.push_back(l.detach().reshape({-1}));
+    at::Tensor all = dp.all_gather(at::cat(flat), 0, flat_sizes).wait();
+    std::vector<std::vector<at::Tensor>> per_param(params.size());
+    int64_t offset = 0;
+    for (int r = 0; r < dp.size(); ++r) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& p = params[i];
+        auto shape = p.local_shape;
+        shape[0] = p.rows[r];
+        per_param[i].push_back(all.narrow(0, offset, p.rows[r] * p.inner).view(shape));
+        offset += p.rows[r] * p.inner;
+      }
+    }
+    std::vector<at::Tensor> out;
+    for (auto& pieces : per_param) out.push_back(at::cat(pieces, 0));
+    return out;
+  }
+};
+
+variable_list UnitGatherBackward::apply(variable_list&& grads) {
+  auto u = unit.lock();
+  TORCH_CHECK(u != nullptr, "fully_shard: backward through a unit whose module was destroyed.");
+  return u->reduce_scatter(grads);
+}
+
+// The unit that runs the outermost forward on this thread (FSDP2's root).
+thread_local const Unit* running_root = nullptr;
+
+nn::HookHost& hooksOf(torch::nn::Module& module) {
+  auto* host = dynamic_cast<nn::HookHost*>(&module);
+  TORCH_CHECK(host != nullptr, "fully_shard: ", module.name(),
+              " does not run hooks, so its parameters cannot be gathered before its forward. Declare it "
+              "with DTP_MODULE(Name) instead of TORCH_MODULE(Name), or use dtp::nn modules.");
+  return *host;
+}
+
+bool applied(const torch::nn::Module& module, const char* what) {
+  auto* host = dynamic_cast<const nn::HookHost*>(&module);
+  return host != nullptr && std::find(host->applied.begin(), host->applied.end(), what) != host->applied.end();
+}
+
+// Every (module, name, parameter) under `module`, skipping units of earlier
+// calls.
+void collect(torch::nn::Module& module, const std::string& prefix,
+             std::vector<std::tuple<torch::nn::Module*, std::string, std::string>>& out) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false))
+    out.emplace_back(&module, item.key(), prefix + item.key());
+  for (const auto& child : module.named_children()) {
+    if (applied(*child.value(), kApplied)) continue;
+    collect(*child.value(), prefix + child.key() + ".", out);
+  }
+}
+
+struct MeshParts {
+  ProcessGroup dp;
+  std::optional<DeviceMesh> tp;
+  DeviceMesh sharded;  // (tp, dp), or dp alone
+};
+
+MeshParts meshParts(const DeviceMesh& mesh) {
+  TORCH_CHECK(mesh.valid(), "fully_shard: invalid DeviceMesh. Build one with init_device_mesh.");
+  const auto& names = mesh.mesh_dim_names();
+  if (mesh.ndim() == 1) return {mesh.get_group(0), std::nullopt, mesh};
+  const bool named = names.size() == 2 && std::find(names.begin(), names.end(), "dp") != names.end() &&
+                     std::find(names.begin(), names.end(), "tp") != names.end();
+  TORCH_CHECK(mesh.ndim() == 2 && named, "fully_shard: ", mesh.str(),
+              " is not a data-parallel mesh. Pass a 1-D mesh, or a 2-D mesh with dimensions named \"dp\" and "
+              "\"tp\": init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"}). (HSDP meshes are NYI.)");
+  return {mesh.get_group("dp"), mesh["tp"], select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
+}
+
+ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const MeshParts& m) {
+  ShardedParam p;
+  p.fqn = fqn;
+  TORCH_CHECK(param.dim() >= 1, "fully_shard: parameter ", fqn, " is a scalar; FSDP shards dim 0. Make it a "
+              "1-element vector.");
+  at::Tensor local = param.detach();
+  if (is_dtensor(param)) {
+    const auto& spec = dtensor_spec(param);
+    const auto& names = spec.mesh.mesh_dim_names();
+    TORCH_CHECK(std::find(names.begin(), names.end(), "dp") == names.end() && !(spec.mesh == m.sharded),
+                "fully_shard: parameter ", fqn, " is already sharded over \"dp\" (", spec.str(), " on ",
+                spec.mesh.str(), "). Call fully_shard once per module, and give it the parameters as the TP "
+                "plan left them.");
+    TORCH_CHECK(m.tp && spec.mesh == *m.tp, "fully_shard: parameter ", fqn, " is a DTensor on ", spec.mesh.str(),
+                ", but the mesh passed has ", m.tp ? "\"tp\" " + m.tp->str() : std::string("no \"tp\" dimension"),
+                ". Apply the TP plan to mesh[\"tp\"] of the same (dp, tp) mesh, then fully_shard with that mesh.");
+    p.tp_mesh = spec.mesh;
+    p.tp_placements = spec.placements;
+    p.shape = spec.shape;
+    local = unsafeGetDTensorImpl(param)->local();
+  } else {
+    p.shape = param.sizes().vec();
+    if (m.tp) {
+      p.tp_mesh = m.tp;
+      p.tp_placements = {Replicate()};
+    }
+  }
+  p.local_shape = local.sizes().vec();
+  p.rows = chunk_sizes(p.local_shape[0], m.dp.size());
+  p.inner = std::accumulate(p.local_shape.begin() + 1, p.local_shape.end(), int64_t{1}, std::multiplies<>());
+  const int me = m.dp.rank();
+  at::Tensor mine = local.narrow(0, p.row_start(me), p.rows[me]).clone();
+  Placements placements = p.tp_placements;
+  placements.push_back(Shard(0));
+  p.sharded = from_local(mine, m.sharded, placements, /*run_check=*/false, p.shape).detach();
+  p.sharded.set_requires_grad(param.requires_grad());
+  return p;
+}
+
+}  // namespace
+
+bool is_fully_sharded(const torch::nn::Module& module) { return applied(module, kApplied); }
+
+void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options) {
+  nn::HookHost& host = hooksOf(module);
+  TORCH_CHECK(!applied(module, kApplied), "fully_shard: ", module.name(), " is already a fully_shard unit. Call "
+              "fully_shard once per module.");
+  const MeshParts m = meshParts(mesh);
+  auto unit = std::make_shared<Unit>();
+  unit->name = module.name();
+  unit->dp = m.dp;
+  unit->options = options;
+
+  std::vector<std::tuple<torch::nn::Module*, std::string, std::string>> found;
+  collect(module, "", found);
+  std::unordered_map<const c10::TensorImpl*, size_t> index;  // tied parameters share one entry
+  for (auto& [owner, name, fqn] : found) {
+    const at::Tensor& param = owner->named_parameters(false)[name];
+    auto it = index.find(param.unsafeGetTensorImpl());
+    if (it == index.end()) {
+      it = index.emplace(param.unsafeGetTensorImpl(), unit->params.size()).first;
+      unit->params.push_back(shardParam(param, fqn, m));
+    }
+    unit->params[it->second].fields.emplace_back(owner, name);
+  }
+  // Validate every field before changing anything.
+  for (auto& p : unit->params)
+    for (auto& [owner, name] : p.fields) set_parameter_field(*owner, name, owner->named_parameters(false)[name]);
+  for (auto& p : unit->params)
+    for (auto& [owner, name] : p.fields) {
+      replace_parameter(*owner, name, p.sharded);
+      set_parameter_field(*owner, name, p.sharded);
+    }
+  for (int r = 0; r < m.dp.size(); ++r) {
+    int64_t n = 0;
+    for (const auto& p : unit->params) n += p.rows[r] * p.inner;
+    unit->flat_sizes.push_back(n);
+  }
+
+  host.pre_hooks.push_back([unit](std::vector<at::Tensor>&) {
+    if (!unit->root) unit->root = running_root == nullptr;
+    if (*unit->root) running_root = unit.get();
+    unit->unshard();
+  });
+  host.post_hooks.push_back([unit](at::Tensor& output) {
+    if (*unit->root) running_root = nullptr;
+    if (!output.requires_grad() || !at::GradMode::is_enabled()) {
+      unit->reshard();  // no backward will come
+      return;
+    }
+    if (!*unit->root && unit->options.reshard_after_forward) unit->reshard();
+    std::weak_ptr<Unit> weak = unit;
+    output.register_hook([weak](const at::Tensor& grad) {
+      if (auto u = weak.lock()) u->regather_if_freed();
+      return grad;
+    });
+  });
+  host.applied.push_back(kApplied);
+}
+
+}  // namespace dtp
