@@ -110,4 +110,72 @@ INSTANTIATE_TEST_SUITE_P(Layouts, FullyShardTest,
                                   (info.param.sp ? "sp" : "nosp");
                          });
 
+// Bytes of this rank's TP shards of the parameters of `module`, skipping
+// the transformer blocks when `root` (what each fully_shard unit gathers).
+int64_t tpShardBytes(torch::nn::Module& module, bool root) {
+  int64_t n = 0;
+  for (const auto& item : module.named_parameters()) {
+    if (root && item.key().rfind("layers.", 0) == 0) continue;
+    if (root && item.key() == "output.weight" && item.value().is_same(module.named_parameters()["tok_embeddings.weight"]))
+      continue;
+    n += to_local(item.value()).numel() * item.value().element_size();
+  }
+  return n;
+}
+
+// Per step on dp: each block one all-gather in forward and one in backward,
+// the root one in forward; one reduce-scatter per unit; bytes: the units'
+// TP shards. On tp: what TP alone issues, except that the Partial
+// gradients of norm weights (SP) are summed once per unit on the dp shard
+// (NOTE: [Partial gradients under fully_shard]) instead of once per step.
+// Gathered parameters are freed after forward (blocks) and after backward.
+TEST(FullyShardCollectives, PerStepMatchTheClosedForm) {
+  for (bool sp : {true, false}) {
+    SCOPED_TRACE(sp ? "sp" : "no sp");
+    LlamaConfig c = dtp::test::small_llama_config(2);
+    run_ranks(4, [&](int) {
+      auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+      const auto dp_ranks = mesh.get_group("dp").global_ranks(), tp_ranks = mesh.get_group("tp").global_ranks();
+      at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0).narrow(0, mesh.get_local_rank("dp"), 1);
+      auto step = [&](Llama& model) {
+        CommCounter comm;
+        llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq)).backward();
+        return std::array<int64_t, 3>{comm.count(CollectiveType::AllReduce, tp_ranks),
+                                      comm.count(CollectiveType::AllGather, tp_ranks),
+                                      comm.count(CollectiveType::ReduceScatter, tp_ranks)};
+      };
+      Llama tp_only(c);
+      apply_tensor_parallel(tp_only, mesh, TensorParallelOptions{sp, kSeq});
+      const auto want_tp = step(tp_only);
+      int64_t block_bytes = 0;
+      for (const auto& layer : *tp_only->layers) block_bytes += tpShardBytes(*layer, false);
+      const int64_t root_bytes = tpShardBytes(*tp_only, true);
+
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
+      apply_fsdp(model, mesh);
+      const int64_t L = c.n_layers;
+      CommCounter comm;
+      at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
+      auto storage = [](const at::Tensor& field) { return to_local(field).storage().nbytes(); };
+      auto& wq = model->layers[0]->as<TransformerBlockImpl>()->attention->wq->weight;
+      EXPECT_EQ(storage(wq), 0u) << "a block's gathered parameters are freed after its forward";
+      EXPECT_GT(storage(model->output->weight), 0u) << "the root keeps its parameters for backward";
+      EXPECT_EQ(comm.count(CollectiveType::AllGather, dp_ranks), L + 1);
+      loss.backward();
+      EXPECT_EQ(storage(wq), 0u);
+      EXPECT_EQ(storage(model->output->weight), 0u) << "freed after backward";
+      EXPECT_EQ(comm.count(CollectiveType::AllGather, dp_ranks), 2 * L + 1) << comm.str();
+      EXPECT_EQ(comm.count(CollectiveType::ReduceScatter, dp_ranks), L + 1) << comm.str();
+      EXPECT_EQ(comm.count(CollectiveType::AllReduce, dp_ranks), 0) << comm.str();
+      EXPECT_EQ(comm.bytes(CollectiveType::AllGather, dp_ranks), 2 * block_bytes + root_bytes);
+      EXPECT_EQ(comm.bytes(CollectiveType::ReduceScatter, dp_ranks), block_bytes + root_bytes);
+      EXPECT_EQ(comm.count(CollectiveType::AllReduce, tp_ranks), want_tp[0] + (sp ? L : 0)) << comm.str();
+      EXPECT_EQ(comm.count(CollectiveType::AllGather, tp_ranks), want_tp[1]) << comm.str();
+      EXPECT_EQ(comm.count(CollectiveType::ReduceScatter, tp_ranks), want_tp[2]) << comm.str();
+      EXPECT_EQ(comm.total_count(), 3 * L + 2 + want_tp[0] + want_tp[1] + want_tp[2] + (sp ? L : 0)) << comm.str();
+    });
+  }
+}
+
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace dtp {
 
@@ -34,6 +35,10 @@ class CommCounter {
 
   int64_t count(CollectiveType type) const { return counts_[idx(type)]; }
   int64_t bytes(CollectiveType type) const { return bytes_[idx(type)]; }
+  // The same, for the collectives of the group of these global ranks
+  // (ProcessGroup::global_ranks(), e.g. mesh.get_group("dp")).
+  int64_t count(CollectiveType type, const std::vector<int>& group_ranks) const;
+  int64_t bytes(CollectiveType type, const std::vector<int>& group_ranks) const;
   int64_t total_count() const;
   int64_t total_bytes() const;
   // Counts per module FQN (the module whose forward or backward was running,
@@ -46,7 +51,7 @@ class CommCounter {
   std::string str() const;
 
   // Called by the communication layer for every collective.
-  static void record(CollectiveType type, int64_t bytes);
+  static void record(CollectiveType type, int64_t bytes, const std::vector<int>& group_ranks);
   // The FQN that per_module() attributes collectives to, on this thread.
   static void set_current_module(const std::string* fqn);
   static const std::string* current_module();
@@ -56,6 +61,10 @@ class CommCounter {
   std::array<int64_t, kNumCollectiveTypes> counts_{};
   std::array<int64_t, kNumCollectiveTypes> bytes_{};
   std::map<std::string, std::map<std::string, int64_t>> per_module_;
+  struct Tally {
+    std::array<int64_t, kNumCollectiveTypes> counts{}, bytes{};
+  };
+  std::map<std::vector<int>, Tally> per_group_;
 };
 
 }  // namespace dtp

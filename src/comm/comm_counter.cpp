@@ -44,10 +44,21 @@ int64_t CommCounter::total_bytes() const {
   return n;
 }
 
+int64_t CommCounter::count(CollectiveType type, const std::vector<int>& group_ranks) const {
+  auto it = per_group_.find(group_ranks);
+  return it == per_group_.end() ? 0 : it->second.counts[idx(type)];
+}
+
+int64_t CommCounter::bytes(CollectiveType type, const std::vector<int>& group_ranks) const {
+  auto it = per_group_.find(group_ranks);
+  return it == per_group_.end() ? 0 : it->second.bytes[idx(type)];
+}
+
 void CommCounter::reset() {
   counts_.fill(0);
   bytes_.fill(0);
   per_module_.clear();
+  per_group_.clear();
 }
 
 std::string CommCounter::str() const {
@@ -62,10 +73,13 @@ std::string CommCounter::str() const {
   return first ? "no collectives" : os.str();
 }
 
-void CommCounter::record(CollectiveType type, int64_t bytes) {
+void CommCounter::record(CollectiveType type, int64_t bytes, const std::vector<int>& group_ranks) {
   for (CommCounter* c : active_counters) {
     c->counts_[idx(type)] += 1;
     c->bytes_[idx(type)] += bytes;
+    Tally& g = c->per_group_[group_ranks];
+    g.counts[idx(type)] += 1;
+    g.bytes[idx(type)] += bytes;
     c->per_module_[active_module ? *active_module : ""][to_string(type)] += 1;
   }
 }

@@ -316,7 +316,7 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
   TORCH_CHECK(tensor.scalar_type() != at::kBool || op == ReduceOp::Max || op == ReduceOp::Min,
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
-  CommCounter::record(CollectiveType::AllReduce, nbytes(tensor));
+  CommCounter::record(CollectiveType::AllReduce, nbytes(tensor), impl().global_ranks);
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::AllreduceOptions opts;
@@ -349,7 +349,7 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
                             std::vector<int64_t>(impl().size, max_numel)});
   const int64_t gathered = numelOf(chunkShape(local, dim, total));
   if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
-  CommCounter::record(CollectiveType::AllGather, gathered * local.element_size());
+  CommCounter::record(CollectiveType::AllGather, gathered * local.element_size(), impl().global_ranks);
   at::Tensor in = local.contiguous().view({-1});
   if (in.numel() < max_numel) {
     in = at::cat({in, in.new_zeros({max_numel - in.numel()})});
@@ -413,7 +413,7 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
     shape[dim] = sizes[impl().rank];
     return Work::ready(at::empty(shape, input.options()));
   }
-  CommCounter::record(CollectiveType::ReduceScatter, nbytes(input));
+  CommCounter::record(CollectiveType::ReduceScatter, nbytes(input), impl().global_ranks);
 
   const int me = impl().rank, W = impl().size;
   at::Tensor in = input.movedim(dim, 0).contiguous().view({-1});
@@ -468,7 +468,7 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
     shape[cat_dim] = cat_total;
     return Work::ready(at::empty(shape, input.options()));
   }
-  CommCounter::record(CollectiveType::AllToAll, nbytes(input));
+  CommCounter::record(CollectiveType::AllToAll, nbytes(input), impl().global_ranks);
 
   at::Tensor in = input.movedim(split_dim, 0).contiguous().view({-1});
   const int64_t in_inner = numelOf(frontShape(input, split_dim, 1));
@@ -506,7 +506,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   check_collective(impl(), {"broadcast", c10::str("broadcast of ", shapeText(tensor), " from rank ", src),
                             tensor.scalar_type(), send, recv});
   if (tensor.numel() == 0) return Work::ready(tensor);
-  CommCounter::record(CollectiveType::Broadcast, nbytes(tensor));
+  CommCounter::record(CollectiveType::Broadcast, nbytes(tensor), impl().global_ranks);
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
@@ -535,7 +535,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
   }
   int64_t sent = 0;
   for (const auto& c : chunks) sent += nbytes(c);
-  CommCounter::record(CollectiveType::Scatter, me == src ? sent : 0);
+  CommCounter::record(CollectiveType::Scatter, me == src ? sent : 0, impl().global_ranks);
   // Scatter as an all_to_all in which only `src` sends: exact sizes, no padding.
   std::vector<int64_t> in_counts(W, 0), out_counts(W, 0);
   out_counts[src] = output.numel();
@@ -563,7 +563,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
 
 void ProcessGroup::barrier() const {
   if (impl().size == 1) return;
-  CommCounter::record(CollectiveType::Barrier, 0);
+  CommCounter::record(CollectiveType::Barrier, 0, impl().global_ranks);
   finish(impl_, "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, false);
 }
 

@@ -2,6 +2,7 @@
 #include "dtp/parallel/fully_shard.h"
 
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/redistribute.h"
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
@@ -26,9 +27,7 @@ struct ShardedParam {
   std::vector<std::pair<torch::nn::Module*, std::string>> fields;  // where forward reads it (tied: several)
   std::string fqn;
   at::Tensor sharded;                 // the registered leaf: DTensor [tp placement, S(0)] on (tp, dp)
-  std::optional<DeviceMesh> tp_mesh;  // the TP DTensor forward sees, or a plain tensor
-  Placements tp_placements;
-  std::vector<int64_t> shape;         // global
+  SpecPtr tp_spec;                    // what forward sees: this TP DTensor, or (null) a plain tensor
   std::vector<int64_t> local_shape;   // the TP shard (gathered over dp)
   std::vector<int64_t> rows;          // its rows on each dp rank (torch.chunk)
   int64_t inner = 1;                  // elements per row
@@ -65,6 +64,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   FullyShardOptions options;
   std::vector<ShardedParam> params;
   std::vector<int64_t> flat_sizes;  // elements each dp rank contributes
+  std::optional<DeviceMesh> tp;     // "tp" of the mesh, when 2-D
   std::optional<bool> root;         // decided by the first forward
 
   // Forward pre-hook: gathers every parameter (one all-gather), connected to
@@ -77,18 +77,19 @@ class Unit : public std::enable_shared_from_this<Unit> {
       needs_grad = needs_grad || locals.back().requires_grad();
     }
     auto gathered = gather(locals);
+    std::vector<at::Tensor> values;
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].gathered = gathered[i];
+      values.push_back(params[i].tp_spec ? makeDTensor(gathered[i], params[i].tp_spec) : gathered[i]);
+    }
     if (needs_grad && at::GradMode::is_enabled()) {
       auto node = std::make_shared<UnitGatherBackward>();
       node->unit = weak_from_this();
       node->set_next_edges(torch::autograd::collect_next_edges(locals));
-      torch::autograd::set_history(gathered, node);
+      torch::autograd::set_history(values, node);
     }
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto& p = params[i];
-      p.gathered = gathered[i];
-      at::Tensor value = p.tp_mesh ? from_local(p.gathered, *p.tp_mesh, p.tp_placements, false, p.shape) : p.gathered;
-      for (auto& [module, field] : p.fields) set_parameter_field(*module, field, value);
-    }
+    for (size_t i = 0; i < params.size(); ++i)
+      for (auto& [module, field] : params[i].fields) set_parameter_field(*module, field, values[i]);
   }
 
   void reshard() {
@@ -115,16 +116,38 @@ class Unit : public std::enable_shared_from_this<Unit> {
     }
   }
 
-  // Each rank's dim-0 pieces of every gradient, averaged over dp: this rank's
-  // shard gradients.
+  // NOTE: [Partial gradients under fully_shard] A replicated TP parameter
+  // (a norm weight under SP) gets a Partial(sum) gradient over tp. Summing
+  // over tp commutes with averaging over dp, so the unit reduce-scatters the
+  // partial sums over dp first and then all-reduces over tp only this rank's
+  // shard of all such gradients together: one all-reduce per unit, on 1/dp
+  // of the bytes. Other placements are redistributed to the parameter's.
   variable_list reduce_scatter(variable_list& grads) {
     const int W = dp.size();
+    std::vector<at::Tensor> locals;
+    std::vector<bool> partial(params.size(), false);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& p = params[i];
+      const at::Tensor& g = grads[i];
+      if (!g.defined()) {
+        locals.push_back(at::zeros(p.local_shape, p.gathered.options()));
+      } else if (!p.tp_spec) {
+        locals.push_back(g);
+      } else {
+        auto* gi = maybeGetDTensorImpl(g);
+        TORCH_INTERNAL_ASSERT(gi != nullptr, "fully_shard: the gradient of ", p.fqn, " is not a DTensor");
+        const Placements& have = gi->spec().placements;
+        const Placements& want = p.tp_spec->placements;
+        partial[i] = have.size() == 1 && have[0].is_partial() && have[0].op == ReduceOp::Sum && want[0].is_replicate();
+        locals.push_back(have == want || partial[i] ? gi->local()
+                                                    : redistribute_local(gi->local(), gi->spec(), want, true, false));
+      }
+    }
     std::vector<at::Tensor> pieces;
     for (int r = 0; r < W; ++r) {
       for (size_t i = 0; i < params.size(); ++i) {
         const auto& p = params[i];
-        at::Tensor g = grads[i].defined() ? grads[i] : at::zeros(p.local_shape, p.gathered.options());
-        pieces.push_back(g.narrow(0, p.row_start(r), p.rows[r]).reshape({-1}));
+        pieces.push_back(locals[i].narrow(0, p.row_start(r), p.rows[r]).reshape({-1}));
       }
     }
     at::Tensor mine = dp.reduce_scatter(at::cat(pieces), 0, flat_sizes, ReduceOp::Avg).wait();
@@ -137,11 +160,28 @@ class Unit : public std::enable_shared_from_this<Unit> {
       out.push_back(mine.narrow(0, offset, p.rows[me] * p.inner).view(shape));
       offset += p.rows[me] * p.inner;
     }
+    std::vector<at::Tensor> sums;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (partial[i]) sums.push_back(out[i].reshape({-1}));
+    if (!sums.empty()) {
+      at::Tensor summed = tp_group().all_reduce(at::cat(sums)).wait();
+      int64_t at = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!partial[i]) continue;
+        out[i] = summed.narrow(0, at, out[i].numel()).view(out[i].sizes());
+        at += out[i].numel();
+      }
+    }
     reshard();
     return out;
   }
 
  private:
+  ProcessGroup tp_group() const {
+    TORCH_INTERNAL_ASSERT(tp.has_value(), "fully_shard: a Partial gradient without a tp mesh");
+    return tp->get_group(0);
+  }
+
   // One all-gather of every parameter's local shard, flattened together;
   // returns each parameter's TP shard (fresh, contiguous).
   std::vector<at::Tensor> gather(const std::vector<at::Tensor>& locals) const {
@@ -233,25 +273,19 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const M
     TORCH_CHECK(m.tp && spec.mesh == *m.tp, "fully_shard: parameter ", fqn, " is a DTensor on ", spec.mesh.str(),
                 ", but the mesh passed has ", m.tp ? "\"tp\" " + m.tp->str() : std::string("no \"tp\" dimension"),
                 ". Apply the TP plan to mesh[\"tp\"] of the same (dp, tp) mesh, then fully_shard with that mesh.");
-    p.tp_mesh = spec.mesh;
-    p.tp_placements = spec.placements;
-    p.shape = spec.shape;
+    p.tp_spec = unsafeGetDTensorImpl(param)->spec_ptr();
     local = unsafeGetDTensorImpl(param)->local();
-  } else {
-    p.shape = param.sizes().vec();
-    if (m.tp) {
-      p.tp_mesh = m.tp;
-      p.tp_placements = {Replicate()};
-    }
+  } else if (m.tp) {
+    p.tp_spec = make_spec(*m.tp, {Replicate()}, param.sizes().vec(), param.scalar_type());
   }
   p.local_shape = local.sizes().vec();
   p.rows = chunk_sizes(p.local_shape[0], m.dp.size());
   p.inner = std::accumulate(p.local_shape.begin() + 1, p.local_shape.end(), int64_t{1}, std::multiplies<>());
   const int me = m.dp.rank();
   at::Tensor mine = local.narrow(0, p.row_start(me), p.rows[me]).clone();
-  Placements placements = p.tp_placements;
+  Placements placements = p.tp_spec ? p.tp_spec->placements : Placements{};
   placements.push_back(Shard(0));
-  p.sharded = from_local(mine, m.sharded, placements, /*run_check=*/false, p.shape).detach();
+  p.sharded = from_local(mine, m.sharded, placements, /*run_check=*/false, param.sizes().vec()).detach();
   p.sharded.set_requires_grad(param.requires_grad());
   return p;
 }
@@ -269,6 +303,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
   unit->name = module.name();
   unit->dp = m.dp;
   unit->options = options;
+  unit->tp = m.tp;
 
   std::vector<std::tuple<torch::nn::Module*, std::string, std::string>> found;
   collect(module, "", found);
