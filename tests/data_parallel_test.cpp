@@ -72,13 +72,16 @@ struct Layout {
   bool sp;
 };
 
-class FullyShardTest : public ::testing::TestWithParam<Layout> {};
+class DataParallelTest : public ::testing::TestWithParam<Layout> {};
 
 // 20 AdamW steps equal one device in float64, for (dp, tp) = (2, 2) with and
-// without SP, (4, 1) and (1, 4); tied embeddings on (2, 2).
-TEST_P(FullyShardTest, TrainsLikeOneDeviceInFloat64) {
+// without SP, (4, 1) and (1, 4); tied embeddings on (2, 2). fully_shard and
+// replicate (with one bucket per parameter, and with the default buckets).
+TEST_P(DataParallelTest, TrainsLikeOneDeviceInFloat64) {
   const Layout l = GetParam();
+  for (const char* how : {"fsdp", "ddp", "ddp-per-param"})
   for (bool tied : {false, true}) {
+    SCOPED_TRACE(how);
     if (tied && l.dp != 2) continue;
     SCOPED_TRACE(tied ? "tied" : "untied");
     LlamaConfig c = dtp::test::small_llama_config(static_cast<int>(l.tp));
@@ -90,11 +93,16 @@ TEST_P(FullyShardTest, TrainsLikeOneDeviceInFloat64) {
       auto mesh = init_device_mesh("cpu", {l.dp, l.tp}, {"dp", "tp"});
       Llama model(c);
       apply_tensor_parallel(model, mesh, TensorParallelOptions{l.sp, kSeq});
-      apply_fsdp(model, mesh);
-      for (auto& [name, p] : model->unique_named_parameters()) {
-        const auto& spec = dtensor_spec(p);
-        ASSERT_EQ(spec.placements.size(), 2u) << name;
-        EXPECT_EQ(spec.placements[1], Shard(0)) << name << " " << spec.str();
+      if (std::string(how) == "fsdp") {
+        apply_fsdp(model, mesh);
+        for (auto& [name, p] : model->unique_named_parameters()) {
+          const auto& spec = dtensor_spec(p);
+          ASSERT_EQ(spec.placements.size(), 2u) << name;
+          EXPECT_EQ(spec.placements[1], Shard(0)) << name << " " << spec.str();
+        }
+      } else {
+        apply_ddp(model, mesh, ReplicateOptions{std::string(how) == "ddp" ? 25.0 : 1e-9});
+        EXPECT_EQ(replicate_buckets(*model).size(), std::string(how) == "ddp" ? 1u : model->unique_parameters().size());
       }
       const ProcessGroup dp = mesh.get_group("dp");
       expectSame(train(model, &dp), want);
@@ -102,7 +110,7 @@ TEST_P(FullyShardTest, TrainsLikeOneDeviceInFloat64) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, FullyShardTest,
+INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelTest,
                          ::testing::Values(Layout{2, 2, true}, Layout{2, 2, false}, Layout{4, 1, true},
                                            Layout{1, 4, true}),
                          [](const auto& info) {
@@ -174,6 +182,47 @@ TEST(FullyShardCollectives, PerStepMatchTheClosedForm) {
       EXPECT_EQ(comm.count(CollectiveType::AllGather, tp_ranks), want_tp[1]) << comm.str();
       EXPECT_EQ(comm.count(CollectiveType::ReduceScatter, tp_ranks), want_tp[2]) << comm.str();
       EXPECT_EQ(comm.total_count(), 3 * L + 2 + want_tp[0] + want_tp[1] + want_tp[2] + (sp ? L : 0)) << comm.str();
+    });
+  }
+}
+
+// Per step: one all-reduce over dp per bucket, of the parameters' TP
+// shards; on tp what TP alone issues, with the Partial gradients of norm
+// weights (SP) summed once per bucket that holds any (TP alone: once).
+TEST(ReplicateCollectives, PerStepMatchTheClosedForm) {
+  for (bool sp : {true, false})
+  for (double cap : {25.0, 1e-9}) {
+    SCOPED_TRACE(std::string(sp ? "sp" : "no sp") + (cap > 1 ? " one bucket" : " a bucket per parameter"));
+    LlamaConfig c = dtp::test::small_llama_config(2);
+    run_ranks(4, [&](int) {
+      auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+      const auto dp_ranks = mesh.get_group("dp").global_ranks(), tp_ranks = mesh.get_group("tp").global_ranks();
+      at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0).narrow(0, mesh.get_local_rank("dp"), 1);
+      auto step = [&](Llama& model, CommCounter& comm) {
+        llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq)).backward();
+        return comm.count(CollectiveType::AllReduce, tp_ranks);
+      };
+      Llama tp_only(c);
+      apply_tensor_parallel(tp_only, mesh, TensorParallelOptions{sp, kSeq});
+      int64_t tp_all_reduces = 0, tp_total = 0;
+      {
+        CommCounter tp_comm;
+        tp_all_reduces = step(tp_only, tp_comm);
+        tp_total = tp_comm.total_count();
+      }
+      const int64_t bytes = tpShardBytes(*tp_only, false);
+
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
+      apply_ddp(model, mesh, ReplicateOptions{cap});
+      const int64_t buckets = static_cast<int64_t>(replicate_buckets(*model).size());
+      const int64_t L = c.n_layers, norms = sp ? 2 * L + 1 : 0;
+      CommCounter comm;
+      const int64_t got_tp = step(model, comm);
+      EXPECT_EQ(comm.count(CollectiveType::AllReduce, dp_ranks), buckets) << comm.str();
+      EXPECT_EQ(comm.bytes(CollectiveType::AllReduce, dp_ranks), bytes) << comm.str();
+      EXPECT_EQ(comm.total_count() - comm.count(CollectiveType::AllReduce, dp_ranks), tp_total - tp_all_reduces + got_tp);
+      EXPECT_EQ(got_tp, tp_all_reduces + (cap > 1 ? 0 : norms - (sp ? 1 : 0))) << comm.str();
     });
   }
 }

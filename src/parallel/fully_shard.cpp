@@ -6,14 +6,13 @@
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
-#include "mesh/select_dims.h"
+#include "parallel/data_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <numeric>
-#include <unordered_map>
 
 namespace dtp {
 namespace {
@@ -214,50 +213,7 @@ variable_list UnitGatherBackward::apply(variable_list&& grads) {
 // The unit that runs the outermost forward on this thread (FSDP2's root).
 thread_local const Unit* running_root = nullptr;
 
-nn::HookHost& hooksOf(torch::nn::Module& module) {
-  auto* host = dynamic_cast<nn::HookHost*>(&module);
-  TORCH_CHECK(host != nullptr, "fully_shard: ", module.name(),
-              " does not run hooks, so its parameters cannot be gathered before its forward. Declare it "
-              "with DTP_MODULE(Name) instead of TORCH_MODULE(Name), or use dtp::nn modules.");
-  return *host;
-}
-
-bool applied(const torch::nn::Module& module, const char* what) {
-  auto* host = dynamic_cast<const nn::HookHost*>(&module);
-  return host != nullptr && std::find(host->applied.begin(), host->applied.end(), what) != host->applied.end();
-}
-
-// Every (module, name, parameter) under `module`, skipping units of earlier
-// calls.
-void collect(torch::nn::Module& module, const std::string& prefix,
-             std::vector<std::tuple<torch::nn::Module*, std::string, std::string>>& out) {
-  for (const auto& item : module.named_parameters(/*recurse=*/false))
-    out.emplace_back(&module, item.key(), prefix + item.key());
-  for (const auto& child : module.named_children()) {
-    if (applied(*child.value(), kApplied)) continue;
-    collect(*child.value(), prefix + child.key() + ".", out);
-  }
-}
-
-struct MeshParts {
-  ProcessGroup dp;
-  std::optional<DeviceMesh> tp;
-  DeviceMesh sharded;  // (tp, dp), or dp alone
-};
-
-MeshParts meshParts(const DeviceMesh& mesh) {
-  TORCH_CHECK(mesh.valid(), "fully_shard: invalid DeviceMesh. Build one with init_device_mesh.");
-  const auto& names = mesh.mesh_dim_names();
-  if (mesh.ndim() == 1) return {mesh.get_group(0), std::nullopt, mesh};
-  const bool named = names.size() == 2 && std::find(names.begin(), names.end(), "dp") != names.end() &&
-                     std::find(names.begin(), names.end(), "tp") != names.end();
-  TORCH_CHECK(mesh.ndim() == 2 && named, "fully_shard: ", mesh.str(),
-              " is not a data-parallel mesh. Pass a 1-D mesh, or a 2-D mesh with dimensions named \"dp\" and "
-              "\"tp\": init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"}). (HSDP meshes are NYI.)");
-  return {mesh.get_group("dp"), mesh["tp"], select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
-}
-
-ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const MeshParts& m) {
+ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const detail::DataParallelMesh& m) {
   ShardedParam p;
   p.fqn = fqn;
   TORCH_CHECK(param.dim() >= 1, "fully_shard: parameter ", fqn, " is a scalar; FSDP shards dim 0. Make it a "
@@ -266,7 +222,7 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const M
   if (is_dtensor(param)) {
     const auto& spec = dtensor_spec(param);
     const auto& names = spec.mesh.mesh_dim_names();
-    TORCH_CHECK(std::find(names.begin(), names.end(), "dp") == names.end() && !(spec.mesh == m.sharded),
+    TORCH_CHECK(std::find(names.begin(), names.end(), "dp") == names.end() && !(spec.mesh == m.dp_inside_tp),
                 "fully_shard: parameter ", fqn, " is already sharded over \"dp\" (", spec.str(), " on ",
                 spec.mesh.str(), "). Call fully_shard once per module, and give it the parameters as the TP "
                 "plan left them.");
@@ -285,41 +241,36 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const M
   at::Tensor mine = local.narrow(0, p.row_start(me), p.rows[me]).clone();
   Placements placements = p.tp_spec ? p.tp_spec->placements : Placements{};
   placements.push_back(Shard(0));
-  p.sharded = from_local(mine, m.sharded, placements, /*run_check=*/false, param.sizes().vec()).detach();
+  p.sharded = from_local(mine, m.dp_inside_tp, placements, /*run_check=*/false, param.sizes().vec()).detach();
   p.sharded.set_requires_grad(param.requires_grad());
   return p;
 }
 
 }  // namespace
 
-bool is_fully_sharded(const torch::nn::Module& module) { return applied(module, kApplied); }
+bool is_fully_sharded(const torch::nn::Module& module) { return detail::was_applied(module, kApplied); }
 
 void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options) {
-  nn::HookHost& host = hooksOf(module);
-  TORCH_CHECK(!applied(module, kApplied), "fully_shard: ", module.name(), " is already a fully_shard unit. Call "
+  nn::HookHost& host = detail::hooks_of(module, kApplied);
+  TORCH_CHECK(!is_fully_sharded(module), "fully_shard: ", module.name(), " is already a fully_shard unit. Call "
               "fully_shard once per module.");
-  const MeshParts m = meshParts(mesh);
+  TORCH_CHECK(detail::applied_below(module, {"replicate"}).empty(), "fully_shard: ", module.name(),
+              " (or a module inside it) is already under replicate(). Use one data-parallel technique per module.");
+  const auto m = detail::data_parallel_mesh(mesh, kApplied);
   auto unit = std::make_shared<Unit>();
   unit->name = module.name();
   unit->dp = m.dp;
   unit->options = options;
   unit->tp = m.tp;
 
-  std::vector<std::tuple<torch::nn::Module*, std::string, std::string>> found;
-  collect(module, "", found);
-  std::unordered_map<const c10::TensorImpl*, size_t> index;  // tied parameters share one entry
-  for (auto& [owner, name, fqn] : found) {
-    const at::Tensor& param = owner->named_parameters(false)[name];
-    auto it = index.find(param.unsafeGetTensorImpl());
-    if (it == index.end()) {
-      it = index.emplace(param.unsafeGetTensorImpl(), unit->params.size()).first;
-      unit->params.push_back(shardParam(param, fqn, m));
-    }
-    unit->params[it->second].fields.emplace_back(owner, name);
+  auto sites = detail::collect_params(module, kApplied);
+  for (auto& site : sites) {
+    unit->params.push_back(shardParam(site.param, site.fqn, m));
+    unit->params.back().fields = site.fields;
   }
   // Validate every field before changing anything.
-  for (auto& p : unit->params)
-    for (auto& [owner, name] : p.fields) set_parameter_field(*owner, name, owner->named_parameters(false)[name]);
+  for (auto& site : sites)
+    for (auto& [owner, name] : site.fields) set_parameter_field(*owner, name, site.param);
   for (auto& p : unit->params)
     for (auto& [owner, name] : p.fields) {
       replace_parameter(*owner, name, p.sharded);
@@ -349,7 +300,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
       return grad;
     });
   });
-  host.applied.push_back(kApplied);
+  host.applied.push_back({kApplied, unit});
 }
 
 }  // namespace dtp

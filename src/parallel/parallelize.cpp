@@ -1,6 +1,7 @@
 #include "dtp/parallel/parallelize.h"
 
 #include "dtp/module_utils.h"
+#include "parallel/data_parallel.h"
 
 #include <torch/nn/module.h>
 
@@ -29,6 +30,14 @@ bool matches(const std::string& pattern, const std::string& fqn) {
   for (size_t i = 0; i < p.size(); ++i)
     if (fnmatch(p[i].c_str(), n[i].c_str(), 0) != 0) return false;
   return true;
+}
+
+// Tensor parallelism comes first (torchtitan: TP, then AC, then FSDP/DDP):
+// data parallelism has replaced the parameters that the styles would shard.
+void checkNotDataParallel(torch::nn::Module& module) {
+  const std::string dp = detail::applied_below(module, {"fully_shard", "replicate"});
+  TORCH_CHECK(dp.empty(), "parallelize_module: ", module.name(), " (or a module inside it) is already under ", dp,
+              "(). Apply tensor parallelism first, then ", dp, ", on a fresh model.");
 }
 
 void checkMesh(const DeviceMesh& mesh) {
@@ -61,12 +70,14 @@ void applyKeepingTies(torch::nn::Module& root, torch::nn::Module& m, const std::
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh, const ParallelStyle& style,
                         std::optional<int> src_data_rank) {
   checkMesh(mesh);
+  checkNotDataParallel(module);
   applyKeepingTies(module, module, "", style, mesh, src_data_rank);
 }
 
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
                         const ParallelizePlan& plan, std::optional<int> src_data_rank) {
   checkMesh(mesh);
+  checkNotDataParallel(module);
   const auto modules = module.named_modules("", /*include_self=*/false);
   // Check every entry before changing anything.
   std::vector<std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>> targets;

@@ -7,6 +7,7 @@
 #include "dtp/device_mesh.h"
 #include "dtp/nn/modules.h"
 #include "dtp/parallel/fully_shard.h"
+#include "dtp/parallel/replicate.h"
 
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -124,5 +125,9 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
 // torchtitan's apply_fsdp: each transformer block is a fully_shard unit, the
 // root (embedding, final norm, head) the last one. A 1-D mesh is dp alone.
 void apply_fsdp(Llama& model, const DeviceMesh& mesh, FullyShardOptions options = {});
+
+// Data parallelism over mesh["dp"] after apply_tensor_parallel, as
+// torchtitan's apply_ddp: replicate() on the whole model.
+void apply_ddp(Llama& model, const DeviceMesh& mesh, ReplicateOptions options = {});
 
 }  // namespace dtp::models

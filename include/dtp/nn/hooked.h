@@ -13,6 +13,7 @@
 
 #include <array>
 #include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -29,9 +30,13 @@ struct HookHost {
   std::vector<PreHook> pre_hooks;
   std::vector<PostHook> post_hooks;
   std::string fqn;  // set by parallelize_module; CommCounter attributes to it
-  // Techniques applied to the module ("fully_shard", "replicate"), so that
-  // each can check the order they compose in.
-  std::vector<std::string> applied;
+  // Techniques applied to the module ("fully_shard", "replicate") with
+  // their state, so that each can check the order they compose in.
+  struct Applied {
+    std::string technique;
+    std::shared_ptr<void> state;
+  };
+  std::vector<Applied> applied;
   virtual ~HookHost() = default;
 };
 

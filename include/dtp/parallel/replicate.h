@@ -1,0 +1,41 @@
+// replicate: DDP's data parallelism (PyTorch's composable replicate),
+// composed with tensor parallelism on a (dp, tp) mesh.
+//
+//   dtp::models::apply_tensor_parallel(model, mesh);   // mesh (dp, tp)
+//   dtp::replicate(*model, mesh);
+//
+// Parameters stay as TP left them, whole on every dp rank. Their gradients
+// are grouped in buckets (in reverse parameter order, about the order
+// backward produces them); a bucket is all-reduced over dp (average), as one
+// flat tensor and without waiting, as soon as backward has produced all of
+// its gradients, so communication overlaps the rest of backward. The end of
+// backward waits for the buckets and puts the averaged gradients in place
+// (a replicated TP parameter's Partial gradient is also summed over tp
+// there, one all-reduce per bucket that has one). See NOTE: [Overlapped
+// bucket reduction] in src/parallel/replicate.cpp.
+#pragma once
+
+#include "dtp/device_mesh.h"
+
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
+namespace dtp {
+
+struct ReplicateOptions {
+  // Bytes of gradients per bucket, as DDP's bucket_cap_mb.
+  double bucket_cap_mb = 25.0;
+};
+
+// `mesh`: 1-D (data parallel only), or with dimensions named "dp" and "tp"
+// (the TP plan applied to mesh["tp"] first). `module` must run hooks (a
+// DTP_MODULE or a dtp::nn module).
+void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptions options = {});
+
+// The parameters of each bucket of a replicate()d module, by FQN, in the
+// order their all-reduces are issued.
+std::vector<std::vector<std::string>> replicate_buckets(const torch::nn::Module& module);
+
+}  // namespace dtp
