@@ -128,6 +128,28 @@ TEST_P(CommTest, BroadcastFromLastRank) {
   });
 }
 
+// bfloat16 (fully_shard's mixed precision) in every collective: moved as
+// its bytes, summed in float32 by all_reduce and rounded once, as one device
+// rounds the float32 sum.
+TEST_P(CommTest, Bfloat16InEveryCollective) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    const at::Tensor full = (global(2 * w + 1, 3) / 7).to(at::kBFloat16);
+    const auto sizes = chunk_sizes(2 * w + 1, w);
+    EXPECT_TRUE(pg.all_gather(chunkOf(full, 0, w, rank), 0, sizes).wait().equal(full));
+    at::Tensor mine = full + rank;
+    at::Tensor want = at::zeros_like(full, at::kFloat);
+    for (int r = 0; r < w; ++r) want += (full + r).to(at::kFloat);
+    EXPECT_TRUE(pg.all_reduce(mine).wait().equal(want.to(at::kBFloat16)));
+    at::Tensor rs = pg.reduce_scatter(full, 0, sizes).wait();
+    EXPECT_TRUE(rs.equal((chunkOf(full, 0, w, rank).to(at::kFloat) * w).to(at::kBFloat16)));
+    at::Tensor b = rank == 0 ? full.clone() : at::zeros_like(full);
+    pg.broadcast(b, 0);
+    EXPECT_TRUE(b.equal(full));
+  });
+}
+
 TEST_P(CommTest, ScatterUnevenChunks) {
   const int w = GetParam();
   run_ranks(w, [&](int rank) {

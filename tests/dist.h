@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -21,6 +22,8 @@ inline void run_ranks(int world_size, const std::function<void(int rank)>& body,
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->setTimeout(timeout);
   std::mutex mu;
+  std::condition_variable all_done;
+  int finished = 0;
   std::vector<std::string> errors;
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
@@ -34,6 +37,15 @@ inline void run_ranks(int world_size, const std::function<void(int rank)>& body,
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
         errors.push_back("rank " + std::to_string(r) + ": " + e.what());
+      }
+      // No rank closes its connections while another may still use them
+      // (a rank whose body ends at once would otherwise close them while a
+      // peer's group creation is still completing its handshake).
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ++finished;
+        all_done.notify_all();
+        all_done.wait(lock, [&] { return finished == world_size; });
       }
       set_default_process_group(ProcessGroup());
     });

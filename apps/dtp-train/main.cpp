@@ -1,5 +1,6 @@
-// dtp-train: trains the reference Llama with tensor parallelism on byte-level
-// English text. Run it under the launcher: `dtprun -n 2 dtp-train`.
+// dtp-train: trains the reference Llama with tensor parallelism, and data
+// parallelism (FSDP or DDP) on a (dp, tp) mesh, on byte-level English text.
+// Run it under the launcher: `dtprun -n 4 dtp-train --dp 2 --tp 2`.
 #include "../common/corpus.h"
 #include "../common/model_flags.h"
 
@@ -26,10 +27,10 @@ using namespace dtp::models;
 struct Options {
   std::string data = apps::kDefaultCorpus;
   apps::ModelFlags model;
-  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0;
+  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0;
   double lr = 3e-3, dropout = 0.0;
   uint64_t seed = 0;
-  bool no_sp = false, check_parity = false;
+  bool no_sp = false, check_parity = false, ddp = false, fsdp = false;
   std::string save, resume;
 };
 
@@ -62,22 +63,24 @@ double availableBytesPerRank(int64_t world) {
 }
 
 // A rough lower estimate of one rank's peak memory for a training step:
-// parameters, gradients and AdamW's two moments (sharded 1/tp), and the
-// activations autograd keeps per layer (about 10 [batch, seq, dim] tensors,
-// 4 of the MLP's [batch, seq, hidden/tp], 3 of the attention's
-// [batch, heads/tp, seq, seq]) plus 3 copies of the logits [batch, seq, vocab/tp].
+// parameters, gradients and AdamW's two moments (sharded 1/tp, and 1/dp
+// under FSDP), and the activations autograd keeps per layer for this rank's
+// batch/dp sequences (about 10 [batch, seq, dim] tensors, 4 of the MLP's
+// [batch, seq, hidden/tp], 3 of the attention's [batch, heads/tp, seq, seq])
+// plus 3 copies of the logits [batch, seq, vocab/tp].
 struct MemoryEstimate {
   double states, activations, scores;
   double total() const { return states + activations; }
 };
 
-MemoryEstimate estimateMemory(const Options& o, int64_t tp) {
+MemoryEstimate estimateMemory(const Options& o, int64_t dp, int64_t tp) {
   const LlamaConfig c = configOf(o);
-  const double bytes = c10::elementSize(c.dtype), B = o.batch, S = o.seq, D = c.dim, L = c.n_layers;
+  const double bytes = c10::elementSize(c.dtype), B = static_cast<double>(o.batch) / dp, S = o.seq, D = c.dim,
+               L = c.n_layers;
   const double params = 2.0 * c.vocab_size * D + L * (D * D * 2 + 2.0 * D * c.n_kv_heads * c.head_dim() +
                                                       3.0 * D * c.hidden());
   MemoryEstimate m;
-  m.states = 4 * params / tp * bytes;
+  m.states = 4 * params / tp / (o.ddp ? 1 : dp) * bytes;
   m.scores = L * 3 * B * (static_cast<double>(c.n_heads) / tp) * S * S * bytes;
   m.activations = L * B * S * (10 * D + 4.0 * c.hidden() / tp) * bytes + m.scores +
                   3 * B * S * (static_cast<double>(c.vocab_size) / tp) * bytes;
@@ -95,8 +98,11 @@ struct Run {
   std::vector<std::pair<std::string, at::Tensor>> params;  // full, at the end
 };
 
-// Trains `model` from `first` to o.steps; logs on rank 0 when `log`.
-Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, const ProcessGroup& world) {
+// Trains `model` from `first` to o.steps; logs on rank 0 when `log`. Under
+// data parallelism (`dp` valid) each dp rank trains its batch/dp rows of
+// every batch, and the loss reported is their average.
+Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, const ProcessGroup& world,
+          const ProcessGroup& dp) {
   dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
   int64_t first = 0;
   if (!o.resume.empty()) first = load_checkpoint(o.resume, model, &opt);
@@ -106,11 +112,14 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
   int64_t tokens = 0;
   for (int64_t step = first; step < o.steps; ++step) {
     at::Tensor b = apps::corpus_batch(corpus, o.batch, o.seq, o.seed, step);
+    if (dp.valid()) b = b.narrow(0, dp.rank() * o.batch / dp.size(), o.batch / dp.size());
     at::Tensor loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
     opt.zero_grad();
     loss.backward();
     opt.step();
-    run.losses.push_back(loss.item<double>());
+    at::Tensor reported = (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).reshape({1});
+    if (dp.valid()) dp.all_reduce(reported, ReduceOp::Avg);
+    run.losses.push_back(reported.item<double>());
     tokens += o.batch * o.seq;
     if (log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -159,7 +168,7 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
   o.save.clear();
   Llama ref(configOf(o));
   at::manual_seed(o.seed);
-  return train(ref, o, corpus, /*log=*/false, ProcessGroup());
+  return train(ref, o, corpus, /*log=*/false, ProcessGroup(), ProcessGroup());
 }
 
 // float64: TP must equal one device up to float64 rounding, which AdamW
@@ -210,7 +219,11 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "AdamW learning rate")->check(dtp::apps::kPositive);
   app.add_option("--dropout", o.dropout, "Dropout after attention and MLP")->check(CLI::Range(0.0, 0.99));
   app.add_option("--seed", o.seed, "Seed for init, batches and dropout");
-  app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE]")->check(dtp::apps::kPositive);
+  app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE / dp]")->check(dtp::apps::kPositive);
+  app.add_option("--dp", o.dp, "Data-parallel degree [default: WORLD_SIZE / tp]; dp * tp = WORLD_SIZE")
+      ->check(dtp::apps::kPositive);
+  auto* fsdp = app.add_flag("--fsdp", o.fsdp, "Data parallelism as FSDP (fully_shard per block) [default]");
+  app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
   app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(dtp::apps::kPositive);
   app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
   app.add_flag("--check-parity", o.check_parity,
@@ -220,10 +233,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     ProcessGroup world = init_process_group();
-    const int64_t tp = o.tp > 0 ? o.tp : world.size();
-    TORCH_CHECK(tp == world.size(), "dtp-train: --tp=", tp, " but WORLD_SIZE=", world.size(),
-                ". dtp-train runs tensor parallelism only: start it with dtprun -n ", tp, ".");
-    const MemoryEstimate need = estimateMemory(o, tp);
+    const int64_t W = world.size();
+    const int64_t tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / o.dp : W, dp = o.dp > 0 ? o.dp : W / tp;
+    TORCH_CHECK(dp * tp == W, "--dp ", dp, " x --tp ", tp, " = ", dp * tp, " ranks, but WORLD_SIZE=", W,
+                ". Choose degrees whose product is the number of ranks (dtprun -n ", dp * tp, ").");
+    TORCH_CHECK(o.batch % dp == 0, "--batch ", o.batch, " is not divisible by --dp ", dp,
+                ": each data-parallel rank trains batch/dp sequences. Use a multiple of ", dp, ".");
+    const MemoryEstimate need = estimateMemory(o, dp, tp);
     const double have = availableBytesPerRank(world.size());
     TORCH_CHECK(need.total() <= have, "this configuration needs at least ", gib(need.total()),
                 " per rank (parameters, gradients and AdamW state ", gib(need.states), ", activations ",
@@ -232,19 +248,23 @@ int main(int argc, char** argv) {
                 "shrink the model, or use more ranks.");
     const at::Tensor corpus = apps::load_corpus(o.data);
     Llama model(configOf(o));
-    DeviceMesh mesh = init_device_mesh("cpu", {tp}, {"tp"});
+    DeviceMesh mesh = dp > 1 ? init_device_mesh("cpu", {dp, tp}, {"dp", "tp"}) : init_device_mesh("cpu", {tp}, {"tp"});
     if (world.rank() == 0)
-      std::printf("dtp-train: %s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f MB\n",
-                  mesh.str().c_str(), static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
+      std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f MB\n",
+                  mesh.str().c_str(), dp == 1 ? "" : o.ddp ? " DDP" : " FSDP", static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
                   static_cast<long long>(o.model.heads), static_cast<long long>(o.model.kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
                   tp > 1 && !o.no_sp ? "sequence parallel" : "no sequence parallelism",
                   o.model.tie ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6);
-    if (tp > 1) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
+    if (tp > 1 || dp > 1) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
+    if (dp > 1) {
+      if (o.ddp) apply_ddp(model, mesh);
+      else apply_fsdp(model, mesh);
+    }
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
-    Run run = train(model, o, corpus, /*log=*/true, world);
+    Run run = train(model, o, corpus, /*log=*/true, world, dp > 1 ? mesh.get_group("dp") : ProcessGroup());
     if (o.check_parity && world.rank() == 0) return checkParity(o, corpus, run);
   } catch (const c10::Error& e) {
     std::cerr << "dtp-train: " << e.what_without_backtrace() << "\n";  // a user error: no C++ backtrace

@@ -16,6 +16,8 @@
 // still agree.
 #pragma once
 
+#include "dtp/process_group.h"
+
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
@@ -26,5 +28,12 @@ namespace dtp {
 void manual_seed(uint64_t seed);
 // This thread's generator if manual_seed was called on it, else ATen's default.
 at::Generator random_generator();
+
+// Until called again with an invalid group, random ops on DTensors on this
+// thread treat dim 0 as a batch split evenly over `dp`, this rank holding
+// part dp.rank(): they draw for the whole batch and keep this rank's rows,
+// so data-parallel ranks draw what one device draws for the whole batch.
+// fully_shard and replicate set it around their module's forward.
+void set_data_parallel_batch(ProcessGroup dp);
 
 }  // namespace dtp

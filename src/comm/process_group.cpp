@@ -34,9 +34,15 @@ thread_local ProcessGroup default_group;
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
-// Gloo has no bool type: bool tensors travel as their bytes (one byte, 0 or
-// 1, per element), which every collective but a sum or average keeps valid.
-at::Tensor wire(const at::Tensor& t) { return t.scalar_type() == at::kBool ? t.view(at::kByte) : t; }
+// Gloo has no bool type, and libtorch 1.13's Gloo no bfloat16: such tensors
+// travel as their bytes (bool: one byte, 0 or 1; bfloat16: two), which every
+// collective that only moves data keeps valid. all_reduce sums bfloat16 in
+// float32 and rounds once.
+at::Tensor wire(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
+  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);  // 2 bytes Gloo only copies
+  return t;
+}
 
 c10d::ReduceOp toC10d(ReduceOp op) {
   switch (op) {
@@ -317,7 +323,9 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
   CommCounter::record(CollectiveType::AllReduce, nbytes(tensor), impl().global_ranks);
-  at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  at::Tensor buf = tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat)
+                   : tensor.is_contiguous()              ? tensor
+                                                         : tensor.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toC10d(op);

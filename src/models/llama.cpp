@@ -63,7 +63,8 @@ at::Tensor applyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   auto pairs = x.unflatten(-1, {-1, 2});
   auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
   auto c = cos.narrow(0, 0, seq).view({1, seq, 1, -1}), s = sin.narrow(0, 0, seq).view({1, seq, 1, -1});
-  return at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(-2);
+  // In the tables' dtype, then back: under mixed precision x is bf16.
+  return at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(-2).to(x.scalar_type());
 }
 
 }  // namespace

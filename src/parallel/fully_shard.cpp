@@ -6,6 +6,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
+#include "dtp/random.h"
 #include "parallel/data_parallel.h"
 
 #include <ATen/ATen.h>
@@ -26,7 +27,7 @@ struct ShardedParam {
   std::vector<std::pair<torch::nn::Module*, std::string>> fields;  // where forward reads it (tied: several)
   std::string fqn;
   at::Tensor sharded;                 // the registered leaf: DTensor [tp placement, S(0)] on (tp, dp)
-  SpecPtr tp_spec;                    // what forward sees: this TP DTensor, or (null) a plain tensor
+  SpecPtr tp_spec;                    // what forward sees: this TP DTensor (in param_dtype), or (null) a plain tensor
   std::vector<int64_t> local_shape;   // the TP shard (gathered over dp)
   std::vector<int64_t> rows;          // its rows on each dp rank (torch.chunk)
   int64_t inner = 1;                  // elements per row
@@ -56,6 +57,13 @@ struct UnitGatherBackward : torch::autograd::Node {
 // while the tensors stay (every alias shares the StorageImpl); gathering
 // again puts new memory of the same size under the same StorageImpl, so
 // what autograd saved reads the gathered values, without a version bump.
+//
+// NOTE: [Prefetch] The first forward records the order units run in. From
+// then on a unit's forward starts the next unit's all-gather without waiting
+// for it, and a unit's regather in backward starts the previous unit's, so
+// communication overlaps compute. A prefetch is used only if the shards have
+// not changed since (their version counters, which an optimizer step bumps);
+// otherwise it is waited for and dropped, alike on every rank.
 class Unit : public std::enable_shared_from_this<Unit> {
  public:
   std::string name;
@@ -65,6 +73,19 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<int64_t> flat_sizes;  // elements each dp rank contributes
   std::optional<DeviceMesh> tp;     // "tp" of the mesh, when 2-D
   std::optional<bool> root;         // decided by the first forward
+  std::weak_ptr<Unit> next_in_forward, next_in_backward;  // NOTE: [Prefetch]
+  bool order_known = false;
+
+  c10::ScalarType paramDtype(const ShardedParam& p) const {
+    return options.mp_policy.param_dtype.value_or(p.sharded.scalar_type());
+  }
+
+  bool freed() const { return !params.empty() && params[0].gathered.defined() && params[0].gathered.storage().nbytes() == 0; }
+
+  // Starts gathering this unit (unless started), for use by its next unshard.
+  void prefetch() {
+    if (!prefetched_) prefetched_ = Prefetch{startGather(), versions()};
+  }
 
   // Forward pre-hook: gathers every parameter (one all-gather), connected to
   // autograd, and points the modules' fields at the gathered tensors.
@@ -75,7 +96,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
       locals.push_back(to_local(p.sharded));
       needs_grad = needs_grad || locals.back().requires_grad();
     }
-    auto gathered = gather(locals);
+    auto gathered = takeGather();
     std::vector<at::Tensor> values;
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].gathered = gathered[i];
@@ -100,19 +121,20 @@ class Unit : public std::enable_shared_from_this<Unit> {
     }
   }
 
-  // Before backward reaches the unit: the freed parameters again.
+  // Before backward reaches the unit: the freed parameters again; then the
+  // unit backward reaches next starts gathering.
   void regather_if_freed() {
-    if (params.empty() || !params[0].gathered.defined() || params[0].gathered.storage().nbytes() != 0) return;
-    std::vector<at::Tensor> locals;
-    for (auto& p : params) locals.push_back(unsafeGetDTensorImpl(p.sharded)->local());
+    if (!freed()) return;
     at::NoGradGuard no_grad;
-    auto fresh = gather(locals);
+    auto fresh = takeGather();
     for (size_t i = 0; i < params.size(); ++i) {
       auto* into = params[i].gathered.storage().unsafeGetStorageImpl();
       auto* from = fresh[i].storage().unsafeGetStorageImpl();
       into->set_nbytes(from->nbytes());
       into->set_data_ptr_noswap(from->set_data_ptr(at::DataPtr(nullptr, fresh[i].device())));
     }
+    if (auto prev = next_in_backward.lock())
+      if (prev->freed()) prev->prefetch();
   }
 
   // NOTE: [Partial gradients under fully_shard] A replicated TP parameter
@@ -129,17 +151,18 @@ class Unit : public std::enable_shared_from_this<Unit> {
       const auto& p = params[i];
       const at::Tensor& g = grads[i];
       if (!g.defined()) {
-        locals.push_back(at::zeros(p.local_shape, p.gathered.options()));
+        locals.push_back(at::zeros(p.local_shape, p.gathered.options().dtype(reduceDtype(p))));
       } else if (!p.tp_spec) {
-        locals.push_back(g);
+        locals.push_back(g.to(reduceDtype(p)));
       } else {
         auto* gi = maybeGetDTensorImpl(g);
         TORCH_INTERNAL_ASSERT(gi != nullptr, "fully_shard: the gradient of ", p.fqn, " is not a DTensor");
         const Placements& have = gi->spec().placements;
         const Placements& want = p.tp_spec->placements;
         partial[i] = have.size() == 1 && have[0].is_partial() && have[0].op == ReduceOp::Sum && want[0].is_replicate();
-        locals.push_back(have == want || partial[i] ? gi->local()
-                                                    : redistribute_local(gi->local(), gi->spec(), want, true, false));
+        at::Tensor local = have == want || partial[i] ? gi->local()
+                                                      : redistribute_local(gi->local(), gi->spec(), want, true, false);
+        locals.push_back(local.to(reduceDtype(p)));
       }
     }
     std::vector<at::Tensor> pieces;
@@ -156,18 +179,18 @@ class Unit : public std::enable_shared_from_this<Unit> {
     for (const auto& p : params) {
       auto shape = p.local_shape;
       shape[0] = p.rows[me];
-      out.push_back(mine.narrow(0, offset, p.rows[me] * p.inner).view(shape));
+      out.push_back(mine.narrow(0, offset, p.rows[me] * p.inner).view(shape).to(p.sharded.scalar_type()));
       offset += p.rows[me] * p.inner;
     }
     std::vector<at::Tensor> sums;
     for (size_t i = 0; i < params.size(); ++i)
-      if (partial[i]) sums.push_back(out[i].reshape({-1}));
+      if (partial[i]) sums.push_back(out[i].reshape({-1}).to(reduceDtype(params[i])));
     if (!sums.empty()) {
       at::Tensor summed = tp_group().all_reduce(at::cat(sums)).wait();
       int64_t at = 0;
       for (size_t i = 0; i < params.size(); ++i) {
         if (!partial[i]) continue;
-        out[i] = summed.narrow(0, at, out[i].numel()).view(out[i].sizes());
+        out[i] = summed.narrow(0, at, out[i].numel()).view(out[i].sizes()).to(params[i].sharded.scalar_type());
         at += out[i].numel();
       }
     }
@@ -181,12 +204,35 @@ class Unit : public std::enable_shared_from_this<Unit> {
     return tp->get_group(0);
   }
 
-  // One all-gather of every parameter's local shard, flattened together;
-  // returns each parameter's TP shard (fresh, contiguous).
-  std::vector<at::Tensor> gather(const std::vector<at::Tensor>& locals) const {
+  c10::ScalarType reduceDtype(const ShardedParam& p) const {
+    return options.mp_policy.reduce_dtype.value_or(paramDtype(p));
+  }
+
+  std::vector<int64_t> versions() const {
+    std::vector<int64_t> v;
+    for (const auto& p : params) v.push_back(static_cast<int64_t>(p.sharded._version()));
+    return v;
+  }
+
+  // One all-gather of every parameter's shard (in param_dtype), flattened
+  // together, not waited for.
+  Work startGather() const {
     std::vector<at::Tensor> flat;
-    for (const auto& l : locals) flat.push_back(l.detach().reshape({-1}));
-    at::Tensor all = dp.all_gather(at::cat(flat), 0, flat_sizes).wait();
+    for (const auto& p : params) flat.push_back(unsafeGetDTensorImpl(p.sharded)->local().to(paramDtype(p)).reshape({-1}));
+    return dp.all_gather(at::cat(flat), 0, flat_sizes, /*async_op=*/true);
+  }
+
+  // Each parameter's TP shard (fresh, contiguous), from a prefetch that is
+  // still current or from a new all-gather.
+  std::vector<at::Tensor> takeGather() {
+    std::optional<Work> work;
+    if (prefetched_) {
+      if (prefetched_->versions == versions()) work = std::move(prefetched_->work);
+      else prefetched_->work.wait();  // stale: the optimizer stepped since
+      prefetched_.reset();
+    }
+    if (!work) work = startGather();
+    at::Tensor all = work->wait();
     std::vector<std::vector<at::Tensor>> per_param(params.size());
     int64_t offset = 0;
     for (int r = 0; r < dp.size(); ++r) {
@@ -202,6 +248,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
     for (auto& pieces : per_param) out.push_back(at::cat(pieces, 0));
     return out;
   }
+
+  struct Prefetch {
+    Work work;
+    std::vector<int64_t> versions;
+  };
+  std::optional<Prefetch> prefetched_;
 };
 
 variable_list UnitGatherBackward::apply(variable_list&& grads) {
@@ -212,6 +264,17 @@ variable_list UnitGatherBackward::apply(variable_list&& grads) {
 
 // The unit that runs the outermost forward on this thread (FSDP2's root).
 thread_local const Unit* running_root = nullptr;
+thread_local std::weak_ptr<Unit> last_unsharded;  // in this forward, for NOTE: [Prefetch]
+
+// Records the forward order once: `unit` runs after the last unit unsharded.
+void learnOrder(const std::shared_ptr<Unit>& unit) {
+  if (auto last = last_unsharded.lock(); last && last != unit && !last->order_known) {
+    last->next_in_forward = unit;
+    unit->next_in_backward = last;
+    last->order_known = true;
+  }
+  last_unsharded = unit;
+}
 
 ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const detail::DataParallelMesh& m) {
   ShardedParam p;
@@ -266,7 +329,10 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
   auto sites = detail::collect_params(module, kApplied);
   for (auto& site : sites) {
     unit->params.push_back(shardParam(site.param, site.fqn, m));
-    unit->params.back().fields = site.fields;
+    auto& p = unit->params.back();
+    p.fields = site.fields;
+    if (p.tp_spec && options.mp_policy.param_dtype)
+      p.tp_spec = make_spec(p.tp_spec->mesh, p.tp_spec->placements, p.tp_spec->shape, *options.mp_policy.param_dtype);
   }
   // Validate every field before changing anything.
   for (auto& site : sites)
@@ -282,13 +348,25 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
     unit->flat_sizes.push_back(n);
   }
 
-  host.pre_hooks.push_back([unit](std::vector<at::Tensor>&) {
+  host.pre_hooks.push_back([unit](std::vector<at::Tensor>& inputs) {
     if (!unit->root) unit->root = running_root == nullptr;
-    if (*unit->root) running_root = unit.get();
+    if (*unit->root) {
+      running_root = unit.get();
+      last_unsharded.reset();
+      set_data_parallel_batch(unit->dp);  // NOTE: [Random ops under data parallelism]
+    }
+    learnOrder(unit);
     unit->unshard();
+    if (auto next = unit->next_in_forward.lock()) next->prefetch();
+    if (const auto dtype = unit->options.mp_policy.param_dtype; dtype && unit->options.mp_policy.cast_forward_inputs)
+      for (auto& x : inputs)
+        if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
   });
   host.post_hooks.push_back([unit](at::Tensor& output) {
-    if (*unit->root) running_root = nullptr;
+    if (*unit->root) {
+      running_root = nullptr;
+      set_data_parallel_batch(ProcessGroup());
+    }
     if (!output.requires_grad() || !at::GradMode::is_enabled()) {
       unit->reshard();  // no backward will come
       return;

@@ -17,19 +17,35 @@
 // freed (reshard_after_forward) and gathered again when backward reaches the
 // unit; when backward has gone through the unit, one reduce-scatter (average
 // over dp) of its gradients. The root unit (the first to run forward) keeps
-// its parameters until its backward, as FSDP2 does.
+// its parameters until its backward, as FSDP2 does. After the first step,
+// each unit's all-gather is started one unit ahead, in forward and in
+// backward, so that it overlaps compute.
 #pragma once
 
 #include "dtp/device_mesh.h"
 
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
+#include <optional>
+
 namespace dtp {
+
+// FSDP2's MixedPrecisionPolicy: the sharded parameters (and so the
+// optimizer's state) keep their dtype (float32: the master copy); they are
+// gathered and computed with in param_dtype, and their gradients are
+// reduce-scattered in reduce_dtype, then kept in the parameters' dtype.
+struct MixedPrecisionPolicy {
+  std::optional<c10::ScalarType> param_dtype;   // e.g. at::kBFloat16; none: the parameters' dtype
+  std::optional<c10::ScalarType> reduce_dtype;  // e.g. at::kFloat; none: param_dtype
+  bool cast_forward_inputs = true;              // floating-point inputs of the unit to param_dtype
+};
 
 struct FullyShardOptions {
   // Free the gathered parameters after forward and gather again for backward
   // (memory ~ one unit's parameters) or keep them until backward.
   bool reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;
 };
 
 // `mesh`: 1-D (data parallel only), or with dimensions named "dp" and "tp"

@@ -16,6 +16,7 @@ namespace dtp {
 namespace {
 
 thread_local std::optional<at::Generator> thread_generator;
+thread_local ProcessGroup batch_group;  // NOTE: [Random ops under data parallelism]
 
 // NOTE: [Generator sync] Every rank must draw from the same generator state,
 // or a replicated random op silently differs between ranks (ranks seeded
@@ -26,9 +27,17 @@ thread_local std::optional<at::Generator> thread_generator;
 // makes alike (manual_seed, random ops on the mesh), so ranks agree on it.
 thread_local uint64_t seed_epoch = 0;
 thread_local std::vector<std::pair<const void*, uint64_t>> synced;  // (mesh, epoch)
+thread_local uint64_t batch_synced_epoch = 0;  // the dp group's, when batch_group is set
 
 at::Generator syncedGenerator(const DeviceMesh& mesh) {
   at::Generator gen = random_generator();
+  if (batch_group.valid() && batch_group.size() > 1 && batch_synced_epoch != seed_epoch + 1) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    at::Tensor state = gen.get_state();
+    batch_group.broadcast(state, 0);
+    gen.set_state(state);
+    batch_synced_epoch = seed_epoch + 1;
+  }
   const std::pair<const void*, uint64_t> key{mesh.id(), seed_epoch};
   if (std::find(synced.begin(), synced.end(), key) != synced.end()) return gen;
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -41,9 +50,22 @@ at::Generator syncedGenerator(const DeviceMesh& mesh) {
   return gen;
 }
 
-// This rank's shard of a full tensor laid out by `spec`.
-at::Tensor shardOf(const at::Tensor& full, const DTensorSpec& spec) {
-  at::Tensor t = full;
+// NOTE: [Random ops under data parallelism] Inside the forward of a module
+// under fully_shard or replicate, each dp rank holds its equal part of the
+// batch (dim 0). One device would draw for the whole batch, so each rank
+// draws a tensor dp times as long along dim 0 (the whole batch) and keeps its
+// own rows: data-parallel ranks get one device's dropout masks, not dp copies
+// of one mask. The generator is also synced over dp, as over the mesh.
+std::vector<int64_t> drawShape(const DTensorSpec& spec) {
+  auto shape = spec.shape;
+  if (batch_group.valid() && !shape.empty()) shape[0] *= batch_group.size();
+  return shape;
+}
+
+// This rank's shard of a full tensor drawn in drawShape(spec).
+at::Tensor shardOf(const at::Tensor& drawn, const DTensorSpec& spec) {
+  at::Tensor t = drawn;
+  if (t.dim() > 0 && t.size(0) != spec.shape[0]) t = t.narrow(0, batch_group.rank() * spec.shape[0], spec.shape[0]);
   const auto off = spec.local_offset();
   for (int64_t d = 0; d < spec.ndim(); ++d) {
     if (spec.local_sizes[d] != spec.shape[d]) t = t.narrow(d, off[d], spec.local_sizes[d]);
@@ -84,7 +106,7 @@ bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const size_t g = generatorArg(op.schema());
   if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh);
-  args[0] = at::empty(spec.shape, impl->local().options());
+  args[0] = at::empty(drawShape(spec), impl->local().options());
   op.callBoxed(stack);
   at::Tensor full = torch::jit::pop(*stack).toTensor();
   impl->local().copy_(shardOf(full, spec));
@@ -109,7 +131,7 @@ bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
-  at::Tensor mask_full = at::empty(spec.shape, local.options().dtype(at::kBool));
+  at::Tensor mask_full = at::empty(drawShape(spec), local.options().dtype(at::kBool));
   mask_full.bernoulli_(p1m, syncedGenerator(spec.mesh));
   at::Tensor mask = shardOf(mask_full, spec).contiguous();
   // Dropout is linear in its input: a Partial input stays Partial.
@@ -128,6 +150,8 @@ bool onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto* impl = unsafeGetDTensorImpl(input);
   const auto& spec = impl->spec();
   args[0] = redistribute_local(impl->local(), spec, Placements(spec.placements.size(), Replicate()));
+  if (batch_group.valid() && spec.ndim() > 0)  // the whole batch's input
+    args[0] = batch_group.all_gather(args[0].toTensor(), 0, std::vector<int64_t>(batch_group.size(), spec.shape[0])).wait();
   const size_t g = generatorArg(op.schema());
   if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh);
   op.callBoxed(stack);
@@ -147,7 +171,7 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto dtype = args[1].toOptional<at::ScalarType>();
   auto* impl = unsafeGetDTensorImpl(self);
   const auto& spec = impl->spec();
-  at::Tensor full = at::empty(spec.shape, impl->local().options().dtype(dtype.value_or(spec.dtype)));
+  at::Tensor full = at::empty(drawShape(spec), impl->local().options().dtype(dtype.value_or(spec.dtype)));
   at::Generator gen = syncedGenerator(spec.mesh);
   if (Normal) full.normal_(0, 1, gen);
   else full.uniform_(0, 1, gen);
@@ -163,6 +187,8 @@ void manual_seed(uint64_t seed) {
   thread_generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   ++seed_epoch;  // the next random op on each mesh syncs (NOTE: [Generator sync])
 }
+
+void set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
 
 at::Generator random_generator() {
   return thread_generator ? *thread_generator : at::detail::getDefaultCPUGenerator();
