@@ -15,6 +15,8 @@
 // DTensor's own CPU cost (no communication) between dtp and hand-written.
 #include "../common/checks.h"
 #include "megatron.h"
+#include "sizes.h"
+#include "two_d.h"
 #include "memory.h"
 
 #include "dtp/comm_counter.h"
@@ -42,20 +44,14 @@ namespace {
 using namespace dtp;
 using namespace dtp::models;
 
-struct Size {
-  const char* name;
-  int64_t dim, layers, heads, kv_heads, batch, seq;
-};
-// tiny is for the smoke test; small is overhead-bound, large matmul-bound.
-const Size kSizes[] = {{"tiny", 32, 1, 2, 2, 2, 8},
-                       {"small", 64, 2, 4, 2, 8, 64},
-                       {"medium", 256, 4, 8, 4, 8, 128},
-                       {"large", 512, 4, 8, 4, 8, 256}};
+using bench::kSizes;
+using bench::Size;
 
 struct Options {
   std::vector<std::string> sizes{"small", "medium", "large"};
   std::vector<std::string> sp{"on", "off"};
   int reps = 7, warmup = 2;
+  int64_t dp = 1;
   bool aa = false;
 };
 
@@ -154,13 +150,7 @@ struct SizeReport {
 // Runs every variant of one size; returns false when a check failed.
 bool runSize(const Size& s, const Options& o, const ProcessGroup& world, const DeviceMesh& mesh,
              SizeReport& report) {
-  LlamaConfig c;
-  c.dim = s.dim;
-  c.n_layers = s.layers;
-  c.n_heads = s.heads;
-  c.n_kv_heads = s.kv_heads;
-  c.max_seq_len = s.seq;
-  c.seed = 1;
+  const LlamaConfig c = s.config();
   const int rank = world.rank(), tp = world.size();
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const at::Tensor batch = at::randint(c.vocab_size, {s.batch, s.seq + 1}, gen);
@@ -367,10 +357,26 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "Timed steps per variant")->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(dtp::apps::kNonNegative)->capture_default_str();
   app.add_flag("--aa", o.aa, "Also time a second, identical hand-written model: the comparison's noise floor");
+  app.add_option("--dp", o.dp, "Data-parallel degree: run the 2-D (dp, WORLD_SIZE/dp) tables (FSDP, DDP) instead")
+      ->check(dtp::apps::kPositive);
   CLI11_PARSE(app, argc, argv);
 
   try {
     ProcessGroup world = init_process_group();
+    if (o.dp > 1) {
+      std::vector<const Size*> sizes;
+      for (const auto& name : o.sizes)
+        sizes.push_back(&*std::find_if(std::begin(kSizes), std::end(kSizes), [&](const Size& x) { return name == x.name; }));
+      if (world.rank() == 0)
+        std::printf("dtp-bench: %d ranks, %d threads per rank, libtorch %s\n", world.size(), at::get_num_threads(),
+                    TORCH_VERSION);
+      const bool ok = bench::run_two_d(sizes, o.dp, o.reps, o.warmup, world);
+      if (world.rank() == 0)
+        std::printf(ok ? "\ndtp-bench: checks passed (losses agree; collectives meet the closed form)\n"
+                       : "\ndtp-bench: CHECKS FAILED (see above)\n");
+      std::fflush(stdout);
+      return ok ? 0 : 1;
+    }
     DeviceMesh mesh = init_device_mesh("cpu", {world.size()}, {"tp"});
     if (world.rank() == 0)
       std::printf("dtp-bench: %s, %d threads per rank, libtorch %s\n", mesh.str().c_str(), at::get_num_threads(),

@@ -12,6 +12,7 @@
 #include "dtp/random.h"
 
 #include <CLI/CLI.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -31,8 +32,19 @@ struct Options {
   double lr = 3e-3, dropout = 0.0;
   uint64_t seed = 0;
   bool no_sp = false, check_parity = false, ddp = false, fsdp = false;
-  std::string save, resume;
+  std::string save, resume, mp;
 };
+
+// --mp bf16: FSDP's mixed precision (bf16 compute, float32 master weights
+// and gradient reduction).
+FullyShardOptions fsdpOptions(const Options& o) {
+  FullyShardOptions f;
+  if (o.mp == "bf16") {
+    f.mp_policy.param_dtype = at::kBFloat16;
+    f.mp_policy.reduce_dtype = at::kFloat;
+  }
+  return f;
+}
 
 // A "Key: value kB" field of a /proc file (0 when missing), in kB.
 double procFieldKb(const char* file, const std::string& field) {
@@ -162,11 +174,17 @@ Diff diff(const Run& a, const Run& b) {
   return d;
 }
 
-// The same steps on one device (this rank, plain tensors) in `dtype`.
-Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype) {
+// The same steps on one device (this rank, plain tensors) in `dtype`; with
+// `mp`, under the run's mixed-precision policy (fully_shard on a group of one).
+Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype, bool mp) {
   o.model.dtype = dtype;
   o.save.clear();
+  o.resume.clear();
   Llama ref(configOf(o));
+  if (mp) {
+    auto one = ProcessGroup::create(c10::make_intrusive<c10d::HashStore>(), 0, 1);
+    apply_fsdp(ref, init_device_mesh("cpu", {1}, {"dp"}, one), fsdpOptions(o));
+  }
   at::manual_seed(o.seed);
   return train(ref, o, corpus, /*log=*/false, ProcessGroup(), ProcessGroup());
 }
@@ -179,8 +197,11 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
 // otherwise); it must be as exact as one device: no further from the float64
 // run than 4x one device's own float32 distance from it, plus 16 ulps of the
 // values' scale (see NOTE: [Float32 parity tolerance] in tests/llama_test.cpp).
+// --mp bf16: the same, against one device under the same policy, with bf16's
+// ulp (NOTE: [Mixed-precision parity tolerance] in tests/data_parallel_test.cpp).
 int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
-  const Run one = trainOneDevice(o, corpus, o.model.dtype);
+  const bool mp = !o.mp.empty();
+  const Run one = trainOneDevice(o, corpus, o.model.dtype, mp);
   const Diff d = diff(tp, one);
   const size_t steps = one.losses.size();
   bool ok = false;
@@ -190,17 +211,17 @@ int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
     std::printf("parity vs one device in float64 over %zu steps: max |loss diff| %.3g, max |param diff| %.3g "
                 "(tolerance %.3g, %.3g): %s\n", steps, d.loss, d.param, loss_tol, param_tol, ok ? "ok" : "FAILED");
   } else {
-    const Run exact = trainOneDevice(o, corpus, "float64");
+    const Run exact = trainOneDevice(o, corpus, "float64", false);
     const Diff tp_err = diff(tp, exact), one_err = diff(one, exact);
     double loss_scale = 0, param_scale = 0;
     for (double l : exact.losses) loss_scale = std::max(loss_scale, std::abs(l));
     for (auto& [name, p] : exact.params) param_scale = std::max(param_scale, p.abs().max().item<double>());
-    constexpr double u = 5.96e-8;  // float32 unit roundoff
+    const double u = mp ? 3.9e-3 : 5.96e-8;  // bf16 or float32 unit roundoff
     const double loss_tol = 4 * one_err.loss + 16 * u * loss_scale, param_tol = 4 * one_err.param + 16 * u * param_scale;
     ok = tp_err.loss <= loss_tol && tp_err.param <= param_tol;
-    std::printf("parity vs one device in float32 over %zu steps: max |loss diff| %.3g, max |param diff| %.3g; "
+    std::printf("parity vs one device in %s over %zu steps: max |loss diff| %.3g, max |param diff| %.3g; "
                 "distance from float64 of TP: %.3g, %.3g, of one device: %.3g, %.3g (tolerance %.3g, %.3g): %s\n",
-                steps, d.loss, d.param, tp_err.loss, tp_err.param, one_err.loss, one_err.param, loss_tol, param_tol,
+                mp ? "bf16 mixed precision" : "float32", steps, d.loss, d.param, tp_err.loss, tp_err.param, one_err.loss, one_err.param, loss_tol, param_tol,
                 ok ? "ok" : "FAILED");
   }
   return ok ? 0 : 1;
@@ -223,7 +244,10 @@ int main(int argc, char** argv) {
   app.add_option("--dp", o.dp, "Data-parallel degree [default: WORLD_SIZE / tp]; dp * tp = WORLD_SIZE")
       ->check(dtp::apps::kPositive);
   auto* fsdp = app.add_flag("--fsdp", o.fsdp, "Data parallelism as FSDP (fully_shard per block) [default]");
-  app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
+  auto* ddp = app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
+  app.add_option("--mp", o.mp, "Mixed precision under FSDP: bf16 compute, float32 master weights")
+      ->check(CLI::IsMember({"bf16"}))
+      ->excludes(ddp);
   app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(dtp::apps::kPositive);
   app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
   app.add_flag("--check-parity", o.check_parity,
@@ -248,20 +272,22 @@ int main(int argc, char** argv) {
                 "shrink the model, or use more ranks.");
     const at::Tensor corpus = apps::load_corpus(o.data);
     Llama model(configOf(o));
-    DeviceMesh mesh = dp > 1 ? init_device_mesh("cpu", {dp, tp}, {"dp", "tp"}) : init_device_mesh("cpu", {tp}, {"tp"});
+    TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
+                "drop --dtype ", o.model.dtype, ".");
+    const bool fsdp = (dp > 1 && !o.ddp) || !o.mp.empty();
+    DeviceMesh mesh = dp > 1 || fsdp ? init_device_mesh("cpu", {dp, tp}, {"dp", "tp"})
+                                     : init_device_mesh("cpu", {tp}, {"tp"});
     if (world.rank() == 0)
       std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f MB\n",
-                  mesh.str().c_str(), dp == 1 ? "" : o.ddp ? " DDP" : " FSDP", static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
+                  mesh.str().c_str(), fsdp ? (o.mp.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp > 1 ? " DDP" : "", static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
                   static_cast<long long>(o.model.heads), static_cast<long long>(o.model.kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
                   tp > 1 && !o.no_sp ? "sequence parallel" : "no sequence parallelism",
                   o.model.tie ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6);
-    if (tp > 1 || dp > 1) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
-    if (dp > 1) {
-      if (o.ddp) apply_ddp(model, mesh);
-      else apply_fsdp(model, mesh);
-    }
+    if (tp > 1 || dp > 1 || fsdp) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
+    if (fsdp) apply_fsdp(model, mesh, fsdpOptions(o));
+    else if (dp > 1) apply_ddp(model, mesh);
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, o, corpus, /*log=*/true, world, dp > 1 ? mesh.get_group("dp") : ProcessGroup());
