@@ -10,6 +10,7 @@
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/llama.h"
 #include "dtp/optim/adamw.h"
+#include "dtp/parallel/legacy.h"
 #include "dtp/parallel/parallelize.h"
 #include "dtp/module_utils.h"
 #include "dtp/random.h"
@@ -17,6 +18,7 @@
 #include <iostream>
 
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 using namespace dtp;
 using namespace dtp::models;
@@ -83,6 +85,10 @@ struct Layout {
   int64_t dp, tp;
   bool sp;
 };
+
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << "(dp " << l.dp << ", tp " << l.tp << (l.sp ? ", sp)" : ", no sp)");
+}
 
 class DataParallelTest : public ::testing::TestWithParam<Layout> {};
 
@@ -262,7 +268,7 @@ TEST(DataParallelErrors, NameTheThingAndTheFix) {
       apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
       auto other = init_device_mesh("cpu", {4}, {"dp"});
       expect_error([&] { apply_fsdp(model, other); }, {"is a DTensor on", "no \"tp\" dimension", "mesh[\"tp\"]"});
-      expect_error([&] { apply_ddp(model, other); }, {"is a DTensor on", "replicate with that mesh"});
+      expect_error([&] { apply_ddp(model, other); }, {"is a DTensor on", "call replicate with that mesh"});
     }
     {  // TP after fully_shard / replicate; data parallelism twice
       Llama model(c);
@@ -356,6 +362,50 @@ TEST(FullyShardMixedPrecision, Bf16IsAsExactAsOneDeviceWithTheSamePolicy) {
     worst_ratio = std::max(worst_ratio, err / std::max(one_err, 1e-30));
   }
   std::cout << "bf16 (2,2) error / one device's bf16 error, worst tensor: " << worst_ratio << "\n";
+}
+
+// The 2023 recipe ports unchanged: enable_2d_with_fsdp(), PairwiseParallel
+// on an MLP over "tp", fully_shard over "dp"; two SGD steps equal one device.
+struct MlpImpl : torch::nn::Module {
+  dtp::nn::Linear up{register_module("up", dtp::nn::Linear(6, 10))};
+  dtp::nn::Linear down{register_module("down", dtp::nn::Linear(10, 6))};
+  at::Tensor forward(const at::Tensor& x) { return down(at::relu(up(x))); }
+};
+DTP_MODULE(Mlp);
+
+TEST(DataParallel2023Api, PairwiseParallelWithFullyShardTrainsLikeOneDevice) {
+  auto train = [](Mlp& m, const at::Tensor& x, const ProcessGroup* dp) {
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      at::Tensor rows = dp ? x.narrow(0, dp->rank() * 2, 2) : x;
+      at::Tensor loss = m(rows).pow(2).mean();
+      loss.backward();
+      opt.step();
+    }
+    std::vector<at::Tensor> out;
+    for (auto& p : m->parameters()) out.push_back(is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
+    return out;
+  };
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({4, 6}, at::kDouble);
+  at::manual_seed(6);
+  Mlp one;
+  one->to(at::kDouble);
+  const auto want = train(one, x, nullptr);
+  run_ranks(4, [&](int) {
+    ASSERT_TRUE(enable_2d_with_fsdp());
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    at::manual_seed(6);
+    Mlp m;
+    m->to(at::kDouble);
+    parallelize_module(*m, mesh["tp"], PairwiseParallel());
+    fully_shard(*m, mesh);
+    const ProcessGroup dp = mesh.get_group("dp");
+    const auto got = train(m, x, &dp);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-14) << i;
+  });
 }
 
 // Checkpoints hold full tensors: a run saved at (dp, tp) = (2, 2) under FSDP

@@ -1,5 +1,6 @@
 #include "parallel/data_parallel.h"
 
+#include "dtp/dtensor.h"
 #include "mesh/select_dims.h"
 
 #include <algorithm>
@@ -37,6 +38,13 @@ DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api) {
               "\"tp\": init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"}). (HSDP meshes are NYI.)");
   return {mesh.get_group("dp"), mesh["tp"],
           select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
+}
+
+void check_tp_parameter(const at::Tensor& param, const std::string& fqn, const DataParallelMesh& m, const char* api) {
+  const auto& spec = dtensor_spec(param);
+  TORCH_CHECK(m.tp && spec.mesh == *m.tp, api, ": parameter ", fqn, " is a DTensor on ", spec.mesh.str(),
+              ", but the mesh passed has ", m.tp ? "\"tp\" " + m.tp->str() : std::string("no \"tp\" dimension"),
+              ". Apply the TP plan to mesh[\"tp\"] of the same (dp, tp) mesh, then call ", api, " with that mesh.");
 }
 
 nn::HookHost& hooks_of(torch::nn::Module& module, const char* api) {

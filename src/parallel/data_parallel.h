@@ -24,6 +24,10 @@ struct DataParallelMesh {
 // Checks `mesh` for `api` ("fully_shard", ...): 1-D, or 2-D named dp and tp.
 DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api);
 
+// A DTensor parameter must live on m.tp: TP is applied to mesh["tp"] of the
+// mesh given to `api`.
+void check_tp_parameter(const at::Tensor& param, const std::string& fqn, const DataParallelMesh& m, const char* api);
+
 // The hooks of `module`; an error naming `api` and the fix when it has none.
 nn::HookHost& hooks_of(torch::nn::Module& module, const char* api);
 

@@ -289,9 +289,7 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const d
                 "fully_shard: parameter ", fqn, " is already sharded over \"dp\" (", spec.str(), " on ",
                 spec.mesh.str(), "). Call fully_shard once per module, and give it the parameters as the TP "
                 "plan left them.");
-    TORCH_CHECK(m.tp && spec.mesh == *m.tp, "fully_shard: parameter ", fqn, " is a DTensor on ", spec.mesh.str(),
-                ", but the mesh passed has ", m.tp ? "\"tp\" " + m.tp->str() : std::string("no \"tp\" dimension"),
-                ". Apply the TP plan to mesh[\"tp\"] of the same (dp, tp) mesh, then fully_shard with that mesh.");
+    detail::check_tp_parameter(param, fqn, m, kApplied);
     p.tp_spec = unsafeGetDTensorImpl(param)->spec_ptr();
     local = unsafeGetDTensorImpl(param)->local();
   } else if (m.tp) {

@@ -73,4 +73,6 @@ at::Tensor make_output_reshard_tensor(const at::Tensor& output, const DeviceMesh
   return to_local(reshard(output, mesh, Shard(0), "make_output_reshard_tensor"));
 }
 
+bool enable_2d_with_fsdp() { return true; }
+
 }  // namespace dtp

@@ -247,13 +247,8 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
   state->dp = m.dp;
   state->tp = m.tp;
   state->params = detail::collect_params(module, "");
-  for (const auto& site : state->params) {
-    if (!is_dtensor(site.param)) continue;
-    const auto& spec = dtensor_spec(site.param);
-    TORCH_CHECK(m.tp && spec.mesh == *m.tp, "replicate: parameter ", site.fqn, " is a DTensor on ", spec.mesh.str(),
-                ", but the mesh passed has ", m.tp ? "\"tp\" " + m.tp->str() : std::string("no \"tp\" dimension"),
-                ". Apply the TP plan to mesh[\"tp\"] of the same (dp, tp) mesh, then replicate with that mesh.");
-  }
+  for (const auto& site : state->params)
+    if (is_dtensor(site.param)) detail::check_tp_parameter(site.param, site.fqn, m, kApplied);
   for (const auto& site : state->params)
     for (const auto& [owner, name] : site.fields) set_parameter_field(*owner, name, site.param);  // validates
   state->buckets = makeBuckets(state->params, options.bucket_cap_mb);

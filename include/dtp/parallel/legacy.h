@@ -34,4 +34,10 @@ at::Tensor make_output_tensor(const at::Tensor& output, const DeviceMesh& mesh);
 // Sharded on dim 0, as this rank's plain tensor.
 at::Tensor make_output_reshard_tensor(const at::Tensor& output, const DeviceMesh& mesh);
 
+// PyTorch 2.0's enable_2d_with_fsdp() let FSDP take the DTensor parameters
+// TP leaves, returning whether it could. dtp's fully_shard composes with TP by
+// construction (see parallel/fully_shard.h): this returns true, so that
+// 2023-era code ports unchanged.
+bool enable_2d_with_fsdp();
+
 }  // namespace dtp
