@@ -21,6 +21,8 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace dtp {
 
@@ -35,5 +37,18 @@ at::Generator random_generator();
 // so data-parallel ranks draw what one device draws for the whole batch.
 // fully_shard and replicate set it around their module's forward.
 void set_data_parallel_batch(ProcessGroup dp);
+
+// Everything random ops on this thread draw from, for checkpoint's replay:
+// the DTensor generator (with which meshes it was synced on since the last
+// manual_seed, NOTE: [Generator sync]), ATen's default CPU generator (plain
+// tensors' dropout) and the data-parallel batch.
+struct RandomState {
+  at::Tensor generator, default_generator;
+  std::vector<std::pair<const void*, uint64_t>> synced;
+  uint64_t batch_synced_epoch = 0;
+  ProcessGroup batch;
+};
+RandomState get_random_state();
+void set_random_state(const RandomState& state);
 
 }  // namespace dtp

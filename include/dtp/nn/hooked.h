@@ -27,8 +27,15 @@ namespace dtp::nn {
 struct HookHost {
   using PreHook = std::function<void(std::vector<at::Tensor>& inputs)>;
   using PostHook = std::function<void(at::Tensor& output)>;
+  // The module's call (pre-hooks, forward, post-hooks) on these tensor
+  // arguments; it may run again later (checkpoint's recompute in backward).
+  using Run = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
+  // Around the whole call, outermost last (checkpoint_wrapper); only for a
+  // forward that returns one at::Tensor.
+  using Wrapper = std::function<at::Tensor(const std::vector<at::Tensor>& inputs, const Run& run)>;
   std::vector<PreHook> pre_hooks;
   std::vector<PostHook> post_hooks;
+  std::vector<Wrapper> wrappers;
   std::string fqn;  // set by parallelize_module; CommCounter attributes to it
   // Techniques applied to the module ("fully_shard", "replicate") with
   // their state, so that each can check the order they compose in.
@@ -87,18 +94,13 @@ class ModuleScope {
 
 }  // namespace detail
 
-// Runs m.forward(args...) with m's hooks around it.
+namespace detail {
+
+// m.forward with the tensor arguments taken from `tensors`, hooks around it.
 template <class M, class... Args>
-auto run_hooked(M& m, Args&&... args) {
+auto runHooks(M& m, std::vector<at::Tensor> tensors, Args&&... args) {
   HookHost& host = m;
-  if (host.pre_hooks.empty() && host.post_hooks.empty()) return m.forward(std::forward<Args>(args)...);
-  detail::ModuleScope scope(&host.fqn);
-  std::vector<at::Tensor> tensors;
-  (
-      [&](auto&& a) {
-        if constexpr (detail::is_tensor_v<decltype(a)>) tensors.push_back(a);
-      }(args),
-      ...);
+  ModuleScope scope(&host.fqn);
   for (auto& hook : host.pre_hooks) hook(tensors);
   auto out = detail::callWith(m, std::forward_as_tuple(std::forward<Args>(args)...), tensors,
                               std::index_sequence_for<Args...>{},
@@ -111,6 +113,41 @@ auto run_hooked(M& m, Args&&... args) {
                 "on other outputs; prepare the output in the caller instead.");
   }
   return out;
+}
+
+}  // namespace detail
+
+// Runs m.forward(args...) with m's hooks and wrappers around it.
+template <class M, class... Args>
+auto run_hooked(M& m, Args&&... args) {
+  HookHost& host = m;
+  if (host.pre_hooks.empty() && host.post_hooks.empty() && host.wrappers.empty())
+    return m.forward(std::forward<Args>(args)...);
+  std::vector<at::Tensor> tensors;
+  (
+      [&](auto&& a) {
+        if constexpr (detail::is_tensor_v<decltype(a)>) tensors.push_back(a);
+      }(args),
+      ...);
+  using Out = decltype(m.forward(std::forward<Args>(args)...));
+  if constexpr (std::is_same_v<Out, at::Tensor>) {
+    if (!host.wrappers.empty()) {
+      // The call may run again after this returns: it keeps copies of the
+      // non-tensor arguments (tensor ones come from `inputs`).
+      auto saved = std::make_shared<std::tuple<std::decay_t<Args>...>>(args...);
+      M* self = &m;
+      HookHost::Run call = [self, saved](const std::vector<at::Tensor>& inputs) {
+        return std::apply([&](auto&... a) { return detail::runHooks(*self, inputs, a...); }, *saved);
+      };
+      for (const auto& wrap : host.wrappers)
+        call = [wrap, inner = std::move(call)](const std::vector<at::Tensor>& inputs) { return wrap(inputs, inner); };
+      return call(tensors);
+    }
+  } else {
+    TORCH_CHECK(host.wrappers.empty(), "Hooked: module '", host.fqn,
+                "' has wrappers (checkpoint_wrapper) but its forward does not return one at::Tensor. NYI.");
+  }
+  return detail::runHooks(m, std::move(tensors), std::forward<Args>(args)...);
 }
 
 template <class Impl>

@@ -190,6 +190,33 @@ void manual_seed(uint64_t seed) {
 
 void set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
 
+namespace {
+
+at::Tensor stateOf(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void restore(at::Generator gen, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+RandomState get_random_state() {
+  return {stateOf(random_generator()), stateOf(at::detail::getDefaultCPUGenerator()), synced, batch_synced_epoch,
+          batch_group};
+}
+
+void set_random_state(const RandomState& state) {
+  restore(random_generator(), state.generator);
+  restore(at::detail::getDefaultCPUGenerator(), state.default_generator);
+  synced = state.synced;
+  batch_synced_epoch = state.batch_synced_epoch;
+  batch_group = state.batch;
+}
+
 at::Generator random_generator() {
   return thread_generator ? *thread_generator : at::detail::getDefaultCPUGenerator();
 }
