@@ -1,6 +1,7 @@
 #include "dtp/process_group.h"
 
 #include "comm/collective_check.h"
+#include "comm/collective_tape.h"
 #include "comm/error_text.h"
 #include "dtp/comm_counter.h"
 
@@ -307,6 +308,30 @@ void checkSizes(const ProcessGroup::Impl& g, const char* what,
 
 }  // namespace
 
+namespace {
+
+// NOTE: [Collective tape]: while recording, `run` (the collective itself)
+// completes and a copy of its result is kept; while replaying, the kept
+// result stands in (copied into the in-place target, if any).
+Work taped(detail::CollectiveTape& tape, const std::function<Work()>& run, const at::Tensor* in_place) {
+  if (tape.replaying()) {
+    const at::Tensor& kept = tape.pop();
+    if (in_place == nullptr) return Work::ready(kept);
+    at::Tensor target = *in_place;
+    target.copy_(kept);
+    return Work::ready(target);
+  }
+  at::Tensor result;
+  {
+    detail::TapeBypass bypass;
+    result = run().wait();
+  }
+  tape.push(result.defined() ? result.clone() : result);
+  return Work::ready(result);
+}
+
+}  // namespace
+
 // NOTE: [Zero-size collectives]
 // Gloo divides by the element count and dies of SIGFPE on empty buffers. A
 // collective whose buffers are empty on every rank moves nothing, so it is
@@ -314,6 +339,7 @@ void checkSizes(const ProcessGroup::Impl& g, const char* what,
 // empty (the tensor's, or the per-rank sizes passed) are the same everywhere.
 
 Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) const {
+  if (auto* tape = detail::active_tape()) return taped(*tape, [&] { return all_reduce(tensor, op); }, &tensor);
   if (impl().size == 1) return Work::ready(tensor);
   check_collective(impl(), {"all_reduce", c10::str("all_reduce(", to_string(op), ") of ", shapeText(tensor)),
                             tensor.scalar_type(), std::vector<int64_t>(impl().size, tensor.numel()),
@@ -340,6 +366,7 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
 
 Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
                               const std::vector<int64_t>& sizes, bool async_op) const {
+  if (auto* tape = detail::active_tape()) return taped(*tape, [&] { return all_gather(local, dim, sizes); }, nullptr);
   checkSizes(impl(), "all_gather", sizes);
   dim = c10::maybe_wrap_dim(dim, local.dim());
   TORCH_CHECK(local.size(dim) == sizes[impl().rank], "ProcessGroup::all_gather: local tensor has ",
@@ -410,6 +437,8 @@ std::vector<int64_t> frontShape(const at::Tensor& t, int64_t dim, int64_t front,
 Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
                                   const std::vector<int64_t>& sizes, ReduceOp op,
                                   bool async_op) const {
+  if (auto* tape = detail::active_tape())
+    return taped(*tape, [&] { return reduce_scatter(input, dim, sizes, op); }, nullptr);
   checkSizes(impl(), "reduce_scatter", sizes);
   dim = c10::maybe_wrap_dim(dim, input.dim());
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -452,6 +481,8 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
 Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
                               const std::vector<int64_t>& split_sizes, int64_t cat_dim,
                               const std::vector<int64_t>& cat_sizes, bool async_op) const {
+  if (auto* tape = detail::active_tape())
+    return taped(*tape, [&] { return all_to_all(input, split_dim, split_sizes, cat_dim, cat_sizes); }, nullptr);
   checkSizes(impl(), "all_to_all", split_sizes);
   checkSizes(impl(), "all_to_all", cat_sizes);
   split_dim = c10::maybe_wrap_dim(split_dim, input.dim());
@@ -506,6 +537,7 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
 }
 
 Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
+  if (auto* tape = detail::active_tape()) return taped(*tape, [&] { return broadcast(tensor, src); }, &tensor);
   TORCH_CHECK(src >= 0 && src < impl().size, "dtp: broadcast from rank ", src,
               " in a group of ", impl().size, " ranks.");
   if (impl().size == 1) return Work::ready(tensor);
@@ -528,6 +560,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
 
 Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chunks, int src,
                            bool async_op) const {
+  if (auto* tape = detail::active_tape()) return taped(*tape, [&] { return scatter(output, chunks, src); }, &output);
   const int me = impl().rank, W = impl().size;
   TORCH_CHECK(src >= 0 && src < W, "dtp: scatter from rank ", src, " in a group of ", W,
               " ranks.");
@@ -570,6 +603,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
 }
 
 void ProcessGroup::barrier() const {
+  if (auto* tape = detail::active_tape(); tape != nullptr && tape->replaying()) return;
   if (impl().size == 1) return;
   CommCounter::record(CollectiveType::Barrier, 0, impl().global_ranks);
   finish(impl_, "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, false);

@@ -1,5 +1,6 @@
 #include "dtensor/dispatch.h"
 
+#include "comm/collective_tape.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding_prop.h"
@@ -109,6 +110,7 @@ struct OpInfo {
   Handler handler = nullptr;
   bool has_rule = false;
   bool writes = false;  // a return aliases a written argument (in place, out=)
+  bool matrix_product = false;  // kept by selective activation checkpointing
 };
 
 const OpInfo& opInfo(const c10::OperatorHandle& op) {
@@ -120,6 +122,9 @@ const OpInfo& opInfo(const c10::OperatorHandle& op) {
     it->second.has_rule = registry.find(op.operator_name()) != nullptr;
     for (const auto& r : op.schema().returns())
       it->second.writes |= r.alias_info() != nullptr && r.alias_info()->isWrite();
+    const auto& n = op.schema().name();
+    it->second.matrix_product = !it->second.writes && op.schema().returns().size() == 1 &&
+                                (n == "aten::mm" || n == "aten::addmm" || n == "aten::bmm" || n == "aten::baddbmm");
   }
   return it->second;
 }
@@ -141,6 +146,14 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = opInfo(op);
   if (info.handler != nullptr && info.handler(op, stack)) return;
   const size_t nargs = schema.arguments().size();
+  // NOTE: [Collective tape]: selective activation checkpointing keeps matrix
+  // products from the first pass and hands them back in the recomputation.
+  detail::CollectiveTape* tape = info.matrix_product ? detail::active_tape(detail::TapeKind::MatrixProducts) : nullptr;
+  if (tape != nullptr && tape->replaying()) {
+    torch::jit::drop(*stack, nargs);
+    stack->emplace_back(tape->pop());
+    return;
+  }
   OpCall call = collectSlots(op, stack, nargs);
   if (replicate_fallback && !info.has_rule) {
     replicateFallback(op, stack, call);
@@ -167,6 +180,8 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } else if (ret->isTensor()) {
       const auto& spec = d.out[out++];
       if (spec) *ret = makeDTensor(ret->toTensor(), spec);
+      if (tape != nullptr) tape->push(spec ? makeDTensor(unsafeGetDTensorImpl(ret->toTensor())->local().clone(), spec)
+                                           : ret->toTensor().clone());
     } else if (ret->isTensorList()) {
       std::vector<at::Tensor> l;
       for (const auto& t : ret->toTensorList()) l.push_back(makeDTensor(t, d.out[out++]));

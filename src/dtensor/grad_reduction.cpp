@@ -4,6 +4,7 @@
 #include "dtp/dtensor.h"
 
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/grad_reduction.h"
 #include "dtensor/redistribute.h"
 
 #include <ATen/ATen.h>
@@ -39,6 +40,9 @@ namespace {
 // differentiable) and for transitions other than one mesh dimension
 // P(sum) -> R. Hooks registered on the parameter after this one see the
 // unreduced partial, as with DDP.
+
+// Buckets filed from nested backwards, per enclosing backward.
+std::vector<std::shared_ptr<class GradBucket>>& outerBuckets();
 
 using WeakTensorImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 using ExecInfo = std::unordered_map<torch::autograd::Node*, torch::autograd::GraphTask::ExecInfo>;
@@ -106,6 +110,13 @@ class GradBucket {
   bool open_ = true;
 };
 
+// NOTE: [Buckets of a nested backward] checkpoint's recomputation runs a
+// backward inside backward. Its partial gradients belong to the enclosing
+// backward's buckets: an OuterBackwardScope, made in the enclosing backward
+// before the nested one starts, queues one callback there that flushes that
+// backward's buckets, and makes the nested backward file into them.
+thread_local const ExecInfo* outer_task = nullptr;
+
 // The bucket of `group` for the running backward. The backward's final
 // callback owns it, so a backward that throws drops its bucket.
 std::shared_ptr<GradBucket> bucketFor(const ExecInfo* task, const ProcessGroup& group) {
@@ -120,7 +131,8 @@ std::shared_ptr<GradBucket> bucketFor(const ExecInfo* task, const ProcessGroup& 
                 buckets.end());
   if (found) return found;
   auto b = std::make_shared<GradBucket>(task, group);
-  torch::autograd::Engine::get_default_engine().queue_callback([b] { b->flush(); });
+  if (task == outer_task) outerBuckets().push_back(b);  // flushed by the enclosing backward's callback
+  else torch::autograd::Engine::get_default_engine().queue_callback([b] { b->flush(); });
   buckets.push_back(b);
   return b;
 }
@@ -143,6 +155,7 @@ at::Tensor deferReduction(const SpecPtr& spec, uint64_t order, const WeakTensorI
   const ExecInfo* task = torch::autograd::get_current_graph_task_exec_info();
   TORCH_INTERNAL_ASSERT(task != nullptr, "keep_grad_placements: gradient hook ran outside backward");
   bool accumulates = task->empty();
+  const ExecInfo* bucket_task = outer_task != nullptr ? outer_task : task;
   if (!accumulates) {
     const at::Tensor param(weak_param.lock());
     auto acc = torch::autograd::impl::try_get_grad_accumulator(param);
@@ -150,11 +163,36 @@ at::Tensor deferReduction(const SpecPtr& spec, uint64_t order, const WeakTensorI
     accumulates = it != task->end() && it->second.needed_;
   }
   at::Tensor partial = g.local().clone(at::MemoryFormat::Contiguous);
-  bucketFor(task, spec->mesh.get_group(mesh_dim))->add({order, weak_param, accumulates, partial});
+  bucketFor(bucket_task, spec->mesh.get_group(mesh_dim))->add({order, weak_param, accumulates, partial});
   return partial;
 }
 
+std::vector<std::shared_ptr<GradBucket>>& outerBuckets() {
+  thread_local std::vector<std::shared_ptr<GradBucket>> b;
+  return b;
+}
+
 }  // namespace
+
+detail::OuterBackwardScope::OuterBackwardScope() : prev_(outer_task) {
+  const ExecInfo* task = torch::autograd::get_current_graph_task_exec_info();
+  TORCH_INTERNAL_ASSERT(task != nullptr, "OuterBackwardScope outside a backward");
+  if (outer_task != task && prev_ == nullptr) {
+    thread_local const ExecInfo* flushed_by_callback = nullptr;
+    if (flushed_by_callback != task) {
+      flushed_by_callback = task;
+      torch::autograd::Engine::get_default_engine().queue_callback([] {
+        auto pending = std::move(outerBuckets());
+        outerBuckets().clear();
+        for (auto& b : pending) b->flush();
+        flushed_by_callback = nullptr;
+      });
+    }
+    outer_task = task;
+  }
+}
+
+detail::OuterBackwardScope::~OuterBackwardScope() { outer_task = prev_; }
 
 void keep_grad_placements(const at::Tensor& param) {
   const DTensorImpl& impl = checkedDTensorImpl(param, "keep_grad_placements");

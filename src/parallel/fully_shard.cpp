@@ -6,6 +6,8 @@
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
+#include "comm/collective_tape.h"
+#include "dtp/parallel/checkpoint.h"
 #include "dtp/random.h"
 #include "parallel/data_parallel.h"
 
@@ -217,6 +219,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // One all-gather of every parameter's shard (in param_dtype), flattened
   // together, not waited for.
   Work startGather() const {
+    detail::TapeBypass bypass;  // gathered parameters are not kept by selective checkpointing
     std::vector<at::Tensor> flat;
     for (const auto& p : params) flat.push_back(unsafeGetDTensorImpl(p.sharded)->local().to(paramDtype(p)).reshape({-1}));
     return dp.all_gather(at::cat(flat), 0, flat_sizes, /*async_op=*/true);
@@ -353,9 +356,19 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
       last_unsharded.reset();
       set_data_parallel_batch(unit->dp);  // NOTE: [Random ops under data parallelism]
     }
-    learnOrder(unit);
+    // NOTE: [fully_shard under checkpoint] The checkpointed first pass runs
+    // without grad, so the unit is freed after it; the recomputation in
+    // backward gathers again (one all-gather, as backward's regather would)
+    // and keeps the parameters for the nested backward, whose reduce-scatter
+    // frees them. Meanwhile the unit backward reaches next is prefetched.
+    const bool recompute = in_checkpoint_recompute();
+    if (!recompute) learnOrder(unit);
     unit->unshard();
-    if (auto next = unit->next_in_forward.lock()) next->prefetch();
+    if (recompute) {
+      if (auto prev = unit->next_in_backward.lock(); prev && prev->freed()) prev->prefetch();
+    } else if (auto next = unit->next_in_forward.lock()) {
+      next->prefetch();
+    }
     if (const auto dtype = unit->options.mp_policy.param_dtype; dtype && unit->options.mp_policy.cast_forward_inputs)
       for (auto& x : inputs)
         if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
@@ -369,7 +382,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
       unit->reshard();  // no backward will come
       return;
     }
-    if (!*unit->root && unit->options.reshard_after_forward) unit->reshard();
+    if (!*unit->root && unit->options.reshard_after_forward && !in_checkpoint_recompute()) unit->reshard();
     std::weak_ptr<Unit> weak = unit;
     output.register_hook([weak](const at::Tensor& grad) {
       if (auto u = weak.lock()) u->regather_if_freed();

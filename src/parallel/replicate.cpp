@@ -241,6 +241,9 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
   TORCH_CHECK(detail::applied_below(module, {kApplied, "fully_shard"}).empty(), "replicate: ", module.name(),
               " (or a module inside it) is already under ", detail::applied_below(module, {kApplied, "fully_shard"}),
               "(). Use one data-parallel technique per module, once.");
+  TORCH_CHECK(detail::applied_below(module, {"checkpoint_wrapper"}).empty(), "replicate: ", module.name(),
+              " has checkpointed modules inside: replicate with activation checkpointing is NYI (the recomputation's "
+              "nested backward would reduce buckets early). Use fully_shard, or no activation checkpointing.");
   TORCH_CHECK(options.bucket_cap_mb > 0, "replicate: bucket_cap_mb must be > 0, got ", options.bucket_cap_mb, ".");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
   auto state = std::make_shared<State>();

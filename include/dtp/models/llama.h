@@ -6,6 +6,7 @@
 
 #include "dtp/device_mesh.h"
 #include "dtp/nn/modules.h"
+#include "dtp/parallel/checkpoint.h"
 #include "dtp/parallel/fully_shard.h"
 #include "dtp/parallel/replicate.h"
 
@@ -120,6 +121,15 @@ struct TensorParallelOptions {
 // embedding or head) gets TP without SP. Validation happens before anything
 // changes.
 void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options = {});
+
+// Activation checkpointing of the transformer blocks, as torchtitan's
+// apply_ac (after TP, before FSDP): every `every`-th block (1: all) in
+// `mode` (see parallel/checkpoint.h).
+struct ACOptions {
+  ACMode mode = ACMode::Full;
+  int64_t every = 1;
+};
+void apply_ac(Llama& model, ACOptions options = {});
 
 // Data parallelism over mesh["dp"] after apply_tensor_parallel, as
 // torchtitan's apply_fsdp: each transformer block is a fully_shard unit, the

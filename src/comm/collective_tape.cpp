@@ -1,0 +1,25 @@
+#include "comm/collective_tape.h"
+
+#include <c10/util/Exception.h>
+
+namespace dtp::detail {
+namespace {
+thread_local CollectiveTape* tapes[2] = {nullptr, nullptr};
+}  // namespace
+
+const at::Tensor& CollectiveTape::pop() {
+  TORCH_CHECK(next_ < results_.size(), "dtp: a checkpointed function issued more collectives or matrix products "
+              "when recomputed (",
+              next_ + 1, ") than in its first pass (", results_.size(), "). It must take the same path both "
+              "times; use ACMode::Full for functions that do not.");
+  return results_[next_++];
+}
+
+CollectiveTape* active_tape(TapeKind kind) { return tapes[static_cast<int>(kind)]; }
+
+TapeScope::TapeScope(CollectiveTape* t, TapeKind kind) : kind_(kind), prev_(tapes[static_cast<int>(kind)]) {
+  tapes[static_cast<int>(kind)] = t;
+}
+TapeScope::~TapeScope() { tapes[static_cast<int>(kind_)] = prev_; }
+
+}  // namespace dtp::detail

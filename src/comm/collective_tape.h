@@ -1,0 +1,63 @@
+// NOTE: [Collective tape] A recording of the results of this thread's
+// collectives (or, for the DTensor dispatcher, of its matrix products), in
+// order, that can stand in for them later: while a tape records, every
+// collective runs (synchronously) and its result is kept; while it replays,
+// every collective returns the next kept result and communicates nothing.
+// Selective activation checkpointing records the first pass of a
+// checkpointed function and replays its recomputation, which issues the
+// same collectives in the same order. TapeBypass lets collectives through
+// untouched (fully_shard's parameter gathers, whose results must not be
+// kept alive).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+
+namespace dtp::detail {
+
+class CollectiveTape {
+ public:
+  bool replaying() const { return replaying_; }
+  void start_replay() {
+    replaying_ = true;
+    next_ = 0;
+  }
+  void push(at::Tensor result) { results_.push_back(std::move(result)); }
+  // The next recorded result; an error when the replay asks for more than
+  // was recorded (the function took another path the second time).
+  const at::Tensor& pop();
+  size_t size() const { return results_.size(); }
+
+ private:
+  std::deque<at::Tensor> results_;
+  size_t next_ = 0;
+  bool replaying_ = false;
+};
+
+enum class TapeKind : uint8_t { Collectives, MatrixProducts };
+
+// The tape of this thread for `kind`, or null.
+CollectiveTape* active_tape(TapeKind kind = TapeKind::Collectives);
+
+// Makes `tape` this thread's tape of `kind` (null: none) for the scope's lifetime.
+class TapeScope {
+ public:
+  explicit TapeScope(CollectiveTape* tape, TapeKind kind = TapeKind::Collectives);
+  ~TapeScope();
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  TapeKind kind_;
+  CollectiveTape* prev_;
+};
+
+// No collective tape inside this scope.
+class TapeBypass : public TapeScope {
+ public:
+  TapeBypass() : TapeScope(nullptr) {}
+};
+
+}  // namespace dtp::detail

@@ -1,0 +1,141 @@
+// checkpoint and checkpoint_wrapper: activation checkpointing.
+#include "dtp/parallel/checkpoint.h"
+
+#include "comm/collective_tape.h"
+#include "dtensor/grad_reduction.h"
+#include "dtp/random.h"
+#include "parallel/data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <memory>
+
+namespace dtp {
+namespace {
+
+using torch::autograd::variable_list;
+
+thread_local int recompute_depth = 0;
+
+// NOTE: [Checkpoint] As PyTorch's reentrant checkpoint:
+// - the first pass runs fn without grad, on detached inputs, and its
+//   outputs become outputs of one node whose edges are the inputs';
+// - that node's backward restores the random state of the first pass (the
+//   DTensor generator with its sync bookkeeping, ATen's default generator,
+//   the data-parallel batch: get_random_state), runs fn again with grad on
+//   detached inputs, restores the random state it found, and runs a nested
+//   backward from the recomputed outputs: parameters used inside get their
+//   gradients there (the styles' hooks and keep_grad_placements work as in
+//   any backward; NOTE: [Buckets of a nested backward]), and the inputs'
+//   gradients are returned.
+// Selective mode records the first pass's collectives and DTensor matrix
+// products on tapes (NOTE: [Collective tape]) and replays them in the
+// recomputation, which then communicates nothing and multiplies no
+// DTensor matrices; it keeps those outputs alive until backward.
+struct CheckpointBackward : torch::autograd::Node {
+  CheckpointFn fn;
+  ACMode mode = ACMode::Full;
+  std::vector<at::Tensor> inputs;  // detached
+  std::vector<int64_t> versions;
+  std::vector<bool> needs_grad;
+  RandomState random;
+  std::shared_ptr<detail::CollectiveTape> collectives, products;
+
+  std::string name() const override { return "dtp::CheckpointBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      TORCH_CHECK(inputs[i]._version() == versions[i], "checkpoint: input ", i,
+                  " was changed in place after the checkpointed call; backward would recompute from the new "
+                  "values. Pass a copy (clone()) to the checkpointed function, or change a copy.");
+    std::vector<at::Tensor> x;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      at::Tensor t = inputs[i].detach();
+      if (needs_grad[i]) t.requires_grad_(true);
+      x.push_back(t);
+    }
+    std::vector<at::Tensor> outs;
+    {
+      const RandomState now = get_random_state();
+      set_random_state(random);
+      struct Restore {
+        const RandomState& state;
+        ~Restore() {
+          set_random_state(state);
+          --recompute_depth;
+        }
+      } restore{now};
+      ++recompute_depth;
+      at::AutoGradMode grad(true);
+      if (collectives) {
+        collectives->start_replay();
+        products->start_replay();
+      }
+      detail::TapeScope c(collectives.get()), p(products.get(), detail::TapeKind::MatrixProducts);
+      outs = fn(x);
+    }
+    std::vector<at::Tensor> roots, root_grads;
+    for (size_t k = 0; k < outs.size() && k < grads.size(); ++k) {
+      if (!grads[k].defined() || !outs[k].requires_grad()) continue;
+      roots.push_back(outs[k]);
+      root_grads.push_back(grads[k]);
+    }
+    if (!roots.empty()) {
+      detail::OuterBackwardScope outer;  // TP's Partial gradients reduce once, with this backward's
+      torch::autograd::backward(roots, root_grads);
+    }
+    variable_list result;
+    for (size_t i = 0; i < x.size(); ++i) result.push_back(needs_grad[i] ? x[i].grad() : at::Tensor());
+    return result;
+  }
+};
+
+}  // namespace
+
+bool in_checkpoint_recompute() { return recompute_depth > 0; }
+
+std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs, ACMode mode) {
+  if (!at::GradMode::is_enabled()) return fn(inputs);  // no backward: nothing to save or recompute
+  auto node = std::make_shared<CheckpointBackward>();
+  node->fn = fn;
+  node->mode = mode;
+  node->random = get_random_state();
+  for (const auto& t : inputs) {
+    node->inputs.push_back(t.detach());
+    node->versions.push_back(static_cast<int64_t>(t._version()));
+    node->needs_grad.push_back(t.requires_grad());
+  }
+  if (mode == ACMode::Selective) {
+    node->collectives = std::make_shared<detail::CollectiveTape>();
+    node->products = std::make_shared<detail::CollectiveTape>();
+  }
+  std::vector<at::Tensor> outs;
+  {
+    at::NoGradGuard no_grad;
+    detail::TapeScope c(node->collectives.get()), p(node->products.get(), detail::TapeKind::MatrixProducts);
+    outs = fn(node->inputs);
+  }
+  for (const auto& o : outs)
+    TORCH_CHECK(o.defined() && at::isFloatingType(o.scalar_type()), "checkpoint: the checkpointed function returned ",
+                o.defined() ? c10::toString(o.scalar_type()) : "an undefined tensor",
+                "; it must return floating-point tensors (what backward can flow through).");
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  torch::autograd::set_history(outs, node);
+  return outs;
+}
+
+void checkpoint_wrapper(torch::nn::Module& module, ACMode mode) {
+  nn::HookHost& host = detail::hooks_of(module, "checkpoint_wrapper");
+  TORCH_CHECK(!detail::was_applied(module, "checkpoint_wrapper"), "checkpoint_wrapper: ", module.name(),
+              " is already checkpointed. Wrap each module once.");
+  host.wrappers.push_back([mode](const std::vector<at::Tensor>& inputs, const nn::HookHost::Run& run) {
+    return checkpoint([run](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{run(in)}; }, inputs,
+                      mode)[0];
+  });
+  host.applied.push_back({"checkpoint_wrapper", std::make_shared<ACMode>(mode)});
+}
+
+}  // namespace dtp

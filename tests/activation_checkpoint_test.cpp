@@ -1,0 +1,200 @@
+// Activation checkpointing: the reference Llama under TP with apply_ac
+// (full, every other block, selective) trains exactly as without it and as
+// one device (float64, dropout included); full mode repeats exactly the
+// forward's collectives of the checkpointed blocks, selective mode none;
+// composition with fully_shard; the errors.
+#include "dist.h"
+#include "llama_util.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/dtensor.h"
+#include "dtp/models/llama.h"
+#include "dtp/optim/adamw.h"
+#include "dtp/parallel/checkpoint.h"
+#include "dtp/random.h"
+
+#include <torch/nn/modules/linear.h>
+
+using namespace dtp;
+using namespace dtp::models;
+using dtp::test::kSeq;
+using dtp::test::run_ranks;
+
+namespace {
+
+constexpr int kSteps = 3;
+
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, at::Tensor>> params;
+};
+
+Trace train(Llama& model) {
+  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  Trace t{dtp::test::train_llama(model, opt, 0, kSteps), {}};
+  t.params = dtp::test::full_named_params(model);
+  return t;
+}
+
+// As NOTE: [Float64 parity tolerance] in llama_test.cpp: 1e-12 on losses,
+// steps * 1e-11 on weights. Against the same parallel run without AC the
+// recomputation repeats the same ops in the same order: equal up to the
+// order parameter gradients are summed in (a few float64 ulps).
+void expectSame(const Trace& got, const Trace& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], 1e-12) << "step " << i;
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < got.params.size(); ++i)
+    EXPECT_LE((got.params[i].second - want.params[i].second).abs().max().item<double>(), kSteps * 1e-11)
+        << got.params[i].first;
+}
+
+struct Variant {
+  const char* name;
+  ACMode mode;
+  int64_t every;
+};
+const Variant kVariants[] = {{"full", ACMode::Full, 1}, {"full, every other block", ACMode::Full, 2},
+                             {"selective", ACMode::Selective, 1}};
+
+class ActivationCheckpointTest : public ::testing::TestWithParam<int> {};
+
+// 3 AdamW steps with dropout: AC on equals AC off and one device.
+TEST_P(ActivationCheckpointTest, TrainsLikeOneDeviceInFloat64) {
+  const int w = GetParam();
+  LlamaConfig c = dtp::test::small_llama_config(w);
+  c.dtype = at::kDouble;
+  c.dropout = 0.1;
+  Llama one(c);
+  at::manual_seed(123);
+  const Trace want = train(one);
+  for (const Variant& v : kVariants) {
+    for (bool sp : {true, false}) {
+      SCOPED_TRACE(std::string(v.name) + (sp ? ", sp" : ", no sp"));
+      run_ranks(w, [&](int) {
+        auto mesh = init_device_mesh("cpu", {w}, {"tp"});
+        Llama model(c);
+        apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
+        apply_ac(model, ACOptions{v.mode, v.every});
+        dtp::manual_seed(123);
+        expectSame(train(model), want);
+      });
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ActivationCheckpointTest, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// Collectives of one step: full mode adds exactly the checkpointed blocks'
+// forward collectives (counted per module in a forward without AC);
+// selective mode adds none: its recomputation replays the first pass's.
+TEST(ActivationCheckpointCollectives, FullRepeatsTheForwardsSelectiveNone) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0);
+    auto step = [&](Llama& model) {
+      CommCounter comm;
+      llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq)).backward();
+      return std::array<int64_t, 3>{comm.count(CollectiveType::AllReduce), comm.count(CollectiveType::AllGather),
+                                    comm.count(CollectiveType::ReduceScatter)};
+    };
+    Llama plain(c);
+    apply_tensor_parallel(plain, mesh, TensorParallelOptions{true, kSeq});
+    const auto off = step(plain);
+    int64_t block_forward = 0;  // collectives inside the blocks in one forward
+    {
+      CommCounter comm;
+      at::NoGradGuard no_grad;
+      plain(batch.narrow(1, 0, kSeq));
+      for (const auto& [module, counts] : comm.per_module())
+        if (module.rfind("layers.", 0) == 0)
+          for (const auto& [type, n] : counts) block_forward += n;
+    }
+    EXPECT_EQ(block_forward, 2 * 2 * c.n_layers) << "SP: an all-gather and a reduce-scatter per attention and MLP";
+    for (const Variant& v : kVariants) {
+      SCOPED_TRACE(v.name);
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
+      apply_ac(model, ACOptions{v.mode, v.every});
+      const auto on = step(model);
+      const int64_t blocks = (c.n_layers + v.every - 1) / v.every;
+      const int64_t extra = v.mode == ACMode::Full ? block_forward * blocks / c.n_layers : 0;
+      EXPECT_EQ(on[0], off[0]);
+      EXPECT_EQ(on[1] + on[2], off[1] + off[2] + extra);
+    }
+  });
+}
+
+// fully_shard after AC, as torchtitan orders them: (dp, tp) = (2, 2) with
+// full and selective AC trains as without AC; per block the recomputation's
+// all-gather replaces backward's, so dp collectives per step are unchanged.
+TEST(ActivationCheckpointFullyShard, TrainsAsWithoutAcWithTheSameDpCollectives) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.dropout = 0.1;
+  run_ranks(4, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    const auto dp_ranks = mesh.get_group("dp").global_ranks();
+    auto build = [&](std::optional<ACMode> mode) {
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
+      if (mode) apply_ac(model, ACOptions{*mode, 1});
+      apply_fsdp(model, mesh);
+      return model;
+    };
+    at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0).narrow(0, mesh.get_local_rank("dp"), 1);
+    auto run = [&](Llama model, std::array<int64_t, 2>& dp_counts) {
+      dtp::manual_seed(5);
+      dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+      std::vector<double> losses;
+      for (int step = 0; step < 2; ++step) {
+        CommCounter comm;
+        at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        dp_counts = {comm.count(CollectiveType::AllGather, dp_ranks), comm.count(CollectiveType::ReduceScatter, dp_ranks)};
+        losses.push_back(full_tensor(loss).item<double>());
+      }
+      return std::make_pair(losses, dtp::test::full_named_params(model));
+    };
+    std::array<int64_t, 2> off_counts{}, on_counts{};
+    const auto off = run(build(std::nullopt), off_counts);
+    for (ACMode mode : {ACMode::Full, ACMode::Selective}) {
+      const auto on = run(build(mode), on_counts);
+      for (size_t i = 0; i < off.first.size(); ++i) EXPECT_NEAR(on.first[i], off.first[i], 1e-12);
+      for (size_t i = 0; i < off.second.size(); ++i)
+        EXPECT_LE((on.second[i].second - off.second[i].second).abs().max().item<double>(), 2e-11) << off.second[i].first;
+      EXPECT_EQ(on_counts, off_counts);
+    }
+    EXPECT_EQ(off_counts[0], 2 * c.n_layers + 1);
+  });
+}
+
+TEST(ActivationCheckpointErrors, NameTheThingAndTheFix) {
+  using dtp::test::expect_error;
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2, 1}, {"dp", "tp"});
+    Llama model(c);
+    apply_ac(model);
+    expect_error([&] { apply_ac(model); }, {"already checkpointed"});
+    expect_error([&] { apply_ddp(model, mesh); }, {"replicate", "activation checkpointing is NYI", "fully_shard"});
+    expect_error([&] { apply_ac(model, ACOptions{ACMode::Full, 0}); }, {"every=0"});
+    torch::nn::Linear plain(2, 2);
+    expect_error([&] { checkpoint_wrapper(*plain); }, {"does not run hooks", "DTP_MODULE"});
+    // An input changed in place after the checkpointed call.
+    at::Tensor x = at::randn({3}, at::kDouble).requires_grad_(true);
+    at::Tensor y = x * 1.0;
+    at::Tensor z = checkpoint([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0].sin()}; }, {y})[0];
+    {
+      at::NoGradGuard no_grad;
+      y.add_(1.0);
+    }
+    expect_error([&] { z.sum().backward(); }, {"input 0 was changed in place", "clone()"});
+  });
+}
+
+}  // namespace
