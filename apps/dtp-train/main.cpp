@@ -9,12 +9,14 @@
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/llama.h"
 #include "dtp/optim/adamw.h"
+#include "dtp/optim/clip_grad.h"
 #include "dtp/random.h"
 
 #include <CLI/CLI.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
@@ -28,8 +30,9 @@ using namespace dtp::models;
 struct Options {
   std::string data = apps::kDefaultCorpus;
   apps::ModelFlags model;
-  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0;
-  double lr = 3e-3, dropout = 0.0;
+  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0, warmup = 0, ac_every = 1;
+  double lr = 3e-3, dropout = 0.0, clip = 0.0;
+  std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
   bool no_sp = false, check_parity = false, ddp = false, fsdp = false;
   std::string save, resume, mp;
@@ -113,6 +116,16 @@ struct Run {
 // Trains `model` from `first` to o.steps; logs on rank 0 when `log`. Under
 // data parallelism (`dp` valid) each dp rank trains its batch/dp rows of
 // every batch, and the loss reported is their average.
+// The learning rate of step `step`: linear warmup over o.warmup steps, then
+// constant or a cosine decay to lr/10 at the last step.
+double learningRate(const Options& o, int64_t step) {
+  if (step < o.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup);
+  if (o.schedule == "constant") return o.lr;
+  const double span = std::max<int64_t>(1, o.steps - o.warmup - 1);
+  const double progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
+  return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
+}
+
 Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, const ProcessGroup& world,
           const ProcessGroup& dp) {
   dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
@@ -128,6 +141,8 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
     at::Tensor loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
     opt.zero_grad();
     loss.backward();
+    if (o.clip > 0) clip_grad_norm_(model->unique_parameters(), o.clip);
+    for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(learningRate(o, step));
     opt.step();
     at::Tensor reported = (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).reshape({1});
     if (dp.valid()) dp.all_reduce(reported, ReduceOp::Avg);
@@ -248,6 +263,16 @@ int main(int argc, char** argv) {
   app.add_option("--mp", o.mp, "Mixed precision under FSDP: bf16 compute, float32 master weights")
       ->check(CLI::IsMember({"bf16"}))
       ->excludes(ddp);
+  app.add_option("--ac", o.ac, "Activation checkpointing of the transformer blocks")
+      ->check(CLI::IsMember({"none", "full", "selective"}))
+      ->capture_default_str();
+  app.add_option("--ac-every", o.ac_every, "Checkpoint every k-th block (--ac full)")->check(dtp::apps::kPositive);
+  app.add_option("--clip", o.clip, "Clip the gradients' total norm to this (0: no clipping)")
+      ->check(dtp::apps::kNonNegative);
+  app.add_option("--warmup", o.warmup, "Steps of linear learning-rate warmup")->check(dtp::apps::kNonNegative);
+  app.add_option("--lr-schedule", o.schedule, "After warmup: constant, or cosine decay to lr/10")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
   app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(dtp::apps::kPositive);
   app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
   app.add_flag("--check-parity", o.check_parity,
@@ -286,8 +311,14 @@ int main(int argc, char** argv) {
                   tp > 1 && !o.no_sp ? "sequence parallel" : "no sequence parallelism",
                   o.model.tie ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6);
     if (tp > 1 || dp > 1 || fsdp) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
+    if (o.ac != "none") apply_ac(model, ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every});
     if (fsdp) apply_fsdp(model, mesh, fsdpOptions(o));
     else if (dp > 1) apply_ddp(model, mesh);
+    if (world.rank() == 0 && (o.ac != "none" || o.clip > 0 || o.warmup > 0 || o.schedule != "constant"))
+      std::printf("dtp-train: activation checkpointing %s%s, gradient clipping %s, lr %g with %lld warmup steps, %s\n",
+                  o.ac.c_str(), o.ac != "none" && o.ac_every > 1 ? c10::str(" (every ", o.ac_every, " blocks)").c_str() : "",
+                  o.clip > 0 ? c10::str("at norm ", o.clip).c_str() : "off", o.lr, static_cast<long long>(o.warmup),
+                  o.schedule.c_str());
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, o, corpus, /*log=*/true, world, dp > 1 ? mesh.get_group("dp") : ProcessGroup());
