@@ -14,7 +14,7 @@
 namespace dtp::bench {
 namespace {
 
-std::atomic<int64_t> g_live{0};
+std::atomic<int64_t> g_live{0}, g_peak{0};
 
 // Forwards to the allocator it replaced; the context of each DataPtr it hands
 // out owns the original DataPtr and remembers the size.
@@ -24,7 +24,10 @@ class CountingAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) DTP_ALLOCATE_CONST override {
     auto* ctx = new Block{inner_->allocate(n), static_cast<int64_t>(n)};
-    g_live += ctx->bytes;
+    const int64_t now = g_live += ctx->bytes;
+    int64_t peak = g_peak.load();
+    while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+    }
     void* data = ctx->inner.get();
     return {data, ctx, &release, ctx->inner.device()};
   }
@@ -57,6 +60,8 @@ void install_memory_tracker() {
 }
 
 int64_t live_bytes() { return g_live.load(); }
+int64_t peak_bytes() { return g_peak.load(); }
+void reset_peak() { g_peak = g_live.load(); }
 
 void StateBytes::add(const at::Tensor& t) {
   if (!t.defined()) return;

@@ -15,6 +15,9 @@ namespace dtp::bench {
 // allocation after that is counted while it lives.
 void install_memory_tracker();
 int64_t live_bytes();
+// The most live_bytes() reached since reset_peak().
+int64_t peak_bytes();
+void reset_peak();
 
 struct StateBytes {
   int64_t total = 0, replicated = 0;  // this rank's bytes; replicated: plain or all-Replicate DTensors
