@@ -34,7 +34,7 @@ struct Options {
   double lr = 3e-3, dropout = 0.0, clip = 0.0;
   std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
-  bool no_sp = false, check_parity = false, ddp = false, fsdp = false;
+  bool no_sp = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
   std::string save, resume, mp;
 };
 
@@ -269,6 +269,9 @@ int main(int argc, char** argv) {
   app.add_option("--ac-every", o.ac_every, "Checkpoint every k-th block (--ac full)")->check(dtp::apps::kPositive);
   app.add_option("--clip", o.clip, "Clip the gradients' total norm to this (0: no clipping)")
       ->check(dtp::apps::kNonNegative);
+  app.add_flag("--eager-init", o.eager_init,
+               "Build and initialize the whole model on every rank before sharding it (default: deferred init, "
+               "each rank allocates and initializes its shards only)");
   app.add_option("--warmup", o.warmup, "Steps of linear learning-rate warmup")->check(dtp::apps::kNonNegative);
   app.add_option("--lr-schedule", o.schedule, "After warmup: constant, or cosine decay to lr/10")
       ->check(CLI::IsMember({"constant", "cosine"}))
@@ -296,7 +299,9 @@ int main(int argc, char** argv) {
                 " --seq ", o.seq, "), but ", gib(have), " are available per local rank. Lower --seq or --batch, "
                 "shrink the model, or use more ranks.");
     const at::Tensor corpus = apps::load_corpus(o.data);
-    Llama model(configOf(o));
+    LlamaConfig config = configOf(o);
+    config.deferred_init = !o.eager_init;  // each rank allocates its shards only
+    Llama model(config);
     TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
                 "drop --dtype ", o.model.dtype, ".");
     const bool fsdp = (dp > 1 && !o.ddp) || !o.mp.empty();
@@ -319,6 +324,14 @@ int main(int argc, char** argv) {
                   o.ac.c_str(), o.ac != "none" && o.ac_every > 1 ? c10::str(" (every ", o.ac_every, " blocks)").c_str() : "",
                   o.clip > 0 ? c10::str("at norm ", o.clip).c_str() : "off", o.lr, static_cast<long long>(o.warmup),
                   o.schedule.c_str());
+    if (config.deferred_init) init_weights(model);
+    {
+      at::Tensor rss = at::full({1}, peakRssMiB(), at::kDouble);
+      if (world.size() > 1) world.all_reduce(rss, ReduceOp::Max);
+      if (world.rank() == 0)
+        std::printf("dtp-train: start-up peak rss %.0f MiB/rank (max), %s init\n", rss.item<double>(),
+                    config.deferred_init ? "deferred" : "eager");
+    }
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, o, corpus, /*log=*/true, world, dp > 1 ? mesh.get_group("dp") : ProcessGroup());

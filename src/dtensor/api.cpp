@@ -84,6 +84,17 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   TORCH_CHECK(!isDTensor(tensor), "distribute_tensor: the tensor is already a DTensor ",
               dtensor_spec(tensor).str(), ". Use dtp::redistribute to change its placements.");
   auto spec = make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
+  if (tensor.is_meta()) {
+    // NOTE: [Deferred initialization] A meta tensor has no values to send:
+    // the result is this rank's shard, allocated on the CPU and not
+    // initialized, for an init pass afterwards (models::init_weights).
+    at::Tensor out = makeDTensor(at::empty(spec->local_sizes, tensor.options().device(at::kCPU)), spec);
+    if (tensor.requires_grad()) {
+      out.set_requires_grad(true);
+      keep_grad_placements(out);
+    }
+    return out;
+  }
   at::Tensor t = tensor.detach();
   const auto coord = mesh.get_coordinate();
   for (size_t m = 0; m < spec->placements.size(); ++m) {

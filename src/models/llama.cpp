@@ -11,6 +11,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace dtp::models {
@@ -39,21 +40,58 @@ void LlamaConfig::validate() const {
 
 namespace {
 
-// Fills every parameter from one generator in registration order: normal(0,
-// 0.02), output projections of the residual branches scaled by
-// 1/sqrt(2 n_layers) (GPT-2), norms 1.
+// Parameters of `m` and its submodules moved to the meta device (in
+// `dtype`), keeping which require grad: deferred_init's construction.
+void toMeta(torch::nn::Module& m, c10::ScalarType dtype) {
+  m.apply([&](torch::nn::Module& sub) {
+    for (const auto& item : sub.named_parameters(/*recurse=*/false)) {
+      at::Tensor meta = at::empty(item.value().sizes(), item.value().options().device(at::kMeta).dtype(dtype));
+      meta.set_requires_grad(item.value().requires_grad());
+      set_parameter(sub, item.key(), meta);
+    }
+  });
+}
+
+// The full value of parameter `name` of a one-device init: normal(0, 0.02)
+// from one generator in registration order, output projections of the
+// residual branches scaled by 1/sqrt(2 n_layers) (GPT-2), norms 1.
+at::Tensor initialValue(const std::string& name, c10::IntArrayRef sizes, const LlamaConfig& c, at::Generator& gen) {
+  if (name.find("norm") != std::string::npos) return at::ones(sizes);
+  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(c.n_layers, 1));
+  const bool residual = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
+  return at::normal(0.0, residual ? residual_std : std, sizes, gen);
+}
+
+// NOTE: [Deferred initialization] The same pass serves both inits: every
+// registered entry, in order, draws its full value; a plain parameter takes
+// it, a meta one is replaced by it, a DTensor keeps its shard of it (copy_
+// from a replicated value: no communication). A tied parameter's second
+// entry draws too (so later draws line up) and keeps the first's value.
 void initParameters(torch::nn::Module& model, const LlamaConfig& c) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c.seed);
-  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(c.n_layers, 1));
   torch::NoGradGuard no_grad;
-  for (auto& p : model.named_parameters()) {
-    const std::string& name = p.key();
-    if (name.find("norm") != std::string::npos) {
-      p.value().fill_(1.0);
-    } else {
-      const bool residual = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
-      p.value().copy_(at::normal(0.0, residual ? residual_std : std, p.value().sizes(), gen));
+  ImplicitReplicationGuard replicated;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> done;  // parameter -> what it became
+  const auto modules = model.named_modules("", /*include_self=*/false);  // in the constructor: no shared_ptr yet
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& p = item.value();
+    at::Tensor full = initialValue(item.key(), p.sizes(), c, gen);
+    const auto dot = item.key().rfind('.');
+    torch::nn::Module& owner = dot == std::string::npos ? model : *modules[item.key().substr(0, dot)];
+    const std::string name = dot == std::string::npos ? item.key() : item.key().substr(dot + 1);
+    auto seen = done.find(p.unsafeGetTensorImpl());
+    if (seen != done.end()) {
+      if (!seen->second.is_same(p)) set_parameter(owner, name, seen->second);  // a materialized tie
+      continue;
     }
+    at::Tensor now = p;
+    if (p.is_meta()) {
+      now = full.to(p.scalar_type()).requires_grad_(p.requires_grad());
+      set_parameter(owner, name, now);
+    } else {
+      now.copy_(full);
+    }
+    done.emplace(p.unsafeGetTensorImpl(), now);
   }
 }
 
@@ -144,19 +182,45 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
   config.validate();
   if (config.with_embedding)
     tok_embeddings = register_module("tok_embeddings", dtp::nn::Embedding(config.vocab_size, config.dim));
+  // Deferred: each piece goes to the meta device as soon as it is built, so
+  // construction holds at most one block's (or the embedding's) memory.
+  auto settle = [&](torch::nn::Module& m) {
+    if (config.deferred_init) toMeta(m, config.dtype);
+  };
+  if (config.with_embedding) settle(*tok_embeddings);
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.n_layers; ++i) layers->push_back(TransformerBlock(config));
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    layers->push_back(TransformerBlock(config));
+    settle(*layers[i]);
+  }
   if (config.with_head) {
     norm = register_module("norm", dtp::nn::RMSNorm(config.dim, config.norm_eps));
     output = register_module(
         "output", dtp::nn::Linear(torch::nn::LinearOptions(config.dim, config.vocab_size).bias(false)));
+    settle(*norm);
+    settle(*output);
   }
-  for (auto& p : parameters()) p.set_data(p.data().to(config.dtype));
-  initParameters(*this, config);
+  if (config.deferred_init) {
+    awaiting_init = true;
+  } else {
+    for (auto& p : parameters()) p.set_data(p.data().to(config.dtype));
+    initParameters(*this, config);
+  }
   if (config.tie_embeddings) set_parameter(*output, "weight", tok_embeddings->weight);
 }
 
+void init_weights(Llama& model) {
+  TORCH_CHECK(model->awaiting_init, "init_weights: the model was not built with LlamaConfig::deferred_init, so it "
+              "is initialized already.");
+  initParameters(*model, model->config);
+  model->awaiting_init = false;
+  for (const auto& p : model->parameters())
+    TORCH_INTERNAL_ASSERT(!p.is_meta() && !(is_dtensor(p) && to_local(p.detach()).is_meta()), "init_weights left a meta parameter");
+}
+
 at::Tensor LlamaImpl::forward(const at::Tensor& input) {
+  TORCH_CHECK(!awaiting_init, "Llama: built with deferred_init, and init_weights(model) was not called. Call it after "
+              "parallelizing (apply_tensor_parallel, apply_ac, apply_fsdp/apply_ddp), before the first forward.");
   at::Tensor h = config.with_embedding ? tok_embeddings(input) : input;
   for (const auto& layer : *layers) h = dtp::nn::run_hooked(*layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>(), h);
   if (!config.with_head) return h;

@@ -302,7 +302,10 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const d
   p.rows = chunk_sizes(p.local_shape[0], m.dp.size());
   p.inner = std::accumulate(p.local_shape.begin() + 1, p.local_shape.end(), int64_t{1}, std::multiplies<>());
   const int me = m.dp.rank();
-  at::Tensor mine = local.narrow(0, p.row_start(me), p.rows[me]).clone();
+  at::Tensor mine = local.narrow(0, p.row_start(me), p.rows[me]);
+  // A meta parameter (deferred init) becomes this rank's shard, not yet
+  // initialized (NOTE: [Deferred initialization]).
+  mine = mine.is_meta() ? at::empty(mine.sizes(), mine.options().device(at::kCPU)) : mine.clone();
   Placements placements = p.tp_spec ? p.tp_spec->placements : Placements{};
   placements.push_back(Shard(0));
   p.sharded = from_local(mine, m.dp_inside_tp, placements, /*run_check=*/false, param.sizes().vec()).detach();

@@ -250,8 +250,11 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
   state->dp = m.dp;
   state->tp = m.tp;
   state->params = detail::collect_params(module, "");
-  for (const auto& site : state->params)
+  for (const auto& site : state->params) {
     if (is_dtensor(site.param)) detail::check_tp_parameter(site.param, site.fqn, m, kApplied);
+    TORCH_CHECK(!site.param.is_meta(), "replicate: parameter ", site.fqn, " is on the meta device (deferred init). "
+                "Apply tensor parallelism first (each rank gets its shard) or initialize the weights before replicate.");
+  }
   for (const auto& site : state->params)
     for (const auto& [owner, name] : site.fields) set_parameter_field(*owner, name, site.param);  // validates
   state->buckets = makeBuckets(state->params, options.bucket_cap_mb);

@@ -36,6 +36,11 @@ struct LlamaConfig {
   // device" is checked exactly (shared/DESIGN.md, "Exactness"); the same
   // float32 draws initialize every dtype, so runs of two dtypes start alike.
   c10::ScalarType dtype = c10::ScalarType::Float;
+  // Deferred initialization (NOTE: [Deferred initialization]): parameters
+  // start on the meta device (no memory); parallelizing gives each rank its
+  // uninitialized shards; init_weights(model) then fills them with exactly
+  // the values of a one-device init. Forward before init_weights is an error.
+  bool deferred_init = false;
 
   int64_t head_dim() const { return dim / n_heads; }
   int64_t hidden() const;
@@ -94,12 +99,20 @@ class LlamaImpl : public torch::nn::Module {
   std::vector<at::Tensor> unique_parameters() const;
 
   LlamaConfig config;
+  bool awaiting_init = false;  // deferred_init until init_weights
   dtp::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
   dtp::nn::RMSNorm norm{nullptr};
   dtp::nn::Linear output{nullptr};
 };
 DTP_MODULE(Llama);
+
+// Initializes a model built with deferred_init, after apply_tensor_parallel,
+// apply_ac and apply_fsdp/apply_ddp (or as is, on one device): every
+// parameter gets the values a one-device init gives for the same seed. Each
+// full parameter is drawn in turn and only this rank's shard kept, so the
+// start-up peak is the shards plus one full parameter.
+void init_weights(Llama& model);
 
 // Mean cross-entropy of logits [batch, seq, vocab] against targets
 // [batch, seq]; vocab-sharded DTensor logits go through loss_parallel.
