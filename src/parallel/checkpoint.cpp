@@ -3,7 +3,7 @@
 
 #include "comm/collective_tape.h"
 #include "dtensor/grad_reduction.h"
-#include "dtp/random.h"
+#include "dtensor/random_state.h"
 #include "parallel/data_parallel.h"
 
 #include <ATen/ATen.h>
@@ -41,7 +41,7 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<at::Tensor> inputs;  // detached
   std::vector<int64_t> versions;
   std::vector<bool> needs_grad;
-  RandomState random;
+  detail::RandomState random;
   std::shared_ptr<detail::CollectiveTape> collectives, products;
 
   std::string name() const override { return "dtp::CheckpointBackward"; }
@@ -59,12 +59,12 @@ struct CheckpointBackward : torch::autograd::Node {
     }
     std::vector<at::Tensor> outs;
     {
-      const RandomState now = get_random_state();
-      set_random_state(random);
+      const detail::RandomState now = detail::get_random_state();
+      detail::set_random_state(random);
       struct Restore {
-        const RandomState& state;
+        const detail::RandomState& state;
         ~Restore() {
-          set_random_state(state);
+          detail::set_random_state(state);
           --recompute_depth;
         }
       } restore{now};
@@ -102,7 +102,7 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   auto node = std::make_shared<CheckpointBackward>();
   node->fn = fn;
   node->mode = mode;
-  node->random = get_random_state();
+  node->random = detail::get_random_state();
   for (const auto& t : inputs) {
     node->inputs.push_back(t.detach());
     node->versions.push_back(static_cast<int64_t>(t._version()));

@@ -8,7 +8,7 @@
 #include "dtp/nn/hooked.h"
 #include "comm/collective_tape.h"
 #include "dtp/parallel/checkpoint.h"
-#include "dtp/random.h"
+#include "dtensor/random_state.h"
 #include "parallel/data_parallel.h"
 
 #include <ATen/ATen.h>
@@ -357,7 +357,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
     if (*unit->root) {
       running_root = unit.get();
       last_unsharded.reset();
-      set_data_parallel_batch(unit->dp);  // NOTE: [Random ops under data parallelism]
+      detail::set_data_parallel_batch(unit->dp);  // NOTE: [Random ops under data parallelism]
     }
     // NOTE: [fully_shard under checkpoint] The checkpointed first pass runs
     // without grad, so the unit is freed after it; the recomputation in
@@ -379,7 +379,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
   host.post_hooks.push_back([unit](at::Tensor& output) {
     if (*unit->root) {
       running_root = nullptr;
-      set_data_parallel_batch(ProcessGroup());
+      detail::set_data_parallel_batch(ProcessGroup());
     }
     if (!output.requires_grad() || !at::GradMode::is_enabled()) {
       unit->reshard();  // no backward will come

@@ -5,7 +5,7 @@
 #include "dtensor/redistribute.h"
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
-#include "dtp/random.h"
+#include "dtensor/random_state.h"
 #include "parallel/data_parallel.h"
 
 #include <ATen/ATen.h>
@@ -259,10 +259,10 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
     for (const auto& [owner, name] : site.fields) set_parameter_field(*owner, name, site.param);  // validates
   state->buckets = makeBuckets(state->params, options.bucket_cap_mb);
   host.pre_hooks.push_back([state](std::vector<at::Tensor>&) {
-    set_data_parallel_batch(state->dp);  // NOTE: [Random ops under data parallelism]
+    detail::set_data_parallel_batch(state->dp);  // NOTE: [Random ops under data parallelism]
     state->attach();
   });
-  host.post_hooks.push_back([](at::Tensor&) { set_data_parallel_batch(ProcessGroup()); });
+  host.post_hooks.push_back([](at::Tensor&) { detail::set_data_parallel_batch(ProcessGroup()); });
   host.applied.push_back({kApplied, state});
 }
 

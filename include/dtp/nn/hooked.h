@@ -115,6 +115,12 @@ auto runHooks(M& m, std::vector<at::Tensor> tensors, Args&&... args) {
   return out;
 }
 
+// runHooks with the arguments kept in a tuple (a wrapper's later call).
+template <class M, class Tuple, size_t... Is>
+at::Tensor runSaved(M& m, const std::vector<at::Tensor>& inputs, Tuple& saved, std::index_sequence<Is...>) {
+  return runHooks(m, inputs, std::get<Is>(saved)...);
+}
+
 }  // namespace detail
 
 // Runs m.forward(args...) with m's hooks and wrappers around it.
@@ -137,10 +143,10 @@ auto run_hooked(M& m, Args&&... args) {
       auto saved = std::make_shared<std::tuple<std::decay_t<Args>...>>(args...);
       M* self = &m;
       HookHost::Run call = [self, saved](const std::vector<at::Tensor>& inputs) {
-        return std::apply([&](auto&... a) { return detail::runHooks(*self, inputs, a...); }, *saved);
+        return detail::runSaved(*self, inputs, *saved, std::index_sequence_for<Args...>{});
       };
-      for (const auto& wrap : host.wrappers)
-        call = [wrap, inner = std::move(call)](const std::vector<at::Tensor>& inputs) { return wrap(inputs, inner); };
+      for (const auto& wrapper : host.wrappers)
+        call = [wrapper, inner = std::move(call)](const std::vector<at::Tensor>& inputs) { return wrapper(inputs, inner); };
       return call(tensors);
     }
   } else {

@@ -1,5 +1,6 @@
 // Random-op handlers: draw the global tensor, keep the shard. See dtp/random.h.
 #include "dtp/random.h"
+#include "dtensor/random_state.h"
 
 #include "dtensor/redistribute.h"
 #include "dtensor/rule_registry.h"
@@ -188,7 +189,7 @@ void manual_seed(uint64_t seed) {
   ++seed_epoch;  // the next random op on each mesh syncs (NOTE: [Generator sync])
 }
 
-void set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
+void detail::set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
 
 namespace {
 
@@ -204,12 +205,12 @@ void restore(at::Generator gen, const at::Tensor& state) {
 
 }  // namespace
 
-RandomState get_random_state() {
+detail::RandomState detail::get_random_state() {
   return {stateOf(random_generator()), stateOf(at::detail::getDefaultCPUGenerator()), synced, batch_synced_epoch,
           batch_group};
 }
 
-void set_random_state(const RandomState& state) {
+void detail::set_random_state(const RandomState& state) {
   restore(random_generator(), state.generator);
   restore(at::detail::getDefaultCPUGenerator(), state.default_generator);
   synced = state.synced;
