@@ -39,7 +39,9 @@ class Work {
 };
 
 struct ProcessGroupOptions {
-  // "gloo", "nccl", or "auto" (nccl when CUDA is usable and dtp was built with it).
+  // Every group uses Gloo for CPU tensors; for CUDA tensors NCCL with "nccl",
+  // or with "auto" when dtp was built with NCCL and CUDA is usable; "gloo":
+  // none (a CUDA tensor is then an error).
   std::string backend = "auto";
   // How long a collective or the rendezvous waits for a peer before failing.
   std::chrono::milliseconds timeout = std::chrono::seconds(300);

@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#ifdef USE_C10D_NCCL
+#ifdef DTP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -56,11 +56,16 @@ c10d::ReduceOp toC10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-std::string resolveBackend(const std::string& requested) {
-  if (requested == "gloo") return "gloo";
+// NOTE: [Backends per device] Every group has Gloo for CPU tensors and, when
+// asked ("nccl") or available ("auto": dtp built with NCCL and a CUDA device
+// present), NCCL for CUDA tensors: PyTorch's "cpu:gloo,cuda:nccl". Each
+// collective goes to the backend of its tensor's device; NCCL never sees a
+// CPU tensor. The NCCL communicator is set up by NCCL on first use.
+bool wantsNccl(const std::string& requested) {
+  if (requested == "gloo") return false;
   if (requested == "nccl") {
-#ifdef USE_C10D_NCCL
-    return "nccl";
+#ifdef DTP_WITH_NCCL
+    return true;
 #else
     TORCH_CHECK(false, "dtp: backend 'nccl' requested, but dtp was built without NCCL. "
                        "Rebuild with -DDTP_WITH_NCCL=ON against a CUDA libtorch, or use 'gloo'.");
@@ -68,29 +73,42 @@ std::string resolveBackend(const std::string& requested) {
   }
   TORCH_CHECK(requested == "auto", "dtp: unknown backend '", requested,
               "', expected 'gloo', 'nccl' or 'auto'.");
-#ifdef USE_C10D_NCCL
-  if (at::hasCUDA()) return "nccl";
+#ifdef DTP_WITH_NCCL
+  return at::hasCUDA();
+#else
+  return false;
 #endif
-  return "gloo";
 }
 
-c10::intrusive_ptr<compat::Backend> makeBackend(
-    const std::string& name, const c10::intrusive_ptr<c10d::Store>& store, int rank,
-    int size, const ProcessGroupOptions& options) {
-#ifdef USE_C10D_NCCL
-  if (name == "nccl") {
-    auto opts = c10d::ProcessGroupNCCL::Options::create();
-    opts->timeout = options.timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
-  }
-#endif
-  auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  const std::string& addr = options.bind_address.empty() ? "127.0.0.1" : options.bind_address;
+// Gloo (and NCCL when wanted) for group `g`, meeting under its store prefix.
+void connect(ProcessGroup::Impl& g, bool nccl) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(g.prefix, g.root_store);
+  auto opts = c10d::ProcessGroupGloo::Options::create(g.options.timeout);
+  const std::string& addr = g.options.bind_address.empty() ? "127.0.0.1" : g.options.bind_address;
   opts->devices.push_back(addr == "*"
                               ? c10d::ProcessGroupGloo::createDefaultDevice()
                               : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
   opts->threads = 1;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, g.rank, g.size, opts);
+#ifdef DTP_WITH_NCCL
+  if (nccl) {
+    auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+    nccl_opts->timeout = g.options.timeout;
+    g.cuda_backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        c10::make_intrusive<c10d::PrefixStore>("nccl", store), g.rank, g.size, nccl_opts);
+  }
+#else
+  (void)nccl;
+#endif
+}
+
+// The backend for a collective on `t` (NOTE: [Backends per device]).
+compat::Backend& backendFor(const ProcessGroup::Impl& g, const at::Tensor& t) {
+  if (!t.is_cuda()) return *g.backend;
+  TORCH_CHECK(g.cuda_backend, "dtp: a CUDA tensor in a collective of a group without a CUDA backend (",
+              g.backend_name, "): dtp was built without NCCL, or the group was made with backend \"gloo\". "
+              "Rebuild with -DDTP_WITH_NCCL=ON against a CUDA libtorch, or keep the tensors on the CPU.");
+  return *g.cuda_backend;
 }
 
 std::vector<int64_t> chunkShape(const at::Tensor& like, int64_t dim, int64_t size_at_dim) {
@@ -150,12 +168,11 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   impl->options = options;
   const char* debug = std::getenv("TORCH_DISTRIBUTED_DEBUG");
   if (debug != nullptr && std::string(debug) == "DETAIL") impl->options.check_collectives = true;
-  impl->backend_name = resolveBackend(options.backend);
-  if (impl->backend_name == "gloo") install_gloo_abort_hint();
+  impl->nccl = wantsNccl(options.backend);
+  impl->backend_name = impl->nccl ? "cpu:gloo,cuda:nccl" : "gloo";
+  install_gloo_abort_hint();
   try {
-    impl->backend = makeBackend(impl->backend_name,
-                                c10::make_intrusive<c10d::PrefixStore>(impl->prefix, store),
-                                rank, size, options);
+    connect(*impl, impl->nccl);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "dtp: rank ", rank, " could not connect to the other ", size - 1,
                 " ranks of the world group (timeout ", options.timeout.count() / 1000,
@@ -209,12 +226,10 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
   for (int r : ranks) impl->global_ranks.push_back(self.global_ranks[r]);
   impl->options = self.options;
   impl->backend_name = self.backend_name;
+  impl->nccl = self.nccl;
   if (impl->size > 1) {
     try {
-      impl->backend = makeBackend(
-          impl->backend_name,
-          c10::make_intrusive<c10d::PrefixStore>(impl->prefix, impl->root_store),
-          impl->rank, impl->size, impl->options);
+      connect(*impl, impl->nccl);
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "dtp: could not create a sub-group of ranks ",
                   c10::IntArrayRef(std::vector<int64_t>(impl->global_ranks.begin(),
@@ -355,7 +370,7 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toC10d(op);
-  auto work = impl().backend->allreduce(bufs, opts);
+  auto work = backendFor(impl(), buf).allreduce(bufs, opts);
   const int size = impl().size;
   return finish(impl_, "all_reduce", work, [tensor, buf, op, size]() mutable {
     if (op == ReduceOp::Avg) buf.div_(size);
@@ -393,7 +408,7 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < impl().size; ++r) outs[0].push_back(wire(out[r]));
   std::vector<at::Tensor> ins{wire(in)};
-  auto work = impl().backend->allgather(outs, ins);
+  auto work = backendFor(impl(), in).allgather(outs, ins);
   const bool even = std::all_of(numels.begin(), numels.end(),
                                 [&](int64_t n) { return n == max_numel; });
   return finish(impl_, "all_gather", work, [=] {
@@ -419,7 +434,7 @@ c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, const c
                                              std::vector<int64_t> in_counts) {
   check_collective(g, {what, call, in.scalar_type(), in_counts, out_counts});
   at::Tensor out_wire = wire(out), in_wire = wire(in);
-  return g.backend->alltoall_base(out_wire, in_wire, out_counts, in_counts);
+  return backendFor(g, in).alltoall_base(out_wire, in_wire, out_counts, in_counts);
 }
 
 // Shape of `t` with `dim` moved to the front and resized.
@@ -551,7 +566,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
-  auto work = impl().backend->broadcast(bufs, opts);
+  auto work = backendFor(impl(), buf).broadcast(bufs, opts);
   return finish(impl_, "broadcast", work, [tensor, buf]() mutable {
     if (!buf.is_same(tensor)) tensor.copy_(buf);
     return tensor;

@@ -10,7 +10,9 @@
 namespace dtp {
 
 struct ProcessGroup::Impl {
-  c10::intrusive_ptr<compat::Backend> backend;  // null for a group of one
+  c10::intrusive_ptr<compat::Backend> backend;       // Gloo, for CPU tensors; null for a group of one
+  c10::intrusive_ptr<compat::Backend> cuda_backend;  // NCCL, for CUDA tensors; null without NCCL
+  bool nccl = false;                                 // NOTE: [Backends per device]
   c10::intrusive_ptr<c10d::Store> root_store;
   std::string prefix;  // store prefix of this group, unique in the job
   int rank = 0;

@@ -138,7 +138,7 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor future = at::ones({seq, seq}, at::kBool).triu(1);
+  const at::Tensor future = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);  // on q's device
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   at::Tensor out = at::matmul(at::softmax(scores, -1), v);
   return out.transpose(1, 2).reshape({batch, seq, -1});
