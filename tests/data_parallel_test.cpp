@@ -185,16 +185,21 @@ TEST(FullyShardCollectives, PerStepMatchTheClosedForm) {
       apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
       apply_fsdp(model, mesh);
       const int64_t L = c.n_layers;
+      auto* wq = model->layers[0]->as<TransformerBlockImpl>()->attention->wq.get();
+      const at::Tensor sharded_wq = wq->named_parameters(false)["weight"];
+      at::Tensor gathered_wq;  // what wq's forward read
+      wq->post_hooks.push_back([&](at::Tensor&) { gathered_wq = wq->weight; });
       CommCounter comm;
       at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
-      auto storage = [](const at::Tensor& field) { return to_local(field).storage().nbytes(); };
-      auto& wq = model->layers[0]->as<TransformerBlockImpl>()->attention->wq->weight;
-      EXPECT_EQ(storage(wq), 0u) << "a block's gathered parameters are freed after its forward";
-      EXPECT_GT(storage(model->output->weight), 0u) << "the root keeps its parameters for backward";
+      auto storage = [](const at::Tensor& t) { return to_local(t).storage().nbytes(); };
+      EXPECT_EQ(storage(gathered_wq), 0u) << "a block's gathered parameters are freed after its forward";
+      EXPECT_TRUE(wq->weight.is_same(sharded_wq)) << "and its fields show the sharded parameters again";
+      const at::Tensor gathered_out = model->output->weight;
+      EXPECT_GT(storage(gathered_out), 0u) << "the root keeps its parameters for backward";
       EXPECT_EQ(comm.count(CollectiveType::AllGather, dp_ranks), L + 1);
       loss.backward();
-      EXPECT_EQ(storage(wq), 0u);
-      EXPECT_EQ(storage(model->output->weight), 0u) << "freed after backward";
+      EXPECT_EQ(storage(gathered_out), 0u) << "freed after backward";
+      EXPECT_TRUE(model->output->weight.is_same(model->output->named_parameters(false)["weight"]));
       EXPECT_EQ(comm.count(CollectiveType::AllGather, dp_ranks), 2 * L + 1) << comm.str();
       EXPECT_EQ(comm.count(CollectiveType::ReduceScatter, dp_ranks), L + 1) << comm.str();
       EXPECT_EQ(comm.count(CollectiveType::AllReduce, dp_ranks), 0) << comm.str();
@@ -341,8 +346,10 @@ TEST(FullyShardMixedPrecision, Bf16IsAsExactAsOneDeviceWithTheSamePolicy) {
     apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
     apply_fsdp(model, mesh, mp);
     const ProcessGroup dp = mesh.get_group("dp");
+    c10::ScalarType seen = at::kDouble;  // the head's weight as its forward read it
+    model->output->post_hooks.push_back([&](at::Tensor&) { seen = model->output->weight.scalar_type(); });
     auto grads = firstGradients(model, &dp);
-    EXPECT_EQ(model->output->weight.scalar_type(), at::kBFloat16) << "forward computes in param_dtype";
+    EXPECT_EQ(seen, at::kBFloat16) << "forward computes in param_dtype";
     for (auto& [name, p] : model->unique_named_parameters()) {
       EXPECT_EQ(p.scalar_type(), at::kFloat) << name;
       EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << name;

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <map>
 #include <numeric>
 #include <random>
 

@@ -28,7 +28,6 @@ class CollectiveTape {
   // The next recorded result; an error when the replay asks for more than
   // was recorded (the function took another path the second time).
   const at::Tensor& pop();
-  size_t size() const { return results_.size(); }
 
  private:
   std::deque<at::Tensor> results_;

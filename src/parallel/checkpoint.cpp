@@ -37,7 +37,6 @@ thread_local int recompute_depth = 0;
 // DTensor matrices; it keeps those outputs alive until backward.
 struct CheckpointBackward : torch::autograd::Node {
   CheckpointFn fn;
-  ACMode mode = ACMode::Full;
   std::vector<at::Tensor> inputs;  // detached
   std::vector<int64_t> versions;
   std::vector<bool> needs_grad;
@@ -101,7 +100,6 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   if (!at::GradMode::is_enabled()) return fn(inputs);  // no backward: nothing to save or recompute
   auto node = std::make_shared<CheckpointBackward>();
   node->fn = fn;
-  node->mode = mode;
   node->random = detail::get_random_state();
   for (const auto& t : inputs) {
     node->inputs.push_back(t.detach());

@@ -68,7 +68,6 @@ struct UnitGatherBackward : torch::autograd::Node {
 // otherwise it is waited for and dropped, alike on every rank.
 class Unit : public std::enable_shared_from_this<Unit> {
  public:
-  std::string name;
   ProcessGroup dp;
   FullyShardOptions options;
   std::vector<ShardedParam> params;
@@ -114,12 +113,15 @@ class Unit : public std::enable_shared_from_this<Unit> {
       for (auto& [module, field] : params[i].fields) set_parameter_field(*module, field, values[i]);
   }
 
+  // Frees the gathered parameters; the modules' fields show the sharded ones
+  // again (as FSDP2's registered parameters), never freed memory.
   void reshard() {
     for (auto& p : params) {
       if (!p.gathered.defined()) continue;
       auto* storage = p.gathered.storage().unsafeGetStorageImpl();
       storage->set_data_ptr_noswap(at::DataPtr(nullptr, p.gathered.device()));
       storage->set_nbytes(0);
+      for (auto& [module, field] : p.fields) set_parameter_field(*module, field, p.sharded);
     }
   }
 
@@ -325,7 +327,6 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
               " (or a module inside it) is already under replicate(). Use one data-parallel technique per module.");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
   auto unit = std::make_shared<Unit>();
-  unit->name = module.name();
   unit->dp = m.dp;
   unit->options = options;
   unit->tp = m.tp;
