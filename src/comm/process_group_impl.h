@@ -26,7 +26,7 @@ struct ProcessGroup::Impl {
 
 // Throws the one-line error of a failed collective: `what` #n (the group's
 // collective count) on `g`, the ranks that did not reach it and why.
-// See NOTE: [Who did not arrive] in process_group.cpp.
+// See NOTE: [Who did not arrive] in collective_failure.cpp.
 [[noreturn]] void explain_failure(const ProcessGroup::Impl& g, const std::string& what, int64_t n,
                                   const std::exception& e);
 
