@@ -1,6 +1,7 @@
 #include "ac.h"
 
 #include "memory.h"
+#include "stats.h"
 
 #include "dtp/device_mesh.h"
 #include "dtp/optim/adamw.h"
@@ -30,11 +31,6 @@ struct Variant {
   int64_t after_forward = 0, peak = 0;  // bytes beyond what lived before the step
   double first_loss = 0;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 bool runSize(const Size& s, int reps, int warmup, const ProcessGroup& world) {
   const LlamaConfig c = s.config();

@@ -16,6 +16,7 @@
 #include "../common/checks.h"
 #include "megatron.h"
 #include "sizes.h"
+#include "stats.h"
 #include "ac.h"
 #include "two_d.h"
 #include "memory.h"
@@ -46,6 +47,7 @@ using namespace dtp;
 using namespace dtp::models;
 
 using bench::kSizes;
+using bench::median;
 using bench::Size;
 
 struct Options {
@@ -134,11 +136,6 @@ double cpuMs() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 struct SizeReport {

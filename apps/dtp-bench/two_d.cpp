@@ -1,6 +1,7 @@
 #include "two_d.h"
 
 #include "memory.h"
+#include "stats.h"
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
@@ -34,11 +35,6 @@ struct Case {
   int64_t dp_all_gather = 0, dp_reduce_scatter = 0, dp_all_reduce = 0, buckets = 0;
   ModelMemory memory;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 // Elements of this rank's TP shards of `module`'s parameters (skipping the
 // blocks for the root unit).
