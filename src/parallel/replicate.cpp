@@ -52,6 +52,7 @@ struct InFlight {
   at::Tensor sent, reduced;  // flat
   Work work;
   std::vector<at::Tensor> locals;  // views of `sent`, one per parameter
+  std::vector<int64_t> offsets;    // where each starts in `sent`
   std::vector<bool> partial;       // summed over tp at the end
   std::vector<bool> accumulates;   // AccumulateGrad adds it to .grad in this backward
 };
@@ -151,6 +152,7 @@ class State : public std::enable_shared_from_this<State> {
       const at::Tensor& p = params[buckets[b].params[k]].param;
       auto* pi = maybeGetDTensorImpl(p);
       const auto sizes = (pi ? pi->local() : p).sizes();
+      f.offsets.push_back(offset);
       at::Tensor view = f.sent.narrow(0, offset, flat[k].numel()).view(sizes);
       offset += flat[k].numel();
       f.locals.push_back(view);
@@ -171,7 +173,7 @@ class State : public std::enable_shared_from_this<State> {
       at::Tensor reduced = f.work.wait();
       std::vector<at::Tensor> sums;
       for (size_t k = 0; k < f.locals.size(); ++k)
-        if (f.partial[k]) sums.push_back(reduced.narrow(0, offsetOf(f, k), f.locals[k].numel()));
+        if (f.partial[k]) sums.push_back(reduced.narrow(0, f.offsets[k], f.locals[k].numel()));
       if (!sums.empty()) {
         at::Tensor summed = tp->get_group(0).all_reduce(at::cat(sums)).wait();
         int64_t at = 0;
@@ -189,16 +191,10 @@ class State : public std::enable_shared_from_this<State> {
         auto* gi = maybeGetDTensorImpl(grad);
         at::Tensor g = gi ? gi->local() : grad;
         if (!g.is_alias_of(f.sent))
-          g.add_(delta.narrow(0, offsetOf(f, k), f.locals[k].numel()).view(f.locals[k].sizes()));
+          g.add_(delta.narrow(0, f.offsets[k], f.locals[k].numel()).view(f.locals[k].sizes()));
       }
     }
     if (running_.get() == &run) running_.reset();
-  }
-
-  static int64_t offsetOf(const InFlight& f, size_t k) {
-    int64_t o = 0;
-    for (size_t j = 0; j < k; ++j) o += f.locals[j].numel();
-    return o;
   }
 
   std::shared_ptr<Backward> running_;
