@@ -10,9 +10,11 @@ build=${DTP_BUILD_DIR:-build}
 # (libtorch 2.6) and Ubuntu 24.04. libopenblas0-openmp matters: without it
 # Debian's libtorch runs matmul on the reference BLAS, ~25x slower
 # (shared/DESIGN.md, "Real components").
-packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-openmp libgtest-dev
-          libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev fortunes
-          ${DTP_EXTRA_PACKAGES:-})
+# DTP_TORCH=wheel (scripts/wheel.sh): libtorch comes from a pip wheel; only
+# the other packages are installed, and nothing is built here.
+packages=(cmake g++ make libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev
+          fortunes ${DTP_EXTRA_PACKAGES:-})
+[ "${DTP_TORCH:-}" = wheel ] || packages+=(libtorch-dev libgloo-dev libopenblas0-openmp)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,5 +29,6 @@ if ((${#missing[@]})); then
   "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+[ "${DTP_TORCH:-}" != wheel ] || exit 0
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)" -- --no-print-directory "$@"

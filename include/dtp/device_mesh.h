@@ -7,6 +7,8 @@
 
 #include "dtp/process_group.h"
 
+#include <c10/core/Device.h>
+
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -22,6 +24,8 @@ class DeviceMesh {
 
   bool valid() const { return impl_ != nullptr; }
   const std::string& device_type() const;
+  // This rank's device: cpu, or cuda:LOCAL_RANK (NOTE: [The rank's device]).
+  c10::Device device() const;
   int64_t ndim() const;
   std::vector<int64_t> shape() const;
   int64_t size(int64_t dim) const;

@@ -6,10 +6,13 @@
 // numbers match a single-device run bit for bit. The cost is drawing the
 // global tensor on every rank (compute O(global numel), memory for one full
 // temporary), with no communication. A cheaper per-shard mode is NYI: the CPU
-// generator (mt19937) cannot skip ahead to a shard's offset.
+// generator (mt19937) cannot skip ahead to a shard's offset (CUDA's Philox
+// could, as PyTorch's offset-based tracker does).
 //
-// The generator is the default CPU generator, or the one set by manual_seed on
-// this thread (ranks running as threads of one process each need their own).
+// The generator is the device's (CPU, or the local tensors' GPU) default, or
+// the one manual_seed gives this thread for that device (ranks running as
+// threads of one process each need their own). On CUDA, dropout draws its
+// mask with ATen's CUDA dropout kernel, as one GPU does.
 // As PyTorch's, ranks start from one state: the first random op on a mesh
 // after each manual_seed (and the first ever) gives every rank the mesh's
 // first rank's generator state (a broadcast), so ranks seeded differently
@@ -17,6 +20,7 @@
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 
@@ -24,7 +28,8 @@ namespace dtp {
 
 // Gives this thread its own generator for DTensor random ops, seeded `seed`.
 void manual_seed(uint64_t seed);
-// This thread's generator if manual_seed was called on it, else ATen's default.
-at::Generator random_generator();
+// The generator DTensor random ops on `device` draw from: this thread's for
+// that device if manual_seed was called on it, else ATen's default for it.
+at::Generator random_generator(c10::Device device = c10::kCPU);
 
 }  // namespace dtp

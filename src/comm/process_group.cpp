@@ -2,12 +2,13 @@
 
 #include "comm/collective_check.h"
 #include "comm/collective_tape.h"
+#include "comm/local_device.h"
 #include "comm/error_text.h"
+#include "comm/gloo.h"
 #include "dtp/comm_counter.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef DTP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -170,6 +171,7 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   if (debug != nullptr && std::string(debug) == "DETAIL") impl->options.check_collectives = true;
   impl->nccl = wantsNccl(options.backend);
   impl->backend_name = impl->nccl ? "cpu:gloo,cuda:nccl" : "gloo";
+  if (impl->nccl) detail::rank_device("cuda", rank, "dtp: process group");  // NOTE: [The rank's device]
   install_gloo_abort_hint();
   try {
     connect(*impl, impl->nccl);

@@ -86,9 +86,9 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   auto spec = make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
   if (tensor.is_meta()) {
     // NOTE: [Deferred initialization] A meta tensor has no values to send:
-    // the result is this rank's shard, allocated on the CPU and not
-    // initialized, for an init pass afterwards (models::init_weights).
-    at::Tensor out = makeDTensor(at::empty(spec->local_sizes, tensor.options().device(at::kCPU)), spec);
+    // the result is this rank's shard, allocated on the mesh's device and
+    // not initialized, for an init pass afterwards (models::init_weights).
+    at::Tensor out = makeDTensor(at::empty(spec->local_sizes, tensor.options().device(mesh.device())), spec);
     if (tensor.requires_grad()) {
       out.set_requires_grad(true);
       keep_grad_placements(out);
@@ -129,6 +129,9 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
       if (p.is_partial() && p.op == ReduceOp::Sum && coord[m] != 0) t = at::zeros_like(t);
     }
   }
+  // As PyTorch's: a tensor on another device type than the mesh's moves to
+  // the mesh's device (a model built on the CPU, parallelized on a cuda mesh).
+  if (t.device().type() != mesh.device().type()) t = t.to(mesh.device());
   at::Tensor out = makeDTensor(t.contiguous(), spec);
   if (tensor.requires_grad()) {
     out.set_requires_grad(true);

@@ -5,7 +5,9 @@
 
 #include "dtp/process_group.h"
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <utility>
@@ -21,14 +23,22 @@ namespace dtp::detail {
 // NOTE: [Random ops under data parallelism] in rules/random.cpp.
 void set_data_parallel_batch(ProcessGroup dp);
 
-// Everything random ops on this thread draw from: the DTensor generator
-// (with which meshes it was synced on since the last manual_seed, NOTE:
-// [Generator sync]), ATen's default CPU generator (plain tensors' dropout)
-// and the data-parallel batch.
+// A generator given the state of a mesh's (or the dp batch's, who ==
+// nullptr) first rank in seed epoch `epoch` (NOTE: [Generator sync]).
+struct GeneratorSync {
+  const void* who;
+  c10::Device device;
+  uint64_t epoch;
+  bool operator==(const GeneratorSync& o) const { return who == o.who && device == o.device && epoch == o.epoch; }
+};
+
+// Everything random ops on this thread draw from: the DTensor generators
+// (CPU, and the current GPU's where CUDA is present) with which meshes they
+// were synced on since the last manual_seed, ATen's default generators
+// (plain tensors' dropout) and the data-parallel batch.
 struct RandomState {
-  at::Tensor generator, default_generator;
-  std::vector<std::pair<const void*, uint64_t>> synced;
-  uint64_t batch_synced_epoch = 0;
+  std::vector<std::pair<at::Generator, at::Tensor>> generators;  // each with its state
+  std::vector<GeneratorSync> synced;
   ProcessGroup batch;
 };
 RandomState get_random_state();

@@ -1,5 +1,6 @@
 #include "dtp/device_mesh.h"
 
+#include "comm/local_device.h"
 #include "mesh/fake_mesh.h"
 #include "mesh/select_dims.h"
 
@@ -15,6 +16,7 @@ namespace dtp {
 
 struct DeviceMesh::Impl {
   std::string device_type;
+  c10::Device device{c10::kCPU};  // NOTE: [The rank's device]
   std::vector<int64_t> shape;
   std::vector<int> ranks;  // global ranks, row-major over `shape`
   std::vector<std::string> names;
@@ -53,6 +55,7 @@ const DeviceMesh::Impl& DeviceMesh::impl() const {
 }
 
 const std::string& DeviceMesh::device_type() const { return impl().device_type; }
+c10::Device DeviceMesh::device() const { return impl().device; }
 int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(impl().shape.size()); }
 std::vector<int64_t> DeviceMesh::shape() const { return impl().shape; }
 int64_t DeviceMesh::size() const { return static_cast<int64_t>(impl().ranks.size()); }
@@ -120,6 +123,7 @@ DeviceMesh select_mesh_dims(const DeviceMesh& mesh, const std::vector<int64_t>& 
   const DeviceMesh::Impl& self = mesh.impl();
   auto impl = std::make_shared<DeviceMesh::Impl>();
   impl->device_type = self.device_type;
+  impl->device = self.device;
   impl->rank = self.rank;
   for (int64_t d : dims) {
     TORCH_CHECK(d >= 0 && d < mesh.ndim(), "select_mesh_dims: dim ", d, " out of range for ", mesh.str());
@@ -189,11 +193,7 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
                             const std::vector<std::string>& names,
                             std::optional<ProcessGroup> world_in) {
   ProcessGroup world = world_in ? *world_in : default_process_group();
-  TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "init_device_mesh: device_type '",
-              device_type, "' is not supported. Use \"cpu\" or \"cuda\".");
-  TORCH_CHECK(device_type != "cuda" || at::hasCUDA(), "init_device_mesh: device_type \"cuda\", but ",
-              "this process sees no CUDA device (or libtorch was built without CUDA). Use \"cpu\", or run ",
-              "on a machine with GPUs and a CUDA libtorch.");
+  const c10::Device device = detail::rank_device(device_type, world.global_ranks()[world.rank()], "init_device_mesh");
   TORCH_CHECK(!shape.empty(), "init_device_mesh: mesh shape is empty. Pass e.g. {",
               world.size(), "}.");
   for (int64_t s : shape) {
@@ -218,6 +218,7 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
 
   auto impl = std::make_shared<DeviceMesh::Impl>();
   impl->device_type = device_type;
+  impl->device = device;
   impl->shape = shape;
   impl->names = names;
   impl->rank = world.global_ranks()[world.rank()];

@@ -86,7 +86,7 @@ void initParameters(torch::nn::Module& model, const LlamaConfig& c) {
     }
     at::Tensor now = p;
     if (p.is_meta()) {
-      now = full.to(p.scalar_type()).requires_grad_(p.requires_grad());
+      now = full.to(c.device, p.scalar_type()).requires_grad_(p.requires_grad());
       set_parameter(owner, name, now);
     } else {
       now.copy_(full);
@@ -118,8 +118,8 @@ AttentionImpl::AttentionImpl(const LlamaConfig& c)
   wo = register_module("wo", linear(c.n_heads * head_dim, c.dim));
   const auto freqs = at::pow(c.rope_theta, -at::arange(0, head_dim, 2, at::kDouble) / head_dim);
   const auto angles = at::outer(at::arange(c.max_seq_len, at::kDouble), freqs);
-  rope_cos = register_buffer("rope_cos", angles.cos().to(c.dtype));
-  rope_sin = register_buffer("rope_sin", angles.sin().to(c.dtype));
+  rope_cos = register_buffer("rope_cos", angles.cos().to(c.device, c.dtype));
+  rope_sin = register_buffer("rope_sin", angles.sin().to(c.device, c.dtype));
 }
 
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
@@ -203,7 +203,7 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
   if (config.deferred_init) {
     awaiting_init = true;
   } else {
-    for (auto& p : parameters()) p.set_data(p.data().to(config.dtype));
+    for (auto& p : parameters()) p.set_data(p.data().to(config.device, config.dtype));
     initParameters(*this, config);
   }
   if (config.tie_embeddings) set_parameter(*output, "weight", tok_embeddings->weight);

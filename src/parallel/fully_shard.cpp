@@ -307,7 +307,7 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const d
   at::Tensor mine = local.narrow(0, p.row_start(me), p.rows[me]);
   // A meta parameter (deferred init) becomes this rank's shard, not yet
   // initialized (NOTE: [Deferred initialization]).
-  mine = mine.is_meta() ? at::empty(mine.sizes(), mine.options().device(at::kCPU)) : mine.clone();
+  mine = mine.is_meta() ? at::empty(mine.sizes(), mine.options().device(m.dp_inside_tp.device())) : mine.clone();
   Placements placements = p.tp_spec ? p.tp_spec->placements : Placements{};
   placements.push_back(Shard(0));
   p.sharded = from_local(mine, m.dp_inside_tp, placements, /*run_check=*/false, param.sizes().vec()).detach();

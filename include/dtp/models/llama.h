@@ -36,6 +36,10 @@ struct LlamaConfig {
   // device" is checked exactly (shared/DESIGN.md, "Exactness"); the same
   // float32 draws initialize every dtype, so runs of two dtypes start alike.
   c10::ScalarType dtype = c10::ScalarType::Float;
+  // Where parameters and buffers live: the CPU, or a GPU (e.g. the mesh's
+  // device(), cuda:LOCAL_RANK). Init draws on the CPU generator, so every
+  // device starts from the same weights.
+  c10::Device device = c10::kCPU;
   // Deferred initialization (NOTE: [Deferred initialization]): parameters
   // start on the meta device (no memory); parallelizing gives each rank its
   // uninitialized shards; init_weights(model) then fills them with exactly

@@ -133,8 +133,12 @@ std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, siz
   const at::Tensor t = at::where(valid, flat, at::zeros_like(flat));
   if (validate && t.numel() > 0) {
     const auto [lo, hi] = at::aminmax(t);
-    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < num_classes, "loss_parallel: target out of range [0, ",
-                num_classes, "): fix the labels or the vocabulary size.");
+    const at::Tensor in_range = lo.ge(0).logical_and_(hi.lt(num_classes));
+    // On a GPU, reading the flag would stop the host until the GPU caught
+    // up: a device-side assert instead, as ATen's own nll_loss does there.
+    if (in_range.is_cuda()) at::_assert_async(in_range);
+    else TORCH_CHECK(in_range.item<bool>(), "loss_parallel: target out of range [0, ", num_classes,
+                     "): fix the labels or the vocabulary size.");
   }
   c.here = valid & t.ge(offset) & t.lt(offset + local_classes);
   c.index = (t - offset).clamp(0, std::max<int64_t>(local_classes - 1, 0)).unsqueeze(1);

@@ -50,7 +50,7 @@ std::vector<c10::ScalarType> dtypesFromStandIns(const OpCall& call) {
   auto standIn = [](const at::Tensor& t) -> at::Tensor {
     if (auto* impl = maybeGetDTensorImpl(t)) {
       return at::ones(std::vector<int64_t>(impl->spec().ndim(), 1),
-                      at::TensorOptions().dtype(impl->spec().dtype));
+                      at::TensorOptions().dtype(impl->spec().dtype).device(impl->local().device()));
     }
     return t;
   };

@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -16,7 +17,8 @@
 namespace dtp {
 namespace {
 
-thread_local std::optional<at::Generator> thread_generator;
+thread_local std::optional<uint64_t> thread_seed;      // set by manual_seed on this thread
+thread_local std::vector<at::Generator> thread_generators;  // one per device, seeded thread_seed
 thread_local ProcessGroup batch_group;  // NOTE: [Random ops under data parallelism]
 
 // NOTE: [Generator sync] Every rank must draw from the same generator state,
@@ -24,30 +26,34 @@ thread_local ProcessGroup batch_group;  // NOTE: [Random ops under data parallel
 // differently, or one that drew extra numbers). As PyTorch's RNG tracker
 // does, the first random op on a mesh after each dtp::manual_seed (and the
 // first ever) gives every rank the state of the mesh's first rank: one
-// broadcast per mesh dim. The decision depends only on calls every rank
-// makes alike (manual_seed, random ops on the mesh), so ranks agree on it.
+// broadcast per mesh dim, per device's generator. The decision depends only
+// on calls every rank makes alike (manual_seed, random ops on the mesh), so
+// ranks agree on it. A generator's state is a CPU tensor (CUDA's is its seed
+// and Philox offset), so the broadcast goes through Gloo on any device.
 thread_local uint64_t seed_epoch = 0;
-thread_local std::vector<std::pair<const void*, uint64_t>> synced;  // (mesh, epoch)
-thread_local uint64_t batch_synced_epoch = 0;  // the dp group's, when batch_group is set
+thread_local std::vector<detail::GeneratorSync> synced;
 
-at::Generator syncedGenerator(const DeviceMesh& mesh) {
-  at::Generator gen = random_generator();
-  if (batch_group.valid() && batch_group.size() > 1 && batch_synced_epoch != seed_epoch + 1) {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    at::Tensor state = gen.get_state();
-    batch_group.broadcast(state, 0);
-    gen.set_state(state);
-    batch_synced_epoch = seed_epoch + 1;
-  }
-  const std::pair<const void*, uint64_t> key{mesh.id(), seed_epoch};
-  if (std::find(synced.begin(), synced.end(), key) != synced.end()) return gen;
+// Gives every member of `group` the state of its first member, once per
+// (who, device, epoch).
+void syncOnce(at::Generator& gen, const void* who, const std::function<void(at::Tensor&)>& broadcast) {
+  const detail::GeneratorSync key{who, gen.device(), seed_epoch};
+  if (std::find(synced.begin(), synced.end(), key) != synced.end()) return;
   std::lock_guard<std::mutex> lock(gen.mutex());
   at::Tensor state = gen.get_state();
-  for (int64_t m = 0; m < mesh.ndim(); ++m)
-    if (mesh.size(m) > 1) mesh.get_group(m).broadcast(state, 0);
+  broadcast(state);
   gen.set_state(state);
   if (synced.size() >= 64) synced.clear();  // meshes made and dropped in a loop
   synced.push_back(key);
+}
+
+at::Generator syncedGenerator(const DeviceMesh& mesh, c10::Device device) {
+  at::Generator gen = random_generator(device);
+  if (batch_group.valid() && batch_group.size() > 1)
+    syncOnce(gen, nullptr, [](at::Tensor& state) { batch_group.broadcast(state, 0); });
+  syncOnce(gen, mesh.id(), [&mesh](at::Tensor& state) {
+    for (int64_t m = 0; m < mesh.ndim(); ++m)
+      if (mesh.size(m) > 1) mesh.get_group(m).broadcast(state, 0);
+  });
   return gen;
 }
 
@@ -106,7 +112,7 @@ bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                 op.schema().name(), " with DTensor parameters is NYI; pass scalars.");
   }
   const size_t g = generatorArg(op.schema());
-  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh);
+  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh, self.device());
   args[0] = at::empty(drawShape(spec), impl->local().options());
   op.callBoxed(stack);
   at::Tensor full = torch::jit::pop(*stack).toTensor();
@@ -115,8 +121,29 @@ bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
-// native_dropout(input, p, train) -> (output, mask), with CPU's arithmetic:
-// mask ~ bernoulli(1-p) drawn for the global shape, output = input*mask*scale.
+// The keep-mask one device's native_dropout draws for `shape` (keep with
+// probability p1m). CPU: bernoulli(p1m), as ATen's CPU dropout. CUDA: ATen's
+// fused dropout kernel, whose Philox use differs from bernoulli_'s and which
+// takes no generator: it runs on ones of the input's dtype (its kernel choice
+// depends on the dtype) with `gen`'s state lent to the device's default
+// generator and taken back after.
+at::Tensor dropoutMask(std::vector<int64_t> shape, double p1m, const at::TensorOptions& like, at::Generator gen) {
+  if (!like.device().is_cuda())
+    return at::empty(shape, like.dtype(at::kBool)).bernoulli_(p1m, gen);
+  at::Generator device_default = at::globalContext().defaultGenerator(like.device());
+  auto draw = [&] { return std::get<1>(at::native_dropout(at::ones(shape, like), 1. - p1m, true)); };
+  if (device_default.unsafeGetGeneratorImpl() == gen.unsafeGetGeneratorImpl()) return draw();
+  std::scoped_lock lock(gen.mutex(), device_default.mutex());
+  const at::Tensor saved = device_default.get_state();
+  device_default.set_state(gen.get_state());
+  at::Tensor mask = draw();
+  gen.set_state(device_default.get_state());
+  device_default.set_state(saved);
+  return mask;
+}
+
+// native_dropout(input, p, train) -> (output, mask): the mask one device
+// draws for the global shape (dropoutMask), output = input*mask*scale.
 bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto train = torch::jit::pop(*stack).toOptional<bool>();
   const double p = torch::jit::pop(*stack).toDouble();
@@ -132,8 +159,7 @@ bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
-  at::Tensor mask_full = at::empty(drawShape(spec), local.options().dtype(at::kBool));
-  mask_full.bernoulli_(p1m, syncedGenerator(spec.mesh));
+  at::Tensor mask_full = dropoutMask(drawShape(spec), p1m, local.options(), syncedGenerator(spec.mesh, local.device()));
   at::Tensor mask = shardOf(mask_full, spec).contiguous();
   // Dropout is linear in its input: a Partial input stays Partial.
   stack->emplace_back(makeDTensor(local.mul(mask).mul_(scale), impl->spec_ptr()));
@@ -154,7 +180,7 @@ bool onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (batch_group.valid() && spec.ndim() > 0)  // the whole batch's input
     args[0] = batch_group.all_gather(args[0].toTensor(), 0, std::vector<int64_t>(batch_group.size(), spec.shape[0])).wait();
   const size_t g = generatorArg(op.schema());
-  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh);
+  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh, input.device());
   op.callBoxed(stack);
   at::Tensor full = torch::jit::pop(*stack).toTensor();
   auto out_spec = withoutPartial(spec, full.scalar_type());
@@ -173,7 +199,7 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto* impl = unsafeGetDTensorImpl(self);
   const auto& spec = impl->spec();
   at::Tensor full = at::empty(drawShape(spec), impl->local().options().dtype(dtype.value_or(spec.dtype)));
-  at::Generator gen = syncedGenerator(spec.mesh);
+  at::Generator gen = syncedGenerator(spec.mesh, self.device());
   if (Normal) full.normal_(0, 1, gen);
   else full.uniform_(0, 1, gen);
   torch::jit::drop(*stack, nargs);
@@ -185,41 +211,51 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }  // namespace
 
 void manual_seed(uint64_t seed) {
-  thread_generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  thread_seed = seed;
+  thread_generators.clear();  // made again, seeded `seed`, on first use per device
   ++seed_epoch;  // the next random op on each mesh syncs (NOTE: [Generator sync])
+}
+
+at::Generator random_generator(c10::Device device) {
+  at::Generator device_default = at::globalContext().defaultGenerator(device);
+  if (!thread_seed) return device_default;
+  for (const auto& g : thread_generators)
+    if (g.device() == device_default.device()) return g;
+  at::Generator g;
+  if (device.is_cpu()) {
+    g = at::make_generator<at::CPUGeneratorImpl>(*thread_seed);
+  } else {  // a generator of the device's kind (CUDA: Philox), seeded
+    g = device_default.clone();
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(*thread_seed);
+  }
+  thread_generators.push_back(g);
+  return g;
 }
 
 void detail::set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
 
-namespace {
-
-at::Tensor stateOf(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void restore(at::Generator gen, const at::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-}  // namespace
-
 detail::RandomState detail::get_random_state() {
-  return {stateOf(random_generator()), stateOf(at::detail::getDefaultCPUGenerator()), synced, batch_synced_epoch,
-          batch_group};
+  std::vector<at::Generator> gens{random_generator(c10::kCPU), at::detail::getDefaultCPUGenerator()};
+  if (at::hasCUDA()) {  // the current GPU's, made now so that a restore finds it
+    gens.push_back(random_generator(c10::Device(c10::kCUDA)));
+    gens.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA)));
+  }
+  RandomState state{{}, synced, batch_group};
+  for (auto& g : gens) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    state.generators.emplace_back(g, g.get_state());
+  }
+  return state;
 }
 
 void detail::set_random_state(const RandomState& state) {
-  restore(random_generator(), state.generator);
-  restore(at::detail::getDefaultCPUGenerator(), state.default_generator);
+  for (auto [g, s] : state.generators) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(s);
+  }
   synced = state.synced;
-  batch_synced_epoch = state.batch_synced_epoch;
   batch_group = state.batch;
-}
-
-at::Generator random_generator() {
-  return thread_generator ? *thread_generator : at::detail::getDefaultCPUGenerator();
 }
 
 void registerRandomRules(RuleRegistry& r) {
