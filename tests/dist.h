@@ -1,6 +1,7 @@
 // Runs a test body on W ranks as W threads of this process. Each rank gets its
-// own ProcessGroupGloo over a shared in-memory HashStore, installed as the
-// thread's default group, so dtp code runs exactly as in a real job.
+// own process group (Gloo; with backend "auto" also NCCL for CUDA tensors on
+// an NCCL build) over a shared in-memory HashStore, installed as the thread's
+// default group, so dtp code runs exactly as in a real job.
 #pragma once
 
 #include "dtp/process_group.h"
@@ -18,7 +19,7 @@
 namespace dtp::test {
 
 inline void run_ranks(int world_size, const std::function<void(int rank)>& body,
-                      std::chrono::seconds timeout = std::chrono::seconds(60)) {
+                      std::chrono::seconds timeout = std::chrono::seconds(60), const std::string& backend = "gloo") {
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->setTimeout(timeout);
   std::mutex mu;
@@ -30,7 +31,7 @@ inline void run_ranks(int world_size, const std::function<void(int rank)>& body,
     threads.emplace_back([&, r] {
       try {
         ProcessGroupOptions opts;
-        opts.backend = "gloo";
+        opts.backend = backend;
         opts.timeout = timeout;
         set_default_process_group(ProcessGroup::create(store, r, world_size, opts));
         body(r);

@@ -39,7 +39,7 @@ inline at::Tensor llama_batch(int64_t vocab, int64_t step) {
 inline std::vector<double> train_llama(models::Llama& model, torch::optim::AdamW& opt, int from, int to) {
   std::vector<double> losses;
   for (int step = from; step < to; ++step) {
-    at::Tensor batch = llama_batch(model->config.vocab_size, step);
+    at::Tensor batch = llama_batch(model->config.vocab_size, step).to(model->config.device);
     at::Tensor loss = models::llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
     opt.zero_grad();
     loss.backward();

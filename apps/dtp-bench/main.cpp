@@ -18,6 +18,7 @@
 #include "sizes.h"
 #include "stats.h"
 #include "ac.h"
+#include "device.h"
 #include "two_d.h"
 #include "memory.h"
 
@@ -56,6 +57,7 @@ struct Options {
   int reps = 7, warmup = 2;
   int64_t dp = 1;
   bool aa = false, ac = false;
+  std::string device;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -358,23 +360,26 @@ int main(int argc, char** argv) {
   app.add_flag("--ac", o.ac, "Run the activation-checkpointing table (no AC, full, selective) instead");
   app.add_option("--dp", o.dp, "Data-parallel degree: run the 2-D (dp, WORLD_SIZE/dp) tables (FSDP, DDP) instead")
       ->check(dtp::apps::kPositive);
+  app.add_option("--device", o.device, "Run the dtp vs plain libtorch table on this device instead (cuda: GPU LOCAL_RANK)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
     ProcessGroup world = init_process_group();
-    if (o.dp > 1 || o.ac) {
+    if (o.dp > 1 || o.ac || !o.device.empty()) {
       std::vector<const Size*> sizes;
       for (const auto& name : o.sizes)
         sizes.push_back(&*std::find_if(std::begin(kSizes), std::end(kSizes), [&](const Size& x) { return name == x.name; }));
       if (world.rank() == 0)
         std::printf("dtp-bench: %d ranks, %d threads per rank, libtorch %s\n", world.size(), at::get_num_threads(),
                     TORCH_VERSION);
-      const bool ok = o.ac ? bench::run_ac(sizes, o.reps, o.warmup, world)
-                           : bench::run_two_d(sizes, o.dp, o.reps, o.warmup, world);
+      const bool ok = !o.device.empty() ? bench::run_device(sizes, o.device, o.reps, o.warmup, world)
+                      : o.ac            ? bench::run_ac(sizes, o.reps, o.warmup, world)
+                                        : bench::run_two_d(sizes, o.dp, o.reps, o.warmup, world);
       if (world.rank() == 0)
-        std::printf(!ok    ? "\ndtp-bench: CHECKS FAILED (see above)\n"
-                    : o.ac ? "\ndtp-bench: checks passed (losses agree)\n"
-                           : "\ndtp-bench: checks passed (losses agree; collectives meet the closed form)\n");
+        std::printf(!ok                    ? "\ndtp-bench: CHECKS FAILED (see above)\n"
+                    : o.device.empty() && !o.ac ? "\ndtp-bench: checks passed (losses agree; collectives meet the closed form)\n"
+                                                : "\ndtp-bench: checks passed (losses agree)\n");
       std::fflush(stdout);
       return ok ? 0 : 1;
     }

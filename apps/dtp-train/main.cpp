@@ -35,7 +35,7 @@ struct Options {
   std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
   bool no_sp = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
-  std::string save, resume, mp;
+  std::string save, resume, mp, device = "cpu";
 };
 
 // --mp bf16: FSDP's mixed precision (bf16 compute, float32 master weights
@@ -136,7 +136,7 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
   auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   for (int64_t step = first; step < o.steps; ++step) {
-    at::Tensor b = apps::corpus_batch(corpus, o.batch, o.seq, o.seed, step);
+    at::Tensor b = apps::corpus_batch(corpus, o.batch, o.seq, o.seed, step).to(model->config.device);
     if (dp.valid()) b = b.narrow(0, dp.rank() * o.batch / dp.size(), o.batch / dp.size());
     at::Tensor loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
     opt.zero_grad();
@@ -195,11 +195,12 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
   o.model.dtype = dtype;
   o.save.clear();
   o.resume.clear();
-  Llama ref(configOf(o));
-  if (mp) {
-    auto one = ProcessGroup::create(c10::make_intrusive<c10d::HashStore>(), 0, 1);
-    apply_fsdp(ref, init_device_mesh("cpu", {1}, {"dp"}, one), fsdpOptions(o));
-  }
+  auto one = ProcessGroup::create(c10::make_intrusive<c10d::HashStore>(), 0, 1);
+  DeviceMesh alone = init_device_mesh(o.device, {1}, {"dp"}, one);
+  LlamaConfig c = configOf(o);
+  c.device = alone.device();
+  Llama ref(c);
+  if (mp) apply_fsdp(ref, alone, fsdpOptions(o));
   at::manual_seed(o.seed);
   return train(ref, o, corpus, /*log=*/false, ProcessGroup(), ProcessGroup());
 }
@@ -280,6 +281,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
   app.add_flag("--check-parity", o.check_parity,
                "Also train on one device and compare (exact in float64; float32 against one device's own error)");
+  app.add_option("--device", o.device, "cpu, or cuda: each rank on GPU LOCAL_RANK")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   app.add_option("--save", o.save, "Write a checkpoint here at the end (atomically)");
   app.add_option("--resume", o.resume, "Continue from this checkpoint (any TP degree)");
   CLI11_PARSE(app, argc, argv);
@@ -299,14 +303,15 @@ int main(int argc, char** argv) {
                 " --seq ", o.seq, "), but ", gib(have), " are available per local rank. Lower --seq or --batch, "
                 "shrink the model, or use more ranks.");
     const at::Tensor corpus = apps::load_corpus(o.data);
-    LlamaConfig config = configOf(o);
-    config.deferred_init = !o.eager_init;  // each rank allocates its shards only
-    Llama model(config);
     TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
                 "drop --dtype ", o.model.dtype, ".");
     const bool fsdp = (dp > 1 && !o.ddp) || !o.mp.empty();
-    DeviceMesh mesh = dp > 1 || fsdp ? init_device_mesh("cpu", {dp, tp}, {"dp", "tp"})
-                                     : init_device_mesh("cpu", {tp}, {"tp"});
+    DeviceMesh mesh = dp > 1 || fsdp ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
+                                     : init_device_mesh(o.device, {tp}, {"tp"});
+    LlamaConfig config = configOf(o);
+    config.deferred_init = !o.eager_init;  // each rank allocates its shards only
+    config.device = mesh.device();
+    Llama model(config);
     if (world.rank() == 0)
       std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f MB\n",
                   mesh.str().c_str(), fsdp ? (o.mp.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp > 1 ? " DDP" : "", static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),

@@ -1,0 +1,98 @@
+#include "device.h"
+
+#include "stats.h"
+
+#include "dtp/device_mesh.h"
+#include "dtp/optim/adamw.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+namespace dtp::bench {
+namespace {
+
+using namespace dtp::models;
+using Clock = std::chrono::steady_clock;
+
+struct Variant {
+  const char* name;
+  bool all_ranks;
+  std::function<double()> step;  // one training step; its loss (read on the host: the step's end)
+  std::vector<double> ms;
+  double first_loss = 0;
+};
+
+bool runSize(const Size& s, const std::string& device_type, int reps, int warmup, const ProcessGroup& world) {
+  DeviceMesh mesh = init_device_mesh(device_type, {world.size()}, {"tp"});
+  LlamaConfig c = s.config();
+  c.device = mesh.device();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor batch = at::randint(c.vocab_size, {s.batch, s.seq + 1}, gen).to(c.device);
+  const at::Tensor tokens = batch.narrow(1, 0, s.seq), targets = batch.narrow(1, 1, s.seq);
+
+  Llama dtp_model(c);
+  apply_tensor_parallel(dtp_model, mesh, TensorParallelOptions{true, s.seq});
+  dtp::optim::AdamW dtp_opt(dtp_model->unique_parameters(), torch::optim::AdamWOptions(1e-3));
+  Llama plain(c);
+  torch::optim::AdamW plain_opt(plain->unique_parameters(), torch::optim::AdamWOptions(1e-3));
+  auto step = [&](Llama& m, torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    at::Tensor loss = llama_loss(m(tokens), targets);
+    loss.backward();
+    opt.step();
+    return loss.item<double>();
+  };
+  std::vector<Variant> vs{{"dtp", true, [&] { return step(dtp_model, dtp_opt); }},
+                          {"plain", false, [&] { return step(plain, plain_opt); }}};
+  std::mt19937 shuffler(17);  // the same order on every rank
+  for (int r = 0; r < warmup + reps; ++r) {
+    if (shuffler() % 2) std::swap(vs[0], vs[1]);
+    for (auto& v : vs) {
+      world.barrier();
+      const auto t0 = Clock::now();
+      if (v.all_ranks || world.rank() == 0) {
+        const double l = v.step();
+        if (r == 0) v.first_loss = l;
+      }
+      at::Tensor ms = at::full({1}, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), at::kDouble);
+      world.all_reduce(ms, ReduceOp::Max);
+      if (r >= warmup) v.ms.push_back(ms.item<double>());
+    }
+  }
+  if (std::string(vs[0].name) != "dtp") std::swap(vs[0], vs[1]);
+  if (world.rank() != 0) return true;
+  std::vector<double> paired;
+  for (size_t k = 0; k < vs[0].ms.size(); ++k) paired.push_back(vs[0].ms[k] / vs[1].ms[k]);
+  const double a = median(vs[0].ms), b = median(vs[1].ms);
+  std::printf("| %s | %.2f | %.2f | %.3f | %.3f | %.2f |\n", s.name, a, b, a / b, median(paired), a - b);
+  const bool ok = std::abs(vs[0].first_loss - vs[1].first_loss) <= 1e-4 * std::abs(vs[1].first_loss);
+  if (!ok)
+    std::fprintf(stderr, "dtp-bench: %s: dtp's first loss %.7f differs from plain libtorch's %.7f\n", s.name,
+                 vs[0].first_loss, vs[1].first_loss);
+  return ok;
+}
+
+}  // namespace
+
+bool run_device(const std::vector<const Size*>& sizes, const std::string& device_type, int reps, int warmup,
+                const ProcessGroup& world) {
+  if (world.rank() == 0) {
+    std::printf("\n## dtp (TP=%d, SP) vs plain libtorch on %s: training step (forward, loss, backward, AdamW) "
+                "until the loss is on the host; median of %d reps, interleaved\n\n",
+                world.size(), device_type.c_str(), reps);
+    std::printf("| size | dtp ms | plain ms | dtp / plain | dtp / plain, paired | dtp - plain ms |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+  }
+  bool ok = true;
+  for (const Size* s : sizes) ok &= runSize(*s, device_type, reps, warmup, world);
+  return ok;
+}
+
+}  // namespace dtp::bench

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds dtp with NCCL against Debian 13's CUDA libtorch (contrib's
+# libtorch-cuda-dev 2.6, CUDA 12.4, NCCL 2.22) in a Debian 13 root of its own
+# (${DTP_DEBIAN13_CUDA_ROOT:-/var/tmp/dtp-debian13-cuda}), on a machine with
+# or without a GPU: the NCCL and CUDA code paths compile and link, and with a
+# cuDNN the suite runs (without a GPU its CUDA tests say they are skipped).
+#
+#   scripts/debian13-cuda.sh                          # build only
+#   DTP_CUDNN_LIB=/usr/local/cuda/lib64 scripts/debian13-cuda.sh test
+#
+# Debian's nvidia-cudnn is an installer that downloads cuDNN from NVIDIA at
+# install time; a placeholder package stands in for it. dtp never calls cuDNN,
+# but libtorch_cuda.so needs libcudnn.so.9 to load: without DTP_CUDNN_LIB (a
+# folder with NVIDIA's libcudnn*.so.9) programs link with
+# --allow-shlib-undefined and are not run.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export DTP_DEBIAN13_ROOT=${DTP_DEBIAN13_CUDA_ROOT:-/var/tmp/dtp-debian13-cuda}
+export DTP_BUILD_DIR=build-debian13-cuda DTP_EXTRA_PACKAGES=""
+root=$DTP_DEBIAN13_ROOT
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+scripts/debian13.sh true  # makes the root (debootstrap) where there is none
+echo "deb ${DTP_DEBIAN_MIRROR:-http://deb.debian.org/debian} trixie main contrib non-free non-free-firmware" |
+  $sudo tee "$root/etc/apt/sources.list" >/dev/null
+if [ ! -e "$root/var/lib/dpkg/info/nvidia-cudnn.list" ]; then
+  placeholder=$(mktemp -d)
+  mkdir -p "$placeholder/DEBIAN"
+  cat >"$placeholder/DEBIAN/control" <<'EOF'
+Package: nvidia-cudnn
+Version: 9.0.0.312~cuda12
+Architecture: amd64
+Maintainer: dtp <dtp@localhost>
+Provides: libcudnn-dev, libcudnn.so, libcudnn.so.9
+Description: placeholder for Debian's cuDNN download script (dtp's CUDA build check)
+EOF
+  dpkg-deb --build "$placeholder" "$placeholder.deb" >/dev/null
+  $sudo cp "$placeholder.deb" "$root/tmp/nvidia-cudnn-placeholder.deb"
+  $sudo chroot "$root" dpkg -i /tmp/nvidia-cudnn-placeholder.deb >/dev/null
+  rm -rf "$placeholder" "$placeholder.deb"
+fi
+link_flags=""
+if [ -n "${DTP_CUDNN_LIB:-}" ]; then
+  $sudo mkdir -p "$root/usr/local/lib/cudnn"
+  $sudo cp -a "$DTP_CUDNN_LIB"/libcudnn*.so.9* "$root/usr/local/lib/cudnn/"
+  echo /usr/local/lib/cudnn | $sudo tee "$root/etc/ld.so.conf.d/cudnn.conf" >/dev/null
+  $sudo chroot "$root" ldconfig
+else
+  link_flags="-Wl,--allow-shlib-undefined"
+  [ "${1:-}" != test ] || { echo "debian13-cuda: 'test' needs DTP_CUDNN_LIB (see the top of $0)" >&2; exit 1; }
+fi
+
+scripts/debian13.sh bash -c '
+  set -euo pipefail
+  packages=(libtorch-cuda-dev libgloo-cuda-dev libnccl-dev nvidia-cuda-toolkit cmake g++ make libgtest-dev
+            libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev fortunes)
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f="\${Status}" "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600)
+    "${apt[@]}" update -qq
+    "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+  cmake -S . -B "$DTP_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DDTP_WITH_NCCL=ON -DCMAKE_EXE_LINKER_FLAGS="$1" \
+    -Wno-dev >/dev/null
+  cmake --build "$DTP_BUILD_DIR" -j "$(nproc)" -- --no-print-directory
+  if [ "$2" = test ]; then cd "$DTP_BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 600; fi
+' debian13-cuda "$link_flags" "${1:-}"
