@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
+#include <numeric>
 #include <random>
 
 namespace dtp::bench {
@@ -29,7 +31,8 @@ struct Variant {
   double first_loss = 0;
 };
 
-bool runSize(const Size& s, const std::string& device_type, int reps, int warmup, const ProcessGroup& world) {
+bool runSize(const Size& s, const std::string& device_type, const std::vector<bool>& sps, int reps, int warmup,
+             const ProcessGroup& world) {
   DeviceMesh mesh = init_device_mesh(device_type, {world.size()}, {"tp"});
   LlamaConfig c = s.config();
   c.device = mesh.device();
@@ -37,9 +40,14 @@ bool runSize(const Size& s, const std::string& device_type, int reps, int warmup
   const at::Tensor batch = at::randint(c.vocab_size, {s.batch, s.seq + 1}, gen).to(c.device);
   const at::Tensor tokens = batch.narrow(1, 0, s.seq), targets = batch.narrow(1, 1, s.seq);
 
-  Llama dtp_model(c);
-  apply_tensor_parallel(dtp_model, mesh, TensorParallelOptions{true, s.seq});
-  dtp::optim::AdamW dtp_opt(dtp_model->unique_parameters(), torch::optim::AdamWOptions(1e-3));
+  std::vector<Llama> dtp_models;
+  std::vector<std::unique_ptr<dtp::optim::AdamW>> dtp_opts;
+  for (bool sp : sps) {
+    dtp_models.emplace_back(c);
+    apply_tensor_parallel(dtp_models.back(), mesh, TensorParallelOptions{sp, s.seq});
+    dtp_opts.push_back(std::make_unique<dtp::optim::AdamW>(dtp_models.back()->unique_parameters(),
+                                                           torch::optim::AdamWOptions(1e-3)));
+  }
   Llama plain(c);
   torch::optim::AdamW plain_opt(plain->unique_parameters(), torch::optim::AdamWOptions(1e-3));
   auto step = [&](Llama& m, torch::optim::Optimizer& opt) {
@@ -49,12 +57,17 @@ bool runSize(const Size& s, const std::string& device_type, int reps, int warmup
     opt.step();
     return loss.item<double>();
   };
-  std::vector<Variant> vs{{"dtp", true, [&] { return step(dtp_model, dtp_opt); }},
-                          {"plain", false, [&] { return step(plain, plain_opt); }}};
-  std::mt19937 shuffler(17);  // the same order on every rank
+  std::vector<Variant> vs;
+  for (size_t i = 0; i < sps.size(); ++i)
+    vs.push_back({sps[i] ? "yes" : "no", true, [&, i] { return step(dtp_models[i], *dtp_opts[i]); }});
+  vs.push_back({"plain", false, [&] { return step(plain, plain_opt); }});
+  std::vector<size_t> order(vs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937 shuffler(17);  // the same orders on every rank
   for (int r = 0; r < warmup + reps; ++r) {
-    if (shuffler() % 2) std::swap(vs[0], vs[1]);
-    for (auto& v : vs) {
+    std::shuffle(order.begin(), order.end(), shuffler);
+    for (size_t k : order) {
+      Variant& v = vs[k];
       world.barrier();
       const auto t0 = Clock::now();
       if (v.all_ranks || world.rank() == 0) {
@@ -66,32 +79,38 @@ bool runSize(const Size& s, const std::string& device_type, int reps, int warmup
       if (r >= warmup) v.ms.push_back(ms.item<double>());
     }
   }
-  if (std::string(vs[0].name) != "dtp") std::swap(vs[0], vs[1]);
   if (world.rank() != 0) return true;
-  std::vector<double> paired;
-  for (size_t k = 0; k < vs[0].ms.size(); ++k) paired.push_back(vs[0].ms[k] / vs[1].ms[k]);
-  const double a = median(vs[0].ms), b = median(vs[1].ms);
-  std::printf("| %s | %.2f | %.2f | %.3f | %.3f | %.2f |\n", s.name, a, b, a / b, median(paired), a - b);
-  const bool ok = std::abs(vs[0].first_loss - vs[1].first_loss) <= 1e-4 * std::abs(vs[1].first_loss);
-  if (!ok)
-    std::fprintf(stderr, "dtp-bench: %s: dtp's first loss %.7f differs from plain libtorch's %.7f\n", s.name,
-                 vs[0].first_loss, vs[1].first_loss);
+  const Variant& plain_v = vs.back();
+  const double b = median(plain_v.ms);
+  bool ok = true;
+  for (size_t i = 0; i + 1 < vs.size(); ++i) {
+    std::vector<double> paired;
+    for (size_t k = 0; k < vs[i].ms.size(); ++k) paired.push_back(vs[i].ms[k] / plain_v.ms[k]);
+    const double a = median(vs[i].ms);
+    std::printf("| %s | %s | %.2f | %.2f | %.3f | %.3f | %.2f |\n", s.name, vs[i].name, a, b, a / b, median(paired),
+                a - b);
+    if (std::abs(vs[i].first_loss - plain_v.first_loss) > 1e-4 * std::abs(plain_v.first_loss)) {
+      std::fprintf(stderr, "dtp-bench: %s (SP %s): dtp's first loss %.7f differs from plain libtorch's %.7f\n",
+                   s.name, vs[i].name, vs[i].first_loss, plain_v.first_loss);
+      ok = false;
+    }
+  }
   return ok;
 }
 
 }  // namespace
 
-bool run_device(const std::vector<const Size*>& sizes, const std::string& device_type, int reps, int warmup,
-                const ProcessGroup& world) {
+bool run_device(const std::vector<const Size*>& sizes, const std::string& device_type, const std::vector<bool>& sps,
+                int reps, int warmup, const ProcessGroup& world) {
   if (world.rank() == 0) {
-    std::printf("\n## dtp (TP=%d, SP) vs plain libtorch on %s: training step (forward, loss, backward, AdamW) "
+    std::printf("\n## dtp (TP=%d) vs plain libtorch on %s: training step (forward, loss, backward, AdamW) "
                 "until the loss is on the host; median of %d reps, interleaved\n\n",
                 world.size(), device_type.c_str(), reps);
-    std::printf("| size | dtp ms | plain ms | dtp / plain | dtp / plain, paired | dtp - plain ms |\n");
-    std::printf("|---|---|---|---|---|---|\n");
+    std::printf("| size | SP | dtp ms | plain ms | dtp / plain | dtp / plain, paired | dtp - plain ms |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
   }
   bool ok = true;
-  for (const Size* s : sizes) ok &= runSize(*s, device_type, reps, warmup, world);
+  for (const Size* s : sizes) ok &= runSize(*s, device_type, sps, reps, warmup, world);
   return ok;
 }
 

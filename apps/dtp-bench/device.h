@@ -14,7 +14,7 @@
 namespace dtp::bench {
 
 // Prints the table on rank 0; false when dtp's first loss differs from plain libtorch's.
-bool run_device(const std::vector<const Size*>& sizes, const std::string& device_type, int reps, int warmup,
-                const ProcessGroup& world);
+bool run_device(const std::vector<const Size*>& sizes, const std::string& device_type, const std::vector<bool>& sps,
+                int reps, int warmup, const ProcessGroup& world);
 
 }  // namespace dtp::bench

@@ -373,7 +373,9 @@ int main(int argc, char** argv) {
       if (world.rank() == 0)
         std::printf("dtp-bench: %d ranks, %d threads per rank, libtorch %s\n", world.size(), at::get_num_threads(),
                     TORCH_VERSION);
-      const bool ok = !o.device.empty() ? bench::run_device(sizes, o.device, o.reps, o.warmup, world)
+      std::vector<bool> sps;
+      for (const auto& mode : o.sp) sps.push_back(mode == "on");
+      const bool ok = !o.device.empty() ? bench::run_device(sizes, o.device, sps, o.reps, o.warmup, world)
                       : o.ac            ? bench::run_ac(sizes, o.reps, o.warmup, world)
                                         : bench::run_two_d(sizes, o.dp, o.reps, o.warmup, world);
       if (world.rank() == 0)
