@@ -16,7 +16,7 @@ namespace dtp::detail {
 // that NCCL, the caching allocator and kernels without an explicit device
 // all agree. Without LOCAL_RANK (mpirun, srun, ranks as threads), PyTorch's
 // fallback: rank % number of visible GPUs, said once on stderr. A LOCAL_RANK
-// beyond the visible GPUs is an error: two ranks on one GPU deadlock NCCL.
+// beyond the visible GPUs is an error: NCCL refuses two ranks on one GPU.
 c10::Device rank_device(const std::string& device_type, int rank, const std::string& what) {
   if (device_type == "cpu") return c10::Device(c10::kCPU);
   TORCH_CHECK(device_type == "cuda", what, ": device_type '", device_type, "' is not supported. Use \"cpu\" or \"cuda\".");

@@ -33,8 +33,8 @@ thread_local ProcessGroup batch_group;  // NOTE: [Random ops under data parallel
 thread_local uint64_t seed_epoch = 0;
 thread_local std::vector<detail::GeneratorSync> synced;
 
-// Gives every member of `group` the state of its first member, once per
-// (who, device, epoch).
+// Gives `gen` the state `broadcast` brings (the first rank's), once per
+// (who: a mesh, or the dp batch; gen's device; seed epoch).
 void syncOnce(at::Generator& gen, const void* who, const std::function<void(at::Tensor&)>& broadcast) {
   const detail::GeneratorSync key{who, gen.device(), seed_epoch};
   if (std::find(synced.begin(), synced.end(), key) != synced.end()) return;
@@ -133,10 +133,14 @@ at::Tensor dropoutMask(std::vector<int64_t> shape, double p1m, const at::TensorO
   at::Generator device_default = at::globalContext().defaultGenerator(like.device());
   auto draw = [&] { return std::get<1>(at::native_dropout(at::ones(shape, like), 1. - p1m, true)); };
   if (device_default.unsafeGetGeneratorImpl() == gen.unsafeGetGeneratorImpl()) return draw();
+  at::Tensor saved;
+  {
+    std::scoped_lock lock(gen.mutex(), device_default.mutex());
+    saved = device_default.get_state();
+    device_default.set_state(gen.get_state());
+  }
+  at::Tensor mask = draw();  // locks the default generator itself: not held here
   std::scoped_lock lock(gen.mutex(), device_default.mutex());
-  const at::Tensor saved = device_default.get_state();
-  device_default.set_state(gen.get_state());
-  at::Tensor mask = draw();
   gen.set_state(device_default.get_state());
   device_default.set_state(saved);
   return mask;
