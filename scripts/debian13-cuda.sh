@@ -12,7 +12,7 @@
 # install time; a placeholder package stands in for it. dtp never calls cuDNN,
 # but libtorch_cuda.so needs libcudnn.so.9 to load: without DTP_CUDNN_LIB (a
 # folder with NVIDIA's libcudnn*.so.9) programs link with
-# --allow-shlib-undefined and are not run.
+# --allow-shlib-undefined and are not run (tests are listed at ctest time).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export DTP_DEBIAN13_ROOT=${DTP_DEBIAN13_CUDA_ROOT:-/var/tmp/dtp-debian13-cuda}
@@ -40,14 +40,14 @@ EOF
   $sudo chroot "$root" dpkg -i /tmp/nvidia-cudnn-placeholder.deb >/dev/null
   rm -rf "$placeholder" "$placeholder.deb"
 fi
-link_flags=""
+cmake_flags=()
 if [ -n "${DTP_CUDNN_LIB:-}" ]; then
   $sudo mkdir -p "$root/usr/local/lib/cudnn"
   $sudo cp -a "$DTP_CUDNN_LIB"/libcudnn*.so.9* "$root/usr/local/lib/cudnn/"
   echo /usr/local/lib/cudnn | $sudo tee "$root/etc/ld.so.conf.d/cudnn.conf" >/dev/null
   $sudo chroot "$root" ldconfig
 else
-  link_flags="-Wl,--allow-shlib-undefined"
+  cmake_flags=(-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)
   [ "${1:-}" != test ] || { echo "debian13-cuda: 'test' needs DTP_CUDNN_LIB (see the top of $0)" >&2; exit 1; }
 fi
 
@@ -64,8 +64,10 @@ scripts/debian13.sh bash -c '
     "${apt[@]}" update -qq
     "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"
   fi
-  cmake -S . -B "$DTP_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DDTP_WITH_NCCL=ON -DCMAKE_EXE_LINKER_FLAGS="$1" \
-    -Wno-dev >/dev/null
+  what=$1
+  shift
+  cmake -S . -B "$DTP_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DDTP_WITH_NCCL=ON -DCMAKE_EXE_LINKER_FLAGS= \
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=POST_BUILD "$@" -Wno-dev >/dev/null
   cmake --build "$DTP_BUILD_DIR" -j "$(nproc)" -- --no-print-directory
-  if [ "$2" = test ]; then cd "$DTP_BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 600; fi
-' debian13-cuda "$link_flags" "${1:-}"
+  if [ "$what" = test ]; then cd "$DTP_BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 600; fi
+' debian13-cuda "${1:-build}" "${cmake_flags[@]}"
