@@ -25,7 +25,8 @@ build=${DTP_BUILD_DIR:-build-wheel}
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
 
-read -r torch_version prefix < <(python3 -c 'import torch; print(torch.__version__.split("+")[0], torch.utils.cmake_prefix_path)')
+read -r torch_version prefix < <(python3 -c 'import torch; print(torch.__version__.split("+")[0], torch.utils.cmake_prefix_path)') || true
+[ -n "${prefix:-}" ] || { echo "wheel: python3 cannot import torch: install the torch wheel first (pip install torch)" >&2; exit 1; }
 echo "wheel: torch $torch_version, $prefix"
 
 # The gloo commit of PyTorch's third_party/gloo per release (pytorch's
