@@ -8,8 +8,12 @@
 
 namespace dtp::apps {
 
-// Where setup installs the default corpus (Debian's `fortunes` package).
-inline const char* kDefaultCorpus = "/usr/share/games/fortunes";
+// Where setup installs the default corpus (Debian's `fortunes` package;
+// CMake's DTP_DEFAULT_CORPUS where it was unpacked elsewhere: scripts/wheel.sh).
+#ifndef DTP_DEFAULT_CORPUS
+#define DTP_DEFAULT_CORPUS "/usr/share/games/fortunes"
+#endif
+inline const char* kDefaultCorpus = DTP_DEFAULT_CORPUS;
 
 // Reads `path` (a file, or every plain-text file of a directory in name
 // order, skipping the .dat indexes and subdirectories) as i64 byte tokens.
