@@ -5,6 +5,7 @@
 // skipped, and says so.
 #include "dist.h"
 #include "files.h"
+#include "host_reads.h"
 #include "llama_util.h"
 
 #include "dtp/dtensor.h"
@@ -14,11 +15,8 @@
 #include "dtp/random.h"
 
 #include <ATen/Context.h>
-#include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <atomic>
-#include <cstring>
 
 using namespace dtp;
 using namespace dtp::models;
@@ -108,12 +106,6 @@ TEST_F(CudaTest, LlamaTrainsLikeOneGpuInFloat64) {
   }
 }
 
-std::atomic<int64_t> reads{0};
-std::unique_ptr<at::ObserverContext> countRead(const at::RecordFunction& fn) {
-  if (std::strcmp(fn.name(), "aten::_local_scalar_dense") == 0) ++reads;
-  return nullptr;
-}
-
 // On a GPU a step of the TP Llama reads nothing on the host (see
 // tests/host_sync_test.cpp for the CPU).
 TEST_F(CudaTest, TrainingStepReadsNothingOnTheHost) {
@@ -132,11 +124,9 @@ TEST_F(CudaTest, TrainingStepReadsNothingOnTheHost) {
       opt.step();
     };
     step(0);
-    const auto handle = at::addGlobalCallback(at::RecordFunctionCallback(countRead).scopes({at::RecordScope::FUNCTION}));
-    reads = 0;
+    dtp::test::HostReads reads;
     step(1);
-    at::removeCallback(handle);
-    EXPECT_EQ(reads.load(), 0);
+    EXPECT_EQ(reads.count(), 0);
   });
 }
 

@@ -6,6 +6,7 @@
 // loss_parallel's check that the targets lie in the vocabulary, which on a
 // GPU is a device-side assert instead (no read).
 #include "dist.h"
+#include "host_reads.h"
 #include "llama_util.h"
 
 #include "dtp/dtensor.h"
@@ -14,37 +15,13 @@
 #include "dtp/optim/clip_grad.h"
 #include "dtp/random.h"
 
-#include <ATen/record_function.h>
-
-#include <atomic>
-#include <cstring>
-
 using namespace dtp;
 using namespace dtp::models;
 using dtp::test::kSeq;
+using dtp::test::HostReads;
 using dtp::test::run_ranks;
 
 namespace {
-
-std::atomic<int64_t> host_reads{0};
-
-std::unique_ptr<at::ObserverContext> countRead(const at::RecordFunction& fn) {
-  if (std::strcmp(fn.name(), "aten::_local_scalar_dense") == 0) ++host_reads;
-  return nullptr;
-}
-
-// Counts host reads, on every thread, while alive.
-class HostReads {
- public:
-  HostReads() : handle_(at::addGlobalCallback(at::RecordFunctionCallback(countRead).scopes({at::RecordScope::FUNCTION}))) {
-    host_reads = 0;
-  }
-  ~HostReads() { at::removeCallback(handle_); }
-  int64_t count() const { return host_reads; }
-
- private:
-  at::CallbackHandle handle_;
-};
 
 // Forward, loss, backward, clipping and an AdamW step.
 void trainStep(Llama& model, dtp::optim::AdamW& opt, int64_t step, int64_t dp_rank, int64_t dp) {
