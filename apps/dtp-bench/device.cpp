@@ -10,7 +10,6 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -21,7 +20,6 @@ namespace dtp::bench {
 namespace {
 
 using namespace dtp::models;
-using Clock = std::chrono::steady_clock;
 
 struct Variant {
   const char* name;
@@ -68,15 +66,12 @@ bool runSize(const Size& s, const std::string& device_type, const std::vector<bo
     std::shuffle(order.begin(), order.end(), shuffler);
     for (size_t k : order) {
       Variant& v = vs[k];
-      world.barrier();
-      const auto t0 = Clock::now();
-      if (v.all_ranks || world.rank() == 0) {
+      const double ms = timed_max(world, [&] {
+        if (!v.all_ranks && world.rank() != 0) return;
         const double l = v.step();
         if (r == 0) v.first_loss = l;
-      }
-      at::Tensor ms = at::full({1}, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), at::kDouble);
-      world.all_reduce(ms, ReduceOp::Max);
-      if (r >= warmup) v.ms.push_back(ms.item<double>());
+      });
+      if (r >= warmup) v.ms.push_back(ms);
     }
   }
   if (world.rank() != 0) return true;

@@ -1,7 +1,13 @@
-// Summaries of dtp-bench's repeated timings.
+// dtp-bench's timings: one rep on every rank, and the summary of reps.
 #pragma once
 
+#include "dtp/process_group.h"
+
+#include <ATen/ATen.h>
+
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <vector>
 
 namespace dtp::bench {
@@ -10,6 +16,17 @@ namespace dtp::bench {
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Milliseconds `f` took on the slowest rank, all ranks starting together.
+inline double timed_max(const ProcessGroup& world, const std::function<void()>& f) {
+  world.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  at::Tensor ms = at::full({1}, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                           at::kDouble);
+  world.all_reduce(ms, ReduceOp::Max);
+  return ms.item<double>();
 }
 
 }  // namespace dtp::bench

@@ -11,7 +11,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -21,7 +20,6 @@ namespace dtp::bench {
 namespace {
 
 using namespace dtp::models;
-using Clock = std::chrono::steady_clock;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Case {
@@ -45,15 +43,6 @@ int64_t tpShardElements(torch::nn::Module& module, bool skip_layers) {
     n += is_dtensor(item.value()) ? to_local(item.value().detach()).numel() : item.value().numel();
   }
   return n;
-}
-
-double timedMax(const ProcessGroup& world, const std::function<void()>& f) {
-  world.barrier();
-  const auto t0 = Clock::now();
-  f();
-  at::Tensor ms = at::full({1}, std::chrono::duration<double, std::milli>(Clock::now() - t0).count(), at::kDouble);
-  world.all_reduce(ms, ReduceOp::Max);
-  return ms.item<double>();
 }
 
 bool runSize(const Size& s, int64_t dp_degree, int reps, int warmup, const ProcessGroup& world) {
@@ -133,7 +122,7 @@ bool runSize(const Size& s, int64_t dp_degree, int reps, int warmup, const Proce
       Case& k = cases[i];
       CommCounter counter;
       double loss = 0;
-      const double ms = timedMax(world, [&] { loss = k.step(); });
+      const double ms = timed_max(world, [&] { loss = k.step(); });
       if (r == 0) k.first_loss = loss;
       if (r == warmup) {
         k.dp_all_gather = counter.count(CollectiveType::AllGather, dp_ranks);
@@ -141,7 +130,7 @@ bool runSize(const Size& s, int64_t dp_degree, int reps, int warmup, const Proce
         k.dp_all_reduce = counter.count(CollectiveType::AllReduce, dp_ranks);
       }
       if (r >= warmup) k.ms.push_back(ms);
-      if (k.replay && r >= warmup) k.comm_ms.push_back(timedMax(world, k.replay));
+      if (k.replay && r >= warmup) k.comm_ms.push_back(timed_max(world, k.replay));
     }
   }
   for (auto& k : cases) k.memory = state_memory(k.params, *k.opt);
