@@ -53,17 +53,7 @@ fi
 
 scripts/debian13.sh bash -c '
   set -euo pipefail
-  packages=(libtorch-cuda-dev libgloo-cuda-dev libnccl-dev nvidia-cuda-toolkit cmake g++ make libgtest-dev
-            libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev fortunes)
-  missing=()
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f="\${Status}" "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600)
-    "${apt[@]}" update -qq
-    "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"
-  fi
+  DTP_TORCH=debian-cuda scripts/setup.sh  # installs what is missing, builds nothing
   what=$1
   shift
   cmake -S . -B "$DTP_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DDTP_WITH_NCCL=ON -DCMAKE_EXE_LINKER_FLAGS= \

@@ -10,11 +10,18 @@ build=${DTP_BUILD_DIR:-build}
 # (libtorch 2.6) and Ubuntu 24.04. libopenblas0-openmp matters: without it
 # Debian's libtorch runs matmul on the reference BLAS, ~25x slower
 # (shared/DESIGN.md, "Real components").
-# DTP_TORCH=wheel (scripts/wheel.sh): libtorch comes from a pip wheel; only
-# the other packages are installed, and nothing is built here.
+# DTP_TORCH names another libtorch, for the script that then builds:
+# "wheel" (scripts/wheel.sh: a pip wheel's; the other packages only) or
+# "debian-cuda" (scripts/debian13-cuda.sh: Debian 13 contrib's CUDA libtorch
+# with NCCL). Nothing is built here then.
 packages=(cmake g++ make libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev
           fortunes ${DTP_EXTRA_PACKAGES:-})
-[ "${DTP_TORCH:-}" = wheel ] || packages+=(libtorch-dev libgloo-dev libopenblas0-openmp)
+case "${DTP_TORCH:-}" in
+  "") packages+=(libtorch-dev libgloo-dev libopenblas0-openmp) ;;
+  wheel) ;;
+  debian-cuda) packages+=(libtorch-cuda-dev libgloo-cuda-dev libnccl-dev nvidia-cuda-toolkit) ;;
+  *) echo "setup: DTP_TORCH=$DTP_TORCH is none of wheel, debian-cuda (or unset)" >&2; exit 1 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,6 +36,6 @@ if ((${#missing[@]})); then
   "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-[ "${DTP_TORCH:-}" != wheel ] || exit 0
+[ -z "${DTP_TORCH:-}" ] || exit 0
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)" -- --no-print-directory "$@"
