@@ -240,10 +240,13 @@ at::Generator random_generator(c10::Device device) {
 void detail::set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
 
 detail::RandomState detail::get_random_state() {
-  std::vector<at::Generator> gens{random_generator(c10::kCPU), at::detail::getDefaultCPUGenerator()};
-  if (at::hasCUDA()) {  // the current GPU's, made now so that a restore finds it
-    gens.push_back(random_generator(c10::Device(c10::kCUDA)));
-    gens.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA)));
+  // ATen's defaults, and this thread's own where manual_seed made them (for
+  // the current GPU made now, so that a restore finds it).
+  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
+  if (at::hasCUDA()) gens.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA)));
+  if (thread_seed) {
+    gens.push_back(random_generator(c10::kCPU));
+    if (at::hasCUDA()) gens.push_back(random_generator(c10::Device(c10::kCUDA)));
   }
   RandomState state{{}, synced, batch_group};
   for (auto& g : gens) {
