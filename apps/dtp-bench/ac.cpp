@@ -20,7 +20,6 @@ namespace {
 
 using namespace dtp::models;
 using Clock = std::chrono::steady_clock;
-constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Variant {
   const char* name;

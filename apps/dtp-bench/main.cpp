@@ -47,6 +47,7 @@ namespace {
 using namespace dtp;
 using namespace dtp::models;
 
+using bench::kMiB;
 using bench::kSizes;
 using bench::median;
 using bench::Size;
@@ -61,7 +62,6 @@ struct Options {
 };
 
 using Clock = std::chrono::steady_clock;
-constexpr double kMiB = 1024.0 * 1024.0;
 constexpr CollectiveType kTypes[] = {CollectiveType::AllReduce, CollectiveType::AllGather,
                                      CollectiveType::ReduceScatter};
 const char* kTypeNames[] = {"all_reduce", "all_gather", "reduce_scatter"};

@@ -11,6 +11,8 @@
 
 namespace dtp::bench {
 
+constexpr double kMiB = 1024.0 * 1024.0;  // the tables' unit
+
 // Wraps c10's CPU allocator (call once, first thing in main): every CPU
 // allocation after that is counted while it lives.
 void install_memory_tracker();

@@ -20,7 +20,6 @@ namespace dtp::bench {
 namespace {
 
 using namespace dtp::models;
-constexpr double kMiB = 1024.0 * 1024.0;
 
 struct Case {
   std::string name;
