@@ -22,7 +22,7 @@ fi
 mkdir -p "$out/corpus"
 cp -n fuzz/corpus/* "$out/corpus/"
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -Iinclude fuzz/safetensors_fuzz.cpp src/io/safetensors.cpp -o "$out/safetensors_fuzz" \
+  -Iinclude -Isrc fuzz/safetensors_fuzz.cpp src/io/safetensors.cpp src/io/safetensors_file.cpp src/io/file_util.cpp -o "$out/safetensors_fuzz" \
   -ltorch_cpu -lc10 -lz
 echo "fuzz: running $out/safetensors_fuzz for $seconds s"
 # libtorch's own allocations at start-up are not ours to judge.

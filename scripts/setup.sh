@@ -15,7 +15,7 @@ build=${DTP_BUILD_DIR:-build}
 # "debian-cuda" (scripts/debian13-cuda.sh: Debian 13 contrib's CUDA libtorch
 # with NCCL). Nothing is built here then.
 packages=(cmake g++ make libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev
-          fortunes ${DTP_EXTRA_PACKAGES:-})
+          pkgconf libsentencepiece-dev fortunes ${DTP_EXTRA_PACKAGES:-})
 case "${DTP_TORCH:-}" in
   "") packages+=(libtorch-dev libgloo-dev libopenblas0-openmp) ;;
   wheel) ;;

@@ -8,7 +8,7 @@
 
 namespace dtp::apps {
 
-at::Tensor load_corpus(const std::string& path) {
+at::Tensor load_corpus(const std::string& path, const models::Tokenizer* tokenizer) {
   namespace fs = std::filesystem;
   std::vector<fs::path> files;
   std::error_code ec;
@@ -26,6 +26,10 @@ at::Tensor load_corpus(const std::string& path) {
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (tokenizer != nullptr && tokenizer->name() != "byte") {
+    const std::vector<int64_t> ids = tokenizer->encode(text, /*add_bos=*/false);
+    return at::tensor(ids, at::kLong);
   }
   at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
   std::copy(text.begin(), text.end(), static_cast<char*>(bytes.data_ptr()));

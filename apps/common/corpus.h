@@ -1,5 +1,8 @@
-// Byte-level text corpus for dtp-train: every byte is a token (vocab 256).
+// Text corpus for dtp-train: byte-level tokens (vocab 256) by default, or
+// the ids of a model's tokenizer (--init-from-hf with a tokenizer.model).
 #pragma once
+
+#include "dtp/models/tokenizer.h"
 
 #include <ATen/ATen.h>
 
@@ -16,8 +19,9 @@ namespace dtp::apps {
 inline const char* kDefaultCorpus = DTP_DEFAULT_CORPUS;
 
 // Reads `path` (a file, or every plain-text file of a directory in name
-// order, skipping the .dat indexes and subdirectories) as i64 byte tokens.
-at::Tensor load_corpus(const std::string& path);
+// order, skipping the .dat indexes and subdirectories) as i64 tokens: bytes,
+// or `tokenizer`'s ids.
+at::Tensor load_corpus(const std::string& path, const models::Tokenizer* tokenizer = nullptr);
 
 // Batch `step` of `batch` windows of seq+1 tokens at offsets drawn from
 // (seed, step): the same on every rank and in every run.

@@ -6,8 +6,11 @@
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
+#include "dtp/dcp/checkpoint.h"
 #include "dtp/models/checkpoint.h"
+#include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/tokenizer.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/optim/clip_grad.h"
 #include "dtp/random.h"
@@ -19,6 +22,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -35,7 +39,8 @@ struct Options {
   std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
   bool no_sp = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
-  std::string save, resume, mp, device = "cpu";
+  std::string save, resume, mp, device = "cpu", init_from_hf, save_hf;
+  int64_t save_every = 0;
 };
 
 // --mp bf16: FSDP's mixed precision (bf16 compute, float32 master weights
@@ -67,7 +72,30 @@ double procFieldKb(const char* file, const std::string& field) {
 // Peak resident memory of this process (VmHWM), MiB.
 double peakRssMiB() { return procFieldKb("/proc/self/status", "VmHWM:") / 1024.0; }
 
-LlamaConfig configOf(const Options& o) { return apps::config_of(o.model, o.seq, o.dropout, o.seed); }
+// The model flags' config, or with --init-from-hf the folder's (fine-tuning).
+LlamaConfig configOf(const Options& o) {
+  if (o.init_from_hf.empty()) return apps::config_of(o.model, o.seq, o.dropout, o.seed);
+  LlamaConfig c = llama_config_from_hf(o.init_from_hf, o.seq);
+  c.dropout = o.dropout;
+  c.seed = o.seed;
+  c.dtype = apps::dtype_of(o.model.dtype);
+  return c;
+}
+
+// Where the run starts: a checkpoint (a dcp folder, or an earlier dtp's
+// single file), HF weights, or the init. Returns the first step.
+int64_t startFrom(const Options& o, Llama& model, torch::optim::AdamW& opt) {
+  if (!o.resume.empty()) {
+    if (std::filesystem::is_regular_file(o.resume)) return load_checkpoint(o.resume, model, &opt);
+    const auto meta = dcp::load_state(o.resume, *model, &opt, llama_state_dict_options());
+    auto it = meta.find("step");
+    TORCH_CHECK(it != meta.end(), "--resume '", o.resume, "' has no \"step\" metadata: it was not written by "
+                "dtp-train. Resume from a dtp-train --save folder.");
+    return std::stoll(it->second);
+  }
+  if (!o.init_from_hf.empty()) load_hf_weights(model, o.init_from_hf);
+  return 0;
+}
 
 // Bytes of memory available to this process: MemAvailable shared by the
 // local ranks.
@@ -129,8 +157,15 @@ double learningRate(const Options& o, int64_t step) {
 Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, const ProcessGroup& world,
           const ProcessGroup& dp) {
   dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
-  int64_t first = 0;
-  if (!o.resume.empty()) first = load_checkpoint(o.resume, model, &opt);
+  const int64_t first = startFrom(o, model, opt);
+  // --save-every: saves in the background while training goes on.
+  std::unique_ptr<dcp::AsyncSaver> saver;
+  if (!o.save.empty() && o.save_every > 0) saver = std::make_unique<dcp::AsyncSaver>();
+  auto stateAt = [&](int64_t step) {
+    dcp::StateDict sd = dcp::get_state_dict(*model, &opt, llama_state_dict_options());
+    sd.metadata["step"] = std::to_string(step);
+    return sd;
+  };
   Run run;
   CommCounter comm;
   auto t0 = std::chrono::steady_clock::now();
@@ -148,6 +183,10 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
     if (dp.valid()) dp.all_reduce(reported, ReduceOp::Avg);
     run.losses.push_back(reported.item<double>());
     tokens += o.batch * o.seq;
+    if (saver && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
+      saver->save(stateAt(step + 1), o.save);
+      if (log && world.rank() == 0) std::printf("step %5lld  saving to %s in the background\n", static_cast<long long>(step + 1), o.save.c_str());
+    }
     if (log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       at::Tensor rss = at::full({1}, peakRssMiB(), at::kDouble);
@@ -160,7 +199,13 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
       }
     }
   }
-  if (!o.save.empty()) save_checkpoint(o.save, model, opt, o.steps);
+  if (saver) saver->wait();
+  if (!o.save.empty()) dcp::save(stateAt(o.steps), o.save);
+  if (!o.save_hf.empty()) {
+    HFSaveOptions hf;
+    hf.source_dir = o.init_from_hf;
+    save_hf(model, o.save_hf, hf);
+  }
   for (auto& [name, p] : model->unique_named_parameters())
     run.params.emplace_back(name, is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
   if (log && world.rank() == 0) {
@@ -194,6 +239,7 @@ Diff diff(const Run& a, const Run& b) {
 Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype, bool mp) {
   o.model.dtype = dtype;
   o.save.clear();
+  o.save_hf.clear();
   o.resume.clear();
   auto one = ProcessGroup::create(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   DeviceMesh alone = init_device_mesh(o.device, {1}, {"dp"}, one);
@@ -284,8 +330,14 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu, or cuda: each rank on GPU LOCAL_RANK")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--save", o.save, "Write a checkpoint here at the end (atomically)");
-  app.add_option("--resume", o.resume, "Continue from this checkpoint (any TP degree)");
+  app.add_option("--save", o.save, "Write a sharded checkpoint folder here at the end (atomically)");
+  app.add_option("--save-every", o.save_every, "Also save every N steps, in the background (needs --save)")
+      ->check(dtp::apps::kPositive);
+  app.add_option("--resume", o.resume, "Continue from this checkpoint folder (any dp/tp layout)");
+  app.add_option("--init-from-hf", o.init_from_hf,
+                 "Fine-tune a Hugging Face Llama folder: its config, weights and tokenizer.model (the model size "
+                 "flags are ignored)");
+  app.add_option("--save-hf", o.save_hf, "Also export the trained model as a Hugging Face folder here");
   CLI11_PARSE(app, argc, argv);
   try {
     ProcessGroup world = init_process_group();
@@ -303,7 +355,15 @@ int main(int argc, char** argv) {
                 gib(need.activations), " of which attention scores ", gib(need.scores), " for --batch ", o.batch,
                 " --seq ", o.seq, "), but ", gib(have), " are available per local rank. Lower --seq or --batch, "
                 "shrink the model, or use more ranks.");
-    const at::Tensor corpus = apps::load_corpus(o.data);
+    TORCH_CHECK(o.save_every == 0 || !o.save.empty(), "--save-every needs --save DIR: where to save.");
+    // Byte-level tokens, or the HF folder's sentencepiece tokenizer.
+    const bool hfTokenizer = !o.init_from_hf.empty() && std::filesystem::exists(o.init_from_hf + "/tokenizer.model");
+    const auto tokenizer = load_tokenizer(hfTokenizer ? o.init_from_hf : "byte");
+    const int64_t vocab = configOf(o).vocab_size;
+    TORCH_CHECK(tokenizer->vocab_size() <= vocab, "the tokenizer (", tokenizer->name(), ") has ",
+                tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", vocab,
+                ". Put the model's own tokenizer.model in its folder.");
+    const at::Tensor corpus = apps::load_corpus(o.data, tokenizer.get());
     TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
                 "drop --dtype ", o.model.dtype, ".");
     const bool fsdp = (dp > 1 && !o.ddp) || !o.mp.empty();
@@ -314,13 +374,14 @@ int main(int argc, char** argv) {
     config.device = mesh.device();
     Llama model(config);
     if (world.rank() == 0)
-      std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f MB\n",
-                  mesh.str().c_str(), fsdp ? (o.mp.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp > 1 ? " DDP" : "", static_cast<long long>(o.model.layers), static_cast<long long>(o.model.dim),
-                  static_cast<long long>(o.model.heads), static_cast<long long>(o.model.kv_heads),
+      std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f M tokens (%s)%s%s\n",
+                  mesh.str().c_str(), fsdp ? (o.mp.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp > 1 ? " DDP" : "", static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
+                  static_cast<long long>(config.n_heads), static_cast<long long>(config.n_kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
                   tp > 1 && !o.no_sp ? "sequence parallel" : "no sequence parallelism",
-                  o.model.tie ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6);
+                  config.tie_embeddings ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6,
+                  tokenizer->name().c_str(), o.init_from_hf.empty() ? "" : ", from ", o.init_from_hf.c_str());
     if (tp > 1 || dp > 1 || fsdp) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
     if (o.ac != "none") apply_ac(model, ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every});
     if (fsdp) apply_fsdp(model, mesh, fsdpOptions(o));

@@ -241,6 +241,12 @@ std::vector<at::Tensor> LlamaImpl::unique_parameters() const {
   return out;
 }
 
+dcp::StateDictOptions llama_state_dict_options() {
+  dcp::StateDictOptions o;
+  o.non_persistent_buffers = {"rope_cos", "rope_sin"};
+  return o;
+}
+
 at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets) {
   const at::Tensor flat = logits.flatten(0, 1), t = targets.flatten();
   if (is_dtensor(logits)) return loss_parallel_cross_entropy(flat, t);

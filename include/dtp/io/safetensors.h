@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -37,6 +38,18 @@ struct Checkpoint {
   std::map<std::string, std::string> metadata;
 };
 
+// Where save_safetensors put each tensor: absolute byte range in the file
+// and the CRC-32 of its bytes (NOTE: [Tensor checksums]).
+struct SavedTensor {
+  std::string name;
+  uint64_t begin = 0, end = 0;
+  std::string crc32;
+};
+struct SavedFile {
+  uint64_t size = 0;
+  std::vector<SavedTensor> tensors;
+};
+
 // Writes atomically: to "<path>.tmp.<pid>", fsync, then rename over `path`, so
 // a crash or error leaves any existing file at `path` untouched and no
 // temporary file behind. Names must be unique, non-empty and not
@@ -44,7 +57,7 @@ struct Checkpoint {
 // `checksums` records a CRC-32 of every tensor in the metadata
 // ("dtp.crc32:<name>"; other readers ignore it); without them the bytes are
 // exactly the reference writer's.
-void save_safetensors(
+SavedFile save_safetensors(
     const std::string& path,
     const TensorMap& tensors,
     const std::map<std::string, std::string>& metadata = {},
@@ -54,5 +67,18 @@ void save_safetensors(
 // tensor whose recorded checksum does not match its bytes is an error naming
 // it; checksum entries are not returned in `metadata`.
 Checkpoint load_safetensors(const std::string& path);
+
+// The 8-byte length and the JSON header (space-padded to 8) of a file holding
+// `entries` back to back in order; `data_offsets` receives each tensor's
+// absolute first byte. For writers that fill the data themselves (pwrite by
+// several ranks).
+struct HeaderEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+std::string encode_safetensors_header(const std::vector<HeaderEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata,
+                                      std::vector<uint64_t>* data_offsets);
 
 }  // namespace dtp::io

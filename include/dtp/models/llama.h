@@ -4,6 +4,7 @@
 // causal mask, SwiGLU MLP, final norm, output head (optionally tied).
 #pragma once
 
+#include "dtp/dcp/state_dict.h"
 #include "dtp/device_mesh.h"
 #include "dtp/nn/modules.h"
 #include "dtp/parallel/checkpoint.h"
@@ -117,6 +118,10 @@ DTP_MODULE(Llama);
 // full parameter is drawn in turn and only this rank's shard kept, so the
 // start-up peak is the shards plus one full parameter.
 void init_weights(Llama& model);
+
+// What the Llama's checkpoints hold: parameters, not the rope tables (rebuilt
+// from the config, like torchtitan's non-persistent freqs_cis).
+dcp::StateDictOptions llama_state_dict_options();
 
 // Mean cross-entropy of logits [batch, seq, vocab] against targets
 // [batch, seq]; vocab-sharded DTensor logits go through loss_parallel.

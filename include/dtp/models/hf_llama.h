@@ -1,0 +1,78 @@
+// Hugging Face Llama folders in and out of the reference Llama, at any
+// TP / FSDP / DDP layout, without a whole model on any rank.
+//
+//   LlamaConfig c = models::llama_config_from_hf("Llama-2-7b-hf");
+//   Llama model(c);
+//   apply_tensor_parallel(model, mesh);          // any layout
+//   models::load_hf_weights(model, "Llama-2-7b-hf");   // each rank reads its shards' bytes
+//   ...
+//   models::save_hf(model, "out");               // collective: sharded files + index + config.json
+//
+// A folder is what transformers' save_pretrained writes for
+// LlamaForCausalLM: config.json, and model.safetensors or
+// model-0000k-of-0000n.safetensors with model.safetensors.index.json.
+// Names map as torchtitan's converter maps them:
+//   model.embed_tokens.weight                        tok_embeddings.weight
+//   model.layers.N.self_attn.{q,k,v,o}_proj.weight   layers.N.attention.w{q,k,v,o}.weight
+//   model.layers.N.mlp.{gate,up,down}_proj.weight    layers.N.feed_forward.w{1,3,2}.weight
+//   model.layers.N.input_layernorm.weight            layers.N.attention_norm.weight
+//   model.layers.N.post_attention_layernorm.weight   layers.N.ffn_norm.weight
+//   model.norm.weight, lm_head.weight (absent when tied)   norm.weight, output.weight
+//
+// NOTE: [Rotary layouts] HF rotates the two halves of each head
+// (rotate_half: dims i and i + head_dim/2), dtp rotates interleaved pairs
+// (2i, 2i+1). The q and k projections' rows are permuted within each head on
+// the way in and back on the way out (HF's convert_llama_weights_to_hf
+// permutation), so logits equal HF's exactly:
+//   dtp row 2i + j of a head  <->  HF row j * head_dim/2 + i.
+#pragma once
+
+#include "dtp/models/llama.h"
+#include "dtp/process_group.h"
+
+#include <optional>
+#include <string>
+
+namespace dtp::models {
+
+// The LlamaConfig of `dir`/config.json (model_type "llama"). Fields dtp does
+// not implement (rope_scaling, attention or MLP biases, another activation,
+// a head_dim other than hidden_size / heads) are errors naming them.
+// max_position_embeddings becomes max_seq_len unless `max_seq_len` > 0.
+LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len = 0);
+
+struct HFLoadOptions {
+  uint64_t buffer_bytes = uint64_t{16} << 20;  // NOTE: [Bounded box IO]
+};
+
+// Fills every parameter of `model` (built from llama_config_from_hf, then
+// parallelized any way, or not) from the folder's safetensors files, cast to
+// the model's dtype (bf16, fp16, fp32 and fp64 files). Each rank reads only
+// the bytes of its shards; no collectives. Missing or unexpected tensor
+// names, shapes that disagree with the model, unsupported dtypes and
+// truncated files are errors naming the tensor or file, raised before any
+// parameter changes.
+void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& options = {});
+
+struct HFSaveOptions {
+  // The dtype of the written weights; default: the model's.
+  std::optional<c10::ScalarType> dtype;
+  // Files are split as save_pretrained splits them (default 5 GB).
+  uint64_t max_shard_bytes = uint64_t{5} << 30;
+  // A folder whose config.json fields dtp does not own (bos/eos ids, ...) and
+  // tokenizer files are carried over, e.g. the folder the model was loaded from.
+  std::string source_dir;
+  std::optional<ProcessGroup> group;  // default: the thread's default group
+};
+
+// Collective. Writes `model` as a HF folder: each rank writes the bytes of
+// the shards it owns straight into the shared files (pwrite; replicas by the
+// lowest rank holding them), rank 0 the headers, the index and config.json.
+// Atomic as dcp::save (NOTE: [Atomic checkpoint folders]).
+void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options = {});
+
+// The HF name of a dtp parameter FQN ("layers.0.attention.wq.weight" ->
+// "model.layers.0.self_attn.q_proj.weight").
+std::string hf_name(const std::string& fqn);
+
+}  // namespace dtp::models

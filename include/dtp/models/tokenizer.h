@@ -1,0 +1,100 @@
+// Tokenizers for dtp's apps (dtp-train, dtp-generate): text <-> token ids.
+//
+// Two kinds:
+//   - ByteTokenizer: every byte is a token (vocab 256, no BOS/EOS), the
+//     default, which needs no file;
+//   - SentencePieceTokenizer: a sentencepiece `tokenizer.model` (Llama 1/2,
+//     Mistral), read through Debian's libsentencepiece, with the semantics of
+//     Hugging Face's LlamaTokenizer.
+// load_tokenizer picks one from a path. Hugging Face fast tokenizers
+// (`tokenizer.json`) and Llama 3's tiktoken `tokenizer.model` are errors that
+// say so, never a silent fall back to bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtp::models {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // The ids of `text`, after bos_id() when add_bos is true and the tokenizer
+  // has one (ByteTokenizer has none: add_bos adds nothing there). No EOS.
+  virtual std::vector<int64_t> encode(const std::string& text, bool add_bos) const = 0;
+
+  // The text of `ids`. BOS and EOS decode to nothing; byte-fallback tokens
+  // that form no valid UTF-8 decode to U+FFFD, as in sentencepiece. An id
+  // outside [0, vocab_size()) is an error.
+  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+
+  // The bytes one id adds in the middle of a text, for streaming output:
+  // sentencepiece's "▁" is a space, and a byte-fallback token is its one byte
+  // (so a multi-byte character may arrive over several calls). Concatenated
+  // over encode(s) this gives s, except that sentencepiece's dummy prefix
+  // shows as a leading space, which decode drops: e.g. "▁Hello" gives
+  // " Hello". BOS and EOS give "".
+  virtual std::string decode_token(int64_t id) const = 0;
+
+  virtual int64_t vocab_size() const = 0;
+  virtual std::optional<int64_t> bos_id() const = 0;
+  virtual std::optional<int64_t> eos_id() const = 0;
+
+  // For logs: "byte", or "sentencepiece <path>".
+  virtual std::string name() const = 0;
+};
+
+// A byte is a token: ids 0..255, no BOS or EOS, decode(encode(s)) == s for
+// any bytes, UTF-8 or not.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<int64_t> encode(const std::string& text, bool add_bos) const override;
+  std::string decode(const std::vector<int64_t>& ids) const override;
+  std::string decode_token(int64_t id) const override;
+  int64_t vocab_size() const override { return 256; }
+  std::optional<int64_t> bos_id() const override { return std::nullopt; }
+  std::optional<int64_t> eos_id() const override { return std::nullopt; }
+  std::string name() const override { return "byte"; }
+};
+
+// A sentencepiece model (Llama 2's tokenizer.model: BPE, byte fallback,
+// unk 0, bos 1, eos 2). Encoding follows the model's own normalizer spec,
+// add_dummy_prefix included, as Hugging Face's LlamaTokenizer does: encode
+// ("Hello", /*add_bos=*/true) is {1, <ids of "▁Hello">}. Debian's
+// libsentencepiece does the work from a module of dtp's,
+// libdtp_sentencepiece.so, loaded on first use (found where dtp was built or
+// installed, or at $DTP_SENTENCEPIECE_MODULE).
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  // A missing, truncated or corrupt file is an error naming it.
+  explicit SentencePieceTokenizer(const std::string& model_path);
+  ~SentencePieceTokenizer() override;
+
+  std::vector<int64_t> encode(const std::string& text, bool add_bos) const override;
+  std::string decode(const std::vector<int64_t>& ids) const override;
+  std::string decode_token(int64_t id) const override;
+  int64_t vocab_size() const override;
+  std::optional<int64_t> bos_id() const override;
+  std::optional<int64_t> eos_id() const override;
+  std::string name() const override { return "sentencepiece " + path_; }
+
+ private:
+  class Model;  // the module's handle
+  std::string path_;
+  std::unique_ptr<Model> model_;
+};
+
+// The tokenizer at `path`:
+//   - "" or "byte": ByteTokenizer;
+//   - a sentencepiece model file (named tokenizer.model or otherwise);
+//   - a folder (a Hugging Face model folder) holding a tokenizer.model.
+// Anything else is an error naming the file and what is supported: a folder
+// with only a tokenizer.json (a Hugging Face fast tokenizer, e.g. Llama 3), a
+// tiktoken tokenizer.model (Llama 3's original/), a missing path.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+}  // namespace dtp::models

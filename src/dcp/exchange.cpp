@@ -1,0 +1,46 @@
+#include "dcp/exchange.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+
+namespace dtp::dcp {
+
+std::optional<ProcessGroup> checkpoint_group(const std::optional<ProcessGroup>& requested) {
+  if (requested) return requested;
+  if (is_initialized()) return default_process_group();
+  return std::nullopt;
+}
+
+std::vector<std::string> all_gather_strings(const std::optional<ProcessGroup>& group, const std::string& mine) {
+  if (!group || group->size() == 1) return {mine};
+  const int64_t w = group->size();
+  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor lens = group->all_gather(len, 0, std::vector<int64_t>(w, 1)).wait();
+  std::vector<int64_t> sizes(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + w);
+  at::Tensor bytes = at::empty({static_cast<int64_t>(mine.size())}, at::kByte);
+  if (!mine.empty()) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = group->all_gather(bytes, 0, sizes).wait().contiguous();
+  std::vector<std::string> out;
+  const char* p = static_cast<const char*>(all.data_ptr());
+  for (int64_t r = 0; r < w; ++r) {
+    out.emplace_back(p, static_cast<size_t>(sizes[r]));
+    p += sizes[r];
+  }
+  return out;
+}
+
+void agree(const std::optional<ProcessGroup>& group, const std::string& error, const std::string& what) {
+  const auto errors = all_gather_strings(group, error);
+  std::string text;
+  int failed = 0;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (errors[r].empty()) continue;
+    ++failed;
+    text += (errors.size() > 1 ? "\n  rank " + std::to_string(r) + ": " : std::string(" ")) + errors[r];
+  }
+  TORCH_CHECK(failed == 0, what, " failed", errors.size() > 1 ? " on " + std::to_string(failed) + " rank(s):" : ":",
+              text);
+}
+
+}  // namespace dtp::dcp

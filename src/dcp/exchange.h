@@ -1,0 +1,38 @@
+// What checkpoint ranks tell each other: small strings (piece lists, error
+// texts) gathered on every rank, and "did anyone fail?" agreements, so that
+// a rank's error reaches every rank instead of leaving the others waiting.
+#pragma once
+
+#include "dtp/process_group.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtp::dcp {
+
+// The group `requested`, else the thread's default group, else none (one
+// process alone).
+std::optional<ProcessGroup> checkpoint_group(const std::optional<ProcessGroup>& requested);
+
+// Every rank's `mine`, in group-rank order (just {mine} without a group).
+std::vector<std::string> all_gather_strings(const std::optional<ProcessGroup>& group, const std::string& mine);
+
+// Collective: when any rank's `error` is non-empty, every rank throws one
+// error listing each failed rank's text, prefixed by `what`.
+void agree(const std::optional<ProcessGroup>& group, const std::string& error, const std::string& what);
+
+// Runs `f`, returning its error text ("" when it succeeded).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace dtp::dcp

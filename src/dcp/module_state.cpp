@@ -1,0 +1,55 @@
+// save_state / load_state: a module and its optimizer in one checkpoint.
+#include "dtp/dcp/checkpoint.h"
+
+#include <set>
+
+namespace dtp::dcp {
+namespace {
+
+constexpr const char* kOptimizerPrefix = "optimizer.";
+constexpr const char* kStatePrefix = "optimizer.state.";
+
+}  // namespace
+
+void save_state(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                const std::map<std::string, std::string>& metadata, const StateDictOptions& sd_options,
+                const SaveOptions& options) {
+  StateDict sd = get_state_dict(model, optimizer, sd_options);
+  for (const auto& [k, v] : metadata) {
+    TORCH_CHECK(k.rfind(kOptimizerPrefix, 0) != 0, "save_state: metadata key '", k,
+                "' starts with \"optimizer.\", which is reserved for the optimizer's options. Rename it.");
+    sd.metadata[k] = v;
+  }
+  save(sd, dir, options);
+}
+
+std::map<std::string, std::string> load_state(const std::string& dir, torch::nn::Module& model,
+                                              torch::optim::Optimizer* optimizer, const StateDictOptions& sd_options,
+                                              LoadOptions options) {
+  StateDict sd = get_model_state_dict(model, sd_options);
+  StateDict osd;
+  if (optimizer) {
+    // The parameters that had optimizer state when saved get fresh state to
+    // load into; the others (no step yet) get none.
+    const io::CheckpointIndex index = read_index(dir);
+    std::set<std::string> fqns;
+    for (const auto& [name, t] : index.tensors) {
+      if (name.rfind(kStatePrefix, 0) != 0) continue;
+      const std::string rest = name.substr(std::string(kStatePrefix).size());
+      fqns.insert(rest.substr(0, rest.rfind('.')));
+    }
+    init_optimizer_state(model, *optimizer, {fqns.begin(), fqns.end()});
+    osd = get_optimizer_state_dict(model, *optimizer);
+    for (const auto& e : osd.tensors) sd.tensors.push_back(e);  // the same tensors: filled in place
+  } else {
+    options.ignore_prefixes.push_back(kOptimizerPrefix);
+  }
+  auto metadata = load(sd, dir, options);
+  if (optimizer) {
+    osd.metadata = metadata;
+    set_optimizer_state_dict(model, *optimizer, osd);
+  }
+  return metadata;
+}
+
+}  // namespace dtp::dcp

@@ -1,0 +1,48 @@
+// What one rank writes of a state dict: see NOTE: [Sharded checkpoint layout]
+// in include/dtp/dcp/checkpoint.h.
+#pragma once
+
+#include "dtp/dcp/state_dict.h"
+#include "dtp/io/checkpoint_index.h"
+#include "dtp/process_group.h"
+
+#include <optional>
+
+namespace dtp::dcp {
+
+struct LocalPiece {
+  std::string name;
+  at::Tensor data;  // this rank's shard (or the whole plain tensor)
+  std::vector<int64_t> offsets;
+};
+
+struct SavePlan {
+  std::map<std::string, io::IndexedTensor> globals;  // without pieces
+  std::vector<LocalPiece> pieces;                    // those this rank may write
+  std::map<std::string, std::string> metadata;
+};
+
+// Checks the state dict (unique names, defined tensors, savable dtypes, no
+// Partial) and lists this rank's candidate pieces: its non-empty shards,
+// without those a lower mesh coordinate holds too (Replicate dims) and, for
+// plain tensors, only on rank 0 of the group. write_plan then leaves each
+// piece to the lowest rank holding it (DDP's replicas live outside the mesh).
+SavePlan plan_save(const StateDict& state_dict, int rank);
+
+// The box of the global tensor that `t` holds on this rank: offsets and the
+// local tensor (a view sharing memory). A plain tensor holds all of it.
+struct LocalBox {
+  std::vector<int64_t> offsets;
+  at::Tensor local;
+};
+LocalBox local_box(const at::Tensor& t);
+
+// Collective: of the pieces several ranks hold (same name, offsets and
+// shape: a plain tensor, a DTensor replicated over ranks outside its mesh
+// such as DDP's dp replicas), only the lowest rank's stay in its `pieces`.
+void keep_lowest_holders(std::vector<LocalPiece>& pieces, const std::optional<ProcessGroup>& group, int rank);
+
+// The file rank `rank` writes its pieces to.
+std::string rank_file_name(int rank);
+
+}  // namespace dtp::dcp

@@ -1,0 +1,94 @@
+// Sharded save. See NOTE: [Sharded checkpoint layout] and NOTE: [Atomic
+// checkpoint folders] in include/dtp/dcp/checkpoint.h.
+#include "dtp/dcp/checkpoint.h"
+
+#include "dcp/exchange.h"
+#include "dcp/pieces.h"
+#include "dcp/save_plan.h"
+#include "dtp/io/safetensors.h"
+#include "io/atomic_dir.h"
+#include "io/file_util.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace dtp::dcp {
+namespace {
+
+using Json = nlohmann::json;
+
+// This rank's file: its pieces, and what the index needs to know of them.
+std::string writeRankFile(const SavePlan& plan, const std::string& folder, int rank) {
+  if (plan.pieces.empty()) return Json{{"file", ""}, {"size", 0}, {"pieces", Json::array()}}.dump();
+  const std::string file = rank_file_name(rank);
+  io::TensorMap tensors;
+  for (const auto& p : plan.pieces) tensors.emplace_back(p.name, p.data);
+  const io::SavedFile saved = io::save_safetensors(folder + "/" + file, tensors, {{"format", "pt"}});
+  std::vector<std::pair<std::string, io::CheckpointPiece>> pieces;
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const auto& s = saved.tensors[i];
+    pieces.emplace_back(plan.pieces[i].name, io::CheckpointPiece{plan.pieces[i].offsets,
+                                                                 plan.pieces[i].data.sizes().vec(), file, s.begin,
+                                                                 s.end, s.crc32});
+  }
+  return Json{{"file", file}, {"size", saved.size}, {"pieces", Json::parse(io::pieces_to_json(pieces))}}.dump();
+}
+
+void writeIndex(const io::CheckpointIndex& index, const std::string& folder) {
+  const std::string path = folder + "/" + io::CheckpointIndex::kFileName;
+  const std::string text = index.to_json();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "save: cannot create '", path, "': ", io::errno_text(), ".");
+  const bool ok = io::write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
+  const std::string err = io::errno_text();
+  ::close(fd);
+  TORCH_CHECK(ok, "save: writing '", path, "' failed: ", err, ". Check free disk space; the previous checkpoint is "
+              "unchanged.");
+}
+
+}  // namespace
+
+void write_plan(SavePlan plan, const std::string& dir, const std::optional<ProcessGroup>& group) {
+  const int rank = group ? group->rank() : 0;
+  keep_lowest_holders(plan.pieces, group, rank);
+  const std::string folder = io::incomplete_dir(dir);
+  const std::string what = "save of '" + dir + "'";
+  agree(group, rank == 0 ? error_of([&] { io::prepare_incomplete_dir(dir); }) : "", what);
+
+  std::string record;
+  const std::string error = error_of([&] { record = writeRankFile(plan, folder, rank); });
+  const auto records = all_gather_strings(group, error.empty() ? "+" + record : "-" + error);
+  std::string failures;
+  for (size_t r = 0; r < records.size(); ++r) {
+    if (records[r][0] == '-') failures += "\n  rank " + std::to_string(r) + ": " + records[r].substr(1);
+  }
+  TORCH_CHECK(failures.empty(), what, " failed (the previous checkpoint is unchanged):", failures);
+
+  // Rank 0 indexes every rank's pieces and commits the folder.
+  agree(group, rank != 0 ? "" : error_of([&] {
+    io::CheckpointIndex index;
+    index.metadata = plan.metadata;
+    index.tensors = plan.globals;
+    for (const auto& r : records) {
+      const Json j = Json::parse(r.substr(1));
+      if (j.at("file").get<std::string>().empty()) continue;
+      index.files[j.at("file").get<std::string>()] = j.at("size").get<uint64_t>();
+      for (auto& [name, piece] : io::pieces_from_json(j.at("pieces").dump())) {
+        index.tensors.at(name).pieces.push_back(std::move(piece));
+      }
+    }
+    writeIndex(index, folder);
+    io::commit_dir(dir);
+  }), what);
+}
+
+void save(const StateDict& state_dict, const std::string& dir, const SaveOptions& options) {
+  const auto group = checkpoint_group(options.group);
+  SavePlan plan;
+  agree(group, error_of([&] { plan = plan_save(state_dict, group ? group->rank() : 0); }), "save of '" + dir + "'");
+  write_plan(std::move(plan), dir, group);
+}
+
+}  // namespace dtp::dcp

@@ -1,0 +1,124 @@
+// Loading a Hugging Face Llama folder onto any layout: each rank reads only
+// the rows and columns of its shards (NOTE: [Bounded box IO]), permuting q/k
+// rows per NOTE: [Rotary layouts].
+#include "dtp/models/hf_llama.h"
+
+#include "dcp/pieces.h"
+#include "dtp/dtensor.h"
+#include "dtp/io/box_io.h"
+#include "models/hf_common.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace dtp::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string list(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < 20; ++i) s += (i ? ", " : "") + names[i];
+  return names.size() > 20 ? s + ", ... (" + std::to_string(names.size()) + " in all)" : s;
+}
+
+// The folder's tensors: name -> file, from the index or the single file.
+class HFFolder {
+ public:
+  explicit HFFolder(std::string dir) : dir_(std::move(dir)) {
+    const std::string index = dir_ + "/model.safetensors.index.json";
+    if (fs::exists(index)) {
+      std::ifstream in(index);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(in);
+        for (const auto& [name, file] : j.at("weight_map").items()) where_[name] = file.get<std::string>();
+      } catch (const nlohmann::json::exception& e) {
+        TORCH_CHECK(false, "load_hf_weights: '", index, "' is not a valid index (", e.what(),
+                    "): expected {\"weight_map\": {tensor: file}}. Re-download or re-export the model.");
+      }
+      return;
+    }
+    const std::string single = dir_ + "/model.safetensors";
+    TORCH_CHECK(fs::exists(single), "load_hf_weights: '", dir_, "' has neither model.safetensors nor "
+                "model.safetensors.index.json. Pass a Hugging Face folder with safetensors weights (pytorch_model.bin "
+                "is NYI: convert it with safetensors' convert script).");
+    for (const auto& t : file("model.safetensors").tensors()) where_[t.name] = "model.safetensors";
+  }
+
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [name, f] : where_) out.push_back(name);
+    return out;
+  }
+  bool has(const std::string& name) const { return where_.count(name) > 0; }
+  const io::SafetensorsFile& fileOf(const std::string& name) { return file(where_.at(name)); }
+
+ private:
+  const io::SafetensorsFile& file(const std::string& name) {
+    auto it = open_.find(name);
+    if (it == open_.end()) it = open_.emplace(name, std::make_unique<io::SafetensorsFile>(dir_ + "/" + name)).first;
+    return *it->second;
+  }
+  std::string dir_;
+  std::map<std::string, std::string> where_;
+  std::map<std::string, std::unique_ptr<io::SafetensorsFile>> open_;
+};
+
+bool isFloat(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf || t == at::kDouble;
+}
+
+}  // namespace
+
+void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& options) {
+  HFFolder folder(dir);
+  const auto tensors = hf_tensors(model);
+  // Names first, all of them at once.
+  std::vector<std::string> missing, unexpected;
+  std::set<std::string> expected;
+  for (const auto& t : tensors) {
+    expected.insert(t.hf);
+    if (!folder.has(t.hf)) missing.push_back(t.hf);
+  }
+  for (const auto& name : folder.names()) {
+    const bool harmless = name.size() > 21 && name.compare(name.size() - 21, 21, "rotary_emb.inv_freq") == 0;
+    if (!expected.count(name) && !harmless) unexpected.push_back(name);
+  }
+  TORCH_CHECK(missing.empty() && unexpected.empty(), "load_hf_weights: '", dir,
+              "' does not hold the tensors this Llama needs:",
+              missing.empty() ? "" : "\n  missing: " + list(missing),
+              unexpected.empty() ? "" : "\n  unexpected: " + list(unexpected),
+              "\nBuild the model from this folder's config (llama_config_from_hf)",
+              model->config.tie_embeddings ? "; tie_word_embeddings is true, so lm_head.weight must be absent" : "",
+              ".");
+  // Shapes and dtypes, before anything changes.
+  std::vector<const io::StoredTensor*> stored;
+  for (const auto& t : tensors) {
+    const io::StoredTensor& s = folder.fileOf(t.hf).at(t.hf);
+    const auto shape = is_dtensor(t.param) ? dtensor_spec(t.param).shape : t.param.sizes().vec();
+    TORCH_CHECK(s.shape == shape, "load_hf_weights: '", t.hf, "' in '", folder.fileOf(t.hf).path(), "' has shape ",
+                c10::IntArrayRef(s.shape), ", the model built from the config expects ", c10::IntArrayRef(shape),
+                " (", t.fqn, "). config.json does not match the weights; fix it or rebuild the model from it.");
+    TORCH_CHECK(isFloat(s.dtype), "load_hf_weights: '", t.hf, "' in '", folder.fileOf(t.hf).path(), "' has dtype ",
+                s.dtype, ". Supported: bfloat16, float16, float32, float64 (quantized weights are NYI).");
+    stored.push_back(&s);
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const dcp::LocalBox box = dcp::local_box(tensors[i].param);
+    if (box.local.numel() == 0) continue;
+    std::vector<int64_t> start = box.offsets;
+    for (const RowRun& run : row_runs(box.offsets[0], box.local.size(0), tensors[i].rope_head_dim)) {
+      start[0] = run.hf_first;
+      io::read_box(folder.fileOf(tensors[i].hf), *stored[i], start, run_rows(box.local, run), options.buffer_bytes);
+    }
+  }
+}
+
+}  // namespace dtp::models

@@ -1,0 +1,204 @@
+// Export to a Hugging Face folder: rank 0 lays out the files and writes their
+// headers, every rank pwrites the bytes of the shards it owns, rank 0 writes
+// the index and config.json and commits the folder. Nothing is gathered.
+#include "dtp/models/hf_llama.h"
+
+#include "dcp/exchange.h"
+#include "dcp/pieces.h"
+#include "dtp/dtensor.h"
+#include "dtp/io/box_io.h"
+#include "dtp/io/safetensors.h"
+#include "io/atomic_dir.h"
+#include "io/file_util.h"
+#include "models/hf_common.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace dtp::models {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+struct FileLayout {
+  std::string name;
+  std::vector<io::HeaderEntry> entries;
+  std::string header;
+  std::vector<uint64_t> begins;
+  uint64_t size = 0;
+};
+
+// save_pretrained's split: tensors in order, a new file when the next one
+// would pass the limit.
+std::vector<FileLayout> layout(const std::vector<HFTensor>& tensors, at::ScalarType dtype, uint64_t max_bytes) {
+  std::vector<FileLayout> files(1);
+  uint64_t bytes = 0;
+  for (const auto& t : tensors) {
+    const auto shape = is_dtensor(t.param) ? dtensor_spec(t.param).shape : t.param.sizes().vec();
+    uint64_t n = c10::elementSize(dtype);
+    for (int64_t s : shape) n *= static_cast<uint64_t>(s);
+    if (bytes > 0 && bytes + n > max_bytes) {
+      files.emplace_back();
+      bytes = 0;
+    }
+    files.back().entries.push_back({t.hf, dtype, shape});
+    bytes += n;
+  }
+  char name[64];
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, files.size());
+    files[i].name = files.size() == 1 ? "model.safetensors" : name;
+    files[i].header = io::encode_safetensors_header(files[i].entries, {{"format", "pt"}}, &files[i].begins);
+    files[i].size = files[i].header.size();
+    for (const auto& e : files[i].entries) {
+      uint64_t n = c10::elementSize(dtype);
+      for (int64_t s : e.shape) n *= static_cast<uint64_t>(s);
+      files[i].size += n;
+    }
+  }
+  return files;
+}
+
+const char* dtypeName(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kDouble: return "float64";
+    default: TORCH_CHECK(false, "save_hf: dtype ", t, " is not a weight dtype. Use float32, bfloat16, float16 or float64.");
+  }
+}
+
+void writeText(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "save_hf: cannot create '", path, "': ", io::errno_text(), ".");
+  const bool ok = io::write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
+  const std::string err = io::errno_text();
+  ::close(fd);
+  TORCH_CHECK(ok, "save_hf: writing '", path, "' failed: ", err, ". Check free disk space.");
+}
+
+Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& source_dir) {
+  Json j = Json::object();
+  if (!source_dir.empty() && fs::exists(source_dir + "/config.json")) {
+    std::ifstream in(source_dir + "/config.json");
+    j = Json::parse(in);
+  }
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.hidden();
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["num_hidden_layers"] = c.n_layers;
+  j["head_dim"] = c.head_dim();
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["vocab_size"] = c.vocab_size;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["torch_dtype"] = dtypeName(dtype);
+  return j;
+}
+
+}  // namespace
+
+void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options) {
+  const auto group = dcp::checkpoint_group(options.group);
+  const int rank = group ? group->rank() : 0;
+  const std::string what = "save_hf of '" + dir + "'", folder = io::incomplete_dir(dir);
+  const at::ScalarType dtype = options.dtype.value_or(model->config.dtype);
+  const auto tensors = hf_tensors(model);
+  std::vector<FileLayout> files;
+  // Rank 0 lays out the files: headers written, data zero-filled.
+  dcp::agree(group, dcp::error_of([&] {
+    dtypeName(dtype);
+    files = layout(tensors, dtype, options.max_shard_bytes);
+    if (rank != 0) return;
+    io::prepare_incomplete_dir(dir);
+    for (const auto& f : files) {
+      const std::string path = folder + "/" + f.name;
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      TORCH_CHECK(fd >= 0, "cannot create '", path, "': ", io::errno_text(), ".");
+      const bool ok = io::write_all(fd, f.header.data(), f.header.size()) &&
+                      ::ftruncate(fd, static_cast<off_t>(f.size)) == 0;
+      const std::string err = io::errno_text();
+      ::close(fd);
+      TORCH_CHECK(ok, "writing '", path, "' failed: ", err, ". Check free disk space.");
+    }
+  }), what);
+
+  // Every rank writes the bytes it owns: its shards, replicas by the lowest
+  // rank holding them (dcp's rule), q/k rows permuted back to HF's layout.
+  dcp::agree(group, dcp::error_of([&] {
+    dcp::StateDict sd;
+    std::map<std::string, std::pair<size_t, size_t>> where;  // hf name -> (file, entry)
+    std::map<std::string, int64_t> rope;
+    for (const auto& t : tensors) sd.add(t.hf, t.param), rope[t.hf] = t.rope_head_dim;
+    for (size_t f = 0; f < files.size(); ++f) {
+      for (size_t e = 0; e < files[f].entries.size(); ++e) where[files[f].entries[e].name] = {f, e};
+    }
+    dcp::SavePlan plan = dcp::plan_save(sd, rank);
+    dcp::keep_lowest_holders(plan.pieces, group, rank);
+    std::map<size_t, int> fds;
+    try {
+      torch::NoGradGuard no_grad;
+      for (const auto& piece : plan.pieces) {
+        const auto [f, e] = where.at(piece.name);
+        const std::string path = folder + "/" + files[f].name;
+        if (!fds.count(f)) {
+          fds[f] = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+          TORCH_CHECK(fds[f] >= 0, "cannot open '", path, "': ", io::errno_text(),
+                      ". Every rank must see the folder (a shared filesystem across machines).");
+        }
+        const auto& entry = files[f].entries[e];
+        io::StoredTensor stored{entry.name, dtype, entry.shape, files[f].begins[e], 0, ""};
+        std::vector<int64_t> start = piece.offsets;
+        for (const RowRun& run : row_runs(piece.offsets[0], piece.data.size(0), rope.at(piece.name))) {
+          start[0] = run.hf_first;
+          io::write_box(fds[f], path, stored, start, run_rows(piece.data, run));
+        }
+      }
+      for (auto& [f, fd] : fds) {
+        TORCH_CHECK(::fsync(fd) == 0, "fsync of '", files[f].name, "' failed: ", io::errno_text(), ".");
+      }
+    } catch (...) {
+      for (auto& [f, fd] : fds) ::close(fd);
+      throw;
+    }
+    for (auto& [f, fd] : fds) ::close(fd);
+  }), what);
+
+  // Rank 0: the index, config.json, the source's tokenizer files; commit.
+  dcp::agree(group, rank != 0 ? "" : dcp::error_of([&] {
+    if (files.size() > 1) {
+      Json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", Json::object()}};
+      uint64_t total = 0;
+      for (const auto& f : files) {
+        total += f.size - f.header.size();
+        for (const auto& e : f.entries) index["weight_map"][e.name] = f.name;
+      }
+      index["metadata"]["total_size"] = total;
+      writeText(folder + "/model.safetensors.index.json", index.dump(2) + "\n");
+    }
+    writeText(folder + "/config.json", configJson(model->config, dtype, options.source_dir).dump(2) + "\n");
+    for (const char* extra : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                              "special_tokens_map.json", "generation_config.json"}) {
+      const fs::path from = fs::path(options.source_dir) / extra;
+      if (!options.source_dir.empty() && fs::exists(from)) fs::copy_file(from, fs::path(folder) / extra);
+    }
+    io::commit_dir(dir);
+  }), what);
+}
+
+}  // namespace dtp::models

@@ -1,0 +1,144 @@
+"""Reference logits of a Hugging Face Llama folder, without transformers.
+
+The forward pass follows transformers' modeling_llama.py (LlamaForCausalLM,
+default rope_type, eager attention, no cache) line for line. It runs twice:
+
+- logits_f64: weights cast to float64 and every step in float64, inv_freq and
+  cos/sin included: the exact answer, up to float64 rounding.
+- logits_f32: weights cast to float32 and HF's float32 computation as HF does
+  it (inv_freq in float32, RMSNorm and softmax in float32).
+
+    python3 tests/hf/llama_reference.py tests/data/hf_tiny \
+        --tokens "1,5,9;4,4,8" --out /tmp/ref.safetensors
+
+The output file holds logits_f64 f64[batch,seq,vocab], logits_f32
+f32[batch,seq,vocab] and input_ids i64[batch,seq].
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from hf_folder import load_config, load_tensors
+
+
+def rms_norm(x, weight, eps):
+    """LlamaRMSNorm: the statistics in at least float32, then weight * x."""
+    input_dtype = x.dtype
+    x = x.to(torch.promote_types(input_dtype, torch.float32))
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(input_dtype)
+
+
+def rotary_cos_sin(cfg, seq, dtype):
+    """LlamaRotaryEmbedding (default rope): cos, sin of shape [seq, head_dim].
+
+    In float32 this is HF's computation: inv_freq and the angles in float32.
+    In float64 every step is float64.
+    """
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    rope_dtype = torch.promote_types(dtype, torch.float32)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(rope_dtype) / head_dim
+    inv_freq = 1.0 / (cfg["rope_theta"] ** exponents)
+    positions = torch.arange(seq, dtype=torch.int64).to(rope_dtype)
+    freqs = positions[:, None] * inv_freq[None, :]  # HF's outer product
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    """Rotate half the hidden dims: [x1, x2] -> [-x2, x1]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def repeat_kv(x, n_rep):
+    """[b, kv_heads, s, d] -> [b, kv_heads * n_rep, s, d], each head n_rep times."""
+    b, kv_heads, s, d = x.shape
+    if n_rep == 1:
+        return x
+    x = x[:, :, None, :, :].expand(b, kv_heads, n_rep, s, d)
+    return x.reshape(b, kv_heads * n_rep, s, d)
+
+
+def attention(cfg, w, p, x, cos, sin):
+    """LlamaAttention with eager_attention_forward and a causal mask."""
+    b, s, _ = x.shape
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    q = F.linear(x, w[p + "q_proj.weight"]).view(b, s, heads, head_dim).transpose(1, 2)
+    k = F.linear(x, w[p + "k_proj.weight"]).view(b, s, kv_heads, head_dim).transpose(1, 2)
+    v = F.linear(x, w[p + "v_proj.weight"]).view(b, s, kv_heads, head_dim).transpose(1, 2)
+    cos, sin = cos[None, None], sin[None, None]  # unsqueeze_dim=1
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    k = repeat_kv(k, heads // kv_heads)
+    v = repeat_kv(v, heads // kv_heads)
+    scores = torch.matmul(q, k.transpose(2, 3)) * head_dim**-0.5
+    causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+    # HF adds finfo(dtype).min instead; both give masked probabilities of
+    # exactly 0 and the same unmasked ones (the diagonal is never masked).
+    scores = scores.masked_fill(causal, float("-inf"))
+    soft_dtype = torch.promote_types(q.dtype, torch.float32)
+    probs = F.softmax(scores, dim=-1, dtype=soft_dtype).to(q.dtype)
+    out = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, heads * head_dim)
+    return F.linear(out, w[p + "o_proj.weight"])
+
+
+def forward(cfg, weights, input_ids, dtype):
+    """LlamaForCausalLM logits [batch, seq, vocab] with weights cast to dtype."""
+    w = {k: t.to(dtype) for k, t in weights.items()}
+    eps = cfg["rms_norm_eps"]
+    h = F.embedding(input_ids, w["model.embed_tokens.weight"])
+    cos, sin = rotary_cos_sin(cfg, input_ids.shape[1], dtype)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        x = rms_norm(h, w[p + "input_layernorm.weight"], eps)
+        h = h + attention(cfg, w, p + "self_attn.", x, cos, sin)
+        x = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
+        gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
+        up = F.linear(x, w[p + "mlp.up_proj.weight"])
+        h = h + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
+    h = rms_norm(h, w["model.norm.weight"], eps)
+    head = "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"
+    return F.linear(h, w[head])
+
+
+def parse_tokens(text):
+    """"1,2,3;4,5,6" -> i64[2,3]; every sequence must have the same length."""
+    rows = [[int(t) for t in seq.split(",")] for seq in text.split(";")]
+    if len({len(r) for r in rows}) != 1:
+        raise SystemExit(f"llama_reference: sequences of lengths "
+                         f"{[len(r) for r in rows]}, expected one length")
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--tokens", "--batch-tokens", dest="tokens", required=True,
+                    help="one sequence '3,17,5' or same-length ones '3,17;5,8'")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    input_ids = parse_tokens(a.tokens)
+    cfg = load_config(a.model_dir)
+    weights = load_tensors(a.model_dir)
+    if input_ids.min() < 0 or input_ids.max() >= cfg["vocab_size"]:
+        raise SystemExit(f"llama_reference: token ids in [{input_ids.min()}, "
+                         f"{input_ids.max()}], expected [0, {cfg['vocab_size']})")
+    with torch.no_grad():
+        out = {
+            "input_ids": input_ids,
+            "logits_f64": forward(cfg, weights, input_ids, torch.float64),
+            "logits_f32": forward(cfg, weights, input_ids, torch.float32),
+        }
+    # One metadata key only: safetensors writes several in random order.
+    save_file({k: v.contiguous() for k, v in out.items()}, a.out, {"format": "pt"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Write a random tiny Llama as a Hugging Face LlamaForCausalLM folder.
+
+The folder looks like what transformers' save_pretrained writes: config.json
+plus model.safetensors, or, with --shards N > 1, model-0000k-of-0000N.safetensors
+and model.safetensors.index.json. Tensors keep HF's names and state_dict order;
+the sharded files split that order into N contiguous runs of about equal bytes.
+
+Weights are random: every matrix is normal with std 1/sqrt(fan_in) (about HF's
+0.02 at hidden 4096; at hidden 32 it keeps attention scores and logits O(1)),
+and the RMSNorm weights are 1 + 0.1 * randn so they are not all ones.
+
+    python3 tests/hf/make_tiny_llama.py tests/data/hf_tiny --seed 1 --shards 2
+"""
+
+import argparse
+import json
+import math
+import os
+
+import torch
+from safetensors.torch import save_file
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+def make_config(a):
+    """config.json as LlamaConfig.to_json_string writes it (sorted keys)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "head_dim": a.hidden // a.heads,
+        "hidden_act": "silu",
+        "hidden_size": a.hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": a.intermediate,
+        "max_position_embeddings": a.max_pos,
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": a.heads,
+        "num_hidden_layers": a.layers,
+        "num_key_value_heads": a.kv_heads,
+        "pretraining_tp": 1,
+        "rms_norm_eps": a.eps,
+        "rope_scaling": None,
+        "rope_theta": a.rope_theta,
+        "tie_word_embeddings": a.tied,
+        "torch_dtype": a.dtype,
+        "transformers_version": "4.48.0",
+        "use_cache": True,
+        "vocab_size": a.vocab,
+    }
+
+
+def make_weights(a):
+    """HF-named random weights in LlamaForCausalLM.state_dict() order."""
+    g = torch.Generator().manual_seed(a.seed)
+    head_dim = a.hidden // a.heads
+
+    def matrix(rows, cols):
+        return torch.randn(rows, cols, generator=g) / math.sqrt(cols)
+
+    def norm(n):
+        return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+    w = {"model.embed_tokens.weight": matrix(a.vocab, a.hidden)}
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = matrix(a.heads * head_dim, a.hidden)
+        w[p + "self_attn.k_proj.weight"] = matrix(a.kv_heads * head_dim, a.hidden)
+        w[p + "self_attn.v_proj.weight"] = matrix(a.kv_heads * head_dim, a.hidden)
+        w[p + "self_attn.o_proj.weight"] = matrix(a.hidden, a.heads * head_dim)
+        w[p + "mlp.gate_proj.weight"] = matrix(a.intermediate, a.hidden)
+        w[p + "mlp.up_proj.weight"] = matrix(a.intermediate, a.hidden)
+        w[p + "mlp.down_proj.weight"] = matrix(a.hidden, a.intermediate)
+        w[p + "input_layernorm.weight"] = norm(a.hidden)
+        w[p + "post_attention_layernorm.weight"] = norm(a.hidden)
+    w["model.norm.weight"] = norm(a.hidden)
+    if not a.tied:
+        w["lm_head.weight"] = matrix(a.vocab, a.hidden)
+    dtype = DTYPES[a.dtype]
+    return {k: v.to(dtype).contiguous() for k, v in w.items()}
+
+
+def split_in_order(weights, n):
+    """Split the ordered names into n contiguous runs of about equal bytes.
+
+    A tensor goes to the shard that holds the middle of its bytes, e.g.
+    byte sizes [4,4,4,4] in 2 shards -> [[0,1],[2,3]].
+    """
+    total = sum(t.nbytes for t in weights.values())
+    shards = [[] for _ in range(n)]
+    start = 0
+    for name, t in weights.items():
+        k = min(n - 1, int((start + t.nbytes / 2) * n // total))
+        shards[k].append(name)
+        start += t.nbytes
+    empty = [k + 1 for k, s in enumerate(shards) if not s]
+    if empty:
+        raise SystemExit(
+            f"make_tiny_llama: empty shard(s) {empty} for --shards {n}: got "
+            f"{len(weights)} tensors of {total} bytes. Use fewer shards.")
+    return shards, total
+
+
+def write_json(path, obj):
+    """JSON as transformers writes it: indent 2, sorted keys, final newline."""
+    with open(path, "w") as f:
+        f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=96)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=96)
+    ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--eps", type=float, default=1e-5)
+    ap.add_argument("--max-pos", type=int, default=64)
+    a = ap.parse_args()
+    if a.hidden % a.heads or a.heads % a.kv_heads or (a.hidden // a.heads) % 2:
+        ap.error(f"got hidden {a.hidden}, heads {a.heads}, kv-heads "
+                 f"{a.kv_heads}, expected heads | hidden, kv-heads | heads "
+                 f"and an even head_dim")
+    if a.shards < 1:
+        ap.error(f"got --shards {a.shards}, expected >= 1")
+
+    os.makedirs(a.out_dir, exist_ok=True)
+    for old in os.listdir(a.out_dir):  # a stale shard would join the folder
+        if old.startswith("model") and ".safetensors" in old:
+            os.remove(os.path.join(a.out_dir, old))
+    write_json(os.path.join(a.out_dir, "config.json"), make_config(a))
+    weights = make_weights(a)
+    meta = {"format": "pt"}
+    if a.shards == 1:
+        save_file(weights, os.path.join(a.out_dir, "model.safetensors"), meta)
+        return
+    shards, total = split_in_order(weights, a.shards)
+    weight_map = {}
+    for k, names in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{a.shards:05d}.safetensors"
+        save_file({n: weights[n] for n in names},
+                  os.path.join(a.out_dir, fname), meta)
+        weight_map.update({n: fname for n in names})
+    write_json(os.path.join(a.out_dir, "model.safetensors.index.json"),
+               {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+if __name__ == "__main__":
+    main()
