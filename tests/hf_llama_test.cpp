@@ -96,10 +96,14 @@ TEST(HfLlamaTest, LogitsEqualTheHfReferenceAtEveryLayout) {
     if (c.n_kv_heads % 4 == 0) layouts.push_back({1, 4});
     for (Layout l : layouts) {
       const std::string where = "dp=" + std::to_string(l.dp) + " tp=" + std::to_string(l.tp);
-      EXPECT_LE(maxAbsDiff(logitsAt(dir, l, at::kDouble), want), 1e-12) << where << " float64";
+      const double f64 = maxAbsDiff(logitsAt(dir, l, at::kDouble), want);
+      EXPECT_LE(f64, 1e-12) << where << " float64";
       const double refErr = maxAbsDiff(ref.at("logits_f32"), want);
       const double tol = 4 * refErr + 16 * 5.96e-8 * want.abs().max().item<double>();
-      EXPECT_LE(maxAbsDiff(logitsAt(dir, l, at::kFloat), want), tol) << where << " float32 (HF's own float32: " << refErr << ")";
+      const double f32 = maxAbsDiff(logitsAt(dir, l, at::kFloat), want);
+      EXPECT_LE(f32, tol) << where << " float32 (HF's own float32: " << refErr << ")";
+      std::printf("%s %s: max |logits - HF float64|: float64 %.2g, float32 %.2g (HF's own float32 %.2g, bound %.2g)\n",
+                  name, where.c_str(), f64, f32, refErr, tol);
     }
   }
 }

@@ -36,9 +36,12 @@ CheckpointPiece pieceOf(const Json& j) {
   return p;
 }
 
+// -1 when a size is negative or the product overflows (a corrupt index).
 int64_t numelOf(const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    if (s < 0 || __builtin_mul_overflow(n, s, &n)) return -1;
+  }
   return n;
 }
 
@@ -93,6 +96,9 @@ CheckpointIndex CheckpointIndex::from_json(const std::string& text, const std::s
   // Each piece lies inside its tensor, in a listed file, with a byte range of
   // its size; together they tile the tensor (no overlap, no gap).
   for (const auto& [name, t] : index.tensors) {
+    TORCH_CHECK(numelOf(t.shape) >= 0 && numelOf(t.shape) <= (int64_t{1} << 56), "load_checkpoint: '", path,
+                "': tensor '", name, "' has shape ", c10::IntArrayRef(t.shape),
+                ". The index is corrupt; load the previous checkpoint.");
     int64_t covered = 0;
     for (size_t i = 0; i < t.pieces.size(); ++i) {
       const auto& p = t.pieces[i];
