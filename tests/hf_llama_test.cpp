@@ -1,6 +1,6 @@
 // Hugging Face Llama folders (tests/data/hf_tiny*, made by tests/hf/*.py to
 // HF's published LlamaForCausalLM semantics): logits equal the Python
-// reference at TP=1, 2, 4 and under FSDP; export reproduces the files bit for
+// reference at TP=1, 2, 4 and under FSDP and DDP; export reproduces the files bit for
 // bit; bad folders are named errors.
 #include "dist.h"
 #include "files.h"
@@ -45,6 +45,7 @@ std::map<std::string, at::Tensor> folderTensors(const std::string& dir) {
 
 struct Layout {
   int64_t dp, tp;
+  bool ddp = false;  // dp > 1: FSDP, or DDP
 };
 
 // The logits of `dir`'s model on the reference tokens at `l` (dp > 1: FSDP),
@@ -59,7 +60,8 @@ at::Tensor logitsAt(const std::string& dir, Layout l, at::ScalarType dtype) {
     if (l.dp * l.tp > 1) {
       auto mesh = init_device_mesh("cpu", {l.dp, l.tp}, {"dp", "tp"});
       apply_tensor_parallel(model, mesh, TensorParallelOptions{false});
-      if (l.dp > 1) apply_fsdp(model, mesh);
+      if (l.dp > 1 && !l.ddp) apply_fsdp(model, mesh);
+      if (l.dp > 1 && l.ddp) apply_ddp(model, mesh);
     }
     load_hf_weights(model, dir);
     at::NoGradGuard no_grad;
@@ -92,10 +94,10 @@ TEST(HfLlamaTest, LogitsEqualTheHfReferenceAtEveryLayout) {
     const auto ref = tensorsOf(dir + "/reference_logits.safetensors");
     const at::Tensor want = ref.at("logits_f64");
     const LlamaConfig c = llama_config_from_hf(dir);
-    std::vector<Layout> layouts = {{1, 1}, {1, 2}, {2, 2}};
+    std::vector<Layout> layouts = {{1, 1}, {1, 2}, {2, 2}, {2, 2, true}};
     if (c.n_kv_heads % 4 == 0) layouts.push_back({1, 4});
     for (Layout l : layouts) {
-      const std::string where = "dp=" + std::to_string(l.dp) + " tp=" + std::to_string(l.tp);
+      const std::string where = "dp=" + std::to_string(l.dp) + " tp=" + std::to_string(l.tp) + (l.ddp ? " DDP" : "");
       const double f64 = maxAbsDiff(logitsAt(dir, l, at::kDouble), want);
       EXPECT_LE(f64, 1e-12) << where << " float64";
       const double refErr = maxAbsDiff(ref.at("logits_f32"), want);

@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "Sampling seed (the same on every rank)");
   CLI11_PARSE(app, argc, argv);
   try {
-    TORCH_CHECK(!prompt.empty(), "dtp-generate: --prompt must not be empty.");
-    TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "dtp-generate: pass --checkpoint DIR or --hf DIR.");
+    TORCH_CHECK(!prompt.empty(), "--prompt must not be empty.");
+    TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "pass --checkpoint DIR or --hf DIR.");
     ProcessGroup world = init_process_group();
     LlamaConfig config = apps::config_of(model_flags, context, 0.0, 0);
     if (!hf.empty()) {
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
       if (tokenizer_path.empty() && std::filesystem::exists(hf + "/tokenizer.model")) tokenizer_path = hf;
     }
     const auto tokenizer = load_tokenizer(tokenizer_path.empty() ? "byte" : tokenizer_path);
-    TORCH_CHECK(tokenizer->vocab_size() <= config.vocab_size, "dtp-generate: the tokenizer (", tokenizer->name(),
+    TORCH_CHECK(tokenizer->vocab_size() <= config.vocab_size, "the tokenizer (", tokenizer->name(),
                 ") has ", tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", config.vocab_size,
                 ". Pass the model's own tokenizer.model with --tokenizer.");
     Llama model(config);
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                                : at::multinomial(at::softmax(logits.to(at::kDouble) / temperature, -1), 1, false, gen)
                                      .item<int64_t>();
       if (tokenizer->eos_id() && next == *tokenizer->eos_id()) break;
-      TORCH_CHECK(next < tokenizer->vocab_size(), "dtp-generate: the model chose token ", next,
+      TORCH_CHECK(next < tokenizer->vocab_size(), "the model chose token ", next,
                   ", outside the tokenizer's ", tokenizer->vocab_size(), " tokens. Pass the model's own tokenizer.");
       ids.push_back(next);
     }
