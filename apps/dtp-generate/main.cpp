@@ -7,6 +7,7 @@
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/checkpoint.h"
+#include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
 #include "dtp/models/tokenizer.h"
@@ -14,16 +15,19 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 int main(int argc, char** argv) {
   using namespace dtp;
   using namespace dtp::models;
   apps::ModelFlags model_flags;
-  std::string checkpoint, hf, tokenizer_path, prompt = "The ";
-  int64_t tokens = 200, context = 64;
-  double temperature = 0.0;
+  std::string checkpoint, hf, tokenizer_path, prompt_file;
+  std::vector<std::string> prompts;
+  int64_t tokens = 200, context = 0, top_k = 0;
+  double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   CLI::App app{"dtp-generate: sample text from a dtp-train checkpoint or a Hugging Face Llama with tensor parallelism"};
   auto* ck = app.add_option("--checkpoint", checkpoint, "Folder written by dtp-train --save (or an older single file)");
@@ -31,18 +35,29 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path,
                  "tokenizer.model (sentencepiece) or \"byte\" [default: the --hf folder's tokenizer.model, else byte]");
   apps::add_model_flags(app, model_flags);
-  app.add_option("--prompt", prompt, "Text to continue");
-  app.add_option("--tokens", tokens, "Tokens to generate")->check(dtp::apps::kPositive);
-  app.add_option("--context", context, "Context window (dtp-train's --seq)")->check(dtp::apps::kPositive);
+  app.add_option("--prompt", prompts, "Text to continue (repeat for a batch)");
+  app.add_option("--prompt-file", prompt_file, "A file of prompts, one per line (a batch)");
+  app.add_option("--max-new-tokens,--tokens", tokens, "Tokens to generate per prompt")->check(dtp::apps::kPositive);
+  app.add_option("--context", context, "KV cache length per sequence [default: the model's max_seq_len]")
+      ->check(dtp::apps::kPositive);
   app.add_option("--temperature", temperature, "0: greedy; else sample from softmax(logits / T)")
       ->check(dtp::apps::kNonNegative);
+  app.add_option("--top-k", top_k, "Sample among the k most likely tokens (0: all)")->check(dtp::apps::kNonNegative);
+  app.add_option("--top-p", top_p, "Sample among the most likely tokens holding this mass")->check(CLI::Range(1e-9, 1.0));
   app.add_option("--seed", seed, "Sampling seed (the same on every rank)");
   CLI11_PARSE(app, argc, argv);
   try {
-    TORCH_CHECK(!prompt.empty(), "--prompt must not be empty.");
+    if (!prompt_file.empty()) {
+      std::ifstream in(prompt_file);
+      TORCH_CHECK(in.good(), "cannot read --prompt-file '", prompt_file, "'.");
+      for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) prompts.push_back(line);
+      }
+    }
+    if (prompts.empty()) prompts = {"The "};
     TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "pass --checkpoint DIR or --hf DIR.");
     ProcessGroup world = init_process_group();
-    LlamaConfig config = apps::config_of(model_flags, context, 0.0, 0);
+    LlamaConfig config = apps::config_of(model_flags, context > 0 ? context : 256, 0.0, 0);
     if (!hf.empty()) {
       config = llama_config_from_hf(hf, context);
       config.dtype = apps::dtype_of(model_flags.dtype);
@@ -53,10 +68,7 @@ int main(int argc, char** argv) {
                 ") has ", tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", config.vocab_size,
                 ". Pass the model's own tokenizer.model with --tokenizer.");
     Llama model(config);
-    if (world.size() > 1) {
-      auto mesh = init_device_mesh("cpu", {world.size()}, {"tp"});
-      apply_tensor_parallel(model, mesh, TensorParallelOptions{/*sequence_parallel=*/false});
-    }
+    if (world.size() > 1) apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {world.size()}, {"tp"}));
     if (!hf.empty()) {
       load_hf_weights(model, hf);
     } else if (std::filesystem::is_regular_file(checkpoint)) {
@@ -65,26 +77,41 @@ int main(int argc, char** argv) {
       dcp::load_state(checkpoint, *model, nullptr, llama_state_dict_options());
     }
     model->eval();
-    at::NoGradGuard no_grad;
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-    std::vector<int64_t> ids = tokenizer->encode(prompt, /*add_bos=*/true);
-    for (int64_t i = 0; i < tokens; ++i) {
-      const int64_t n = std::min<int64_t>(context, static_cast<int64_t>(ids.size()));
-      at::Tensor ctx = at::tensor(std::vector<int64_t>(ids.end() - n, ids.end()), at::kLong).view({1, n});
-      at::Tensor logits = model(ctx).select(1, n - 1).squeeze(0);  // [vocab], vocab-sharded under TP
-      if (is_dtensor(logits)) logits = full_tensor(logits);
-      const int64_t next = temperature == 0.0
-                               ? logits.argmax().item<int64_t>()
-                               : at::multinomial(at::softmax(logits.to(at::kDouble) / temperature, -1), 1, false, gen)
-                                     .item<int64_t>();
-      if (tokenizer->eos_id() && next == *tokenizer->eos_id()) break;
-      TORCH_CHECK(next < tokenizer->vocab_size(), "the model chose token ", next,
-                  ", outside the tokenizer's ", tokenizer->vocab_size(), " tokens. Pass the model's own tokenizer.");
-      ids.push_back(next);
+    std::vector<std::vector<int64_t>> ids;
+    for (const auto& p : prompts) ids.push_back(tokenizer->encode(p, /*add_bos=*/true));
+    GenerateOptions o;
+    o.max_new_tokens = tokens;
+    o.sampling = {temperature, top_k, top_p};
+    o.seed = seed;
+    if (tokenizer->eos_id()) o.stop_tokens = {*tokenizer->eos_id()};
+    int64_t longest = 0;
+    for (const auto& p : ids) longest = std::max<int64_t>(longest, p.size());
+    KVCache cache(static_cast<int64_t>(ids.size()), std::min(config.max_seq_len, longest + tokens - 1));
+    GenerateStats stats;
+    const auto out = generate(model, cache, ids, o, &stats);
+    if (world.rank() == 0) {
+      for (size_t b = 0; b < ids.size(); ++b) {
+        std::vector<int64_t> all = ids[b];
+        for (int64_t t : out[b]) {
+          if (t < tokenizer->vocab_size()) all.push_back(t);
+        }
+        // The whole text decoded at once: sentencepiece drops a leading
+        // space at the start of what it decodes.
+        std::cout << tokenizer->decode(all) << "\n";
+      }
+      std::vector<double> ms = stats.decode_ms;
+      std::sort(ms.begin(), ms.end());
+      auto pct = [&](double q) { return ms.empty() ? 0.0 : ms[static_cast<size_t>(q * (ms.size() - 1))]; };
+      double total = 0;
+      for (double m : ms) total += m;
+      int64_t generated = 0;
+      for (const auto& s : out) generated += static_cast<int64_t>(s.size());
+      std::printf("dtp-generate: %zu prompt(s), TP=%d: prefill %.1f ms, decode %.2f ms/token p50, %.2f p90, "
+                  "%.0f tokens/s, %.1f collectives/token\n",
+                  ids.size(), world.size(), stats.prefill_ms, pct(0.5), pct(0.9),
+                  total > 0 ? 1000.0 * (generated - static_cast<int64_t>(out.size())) / total : 0.0,
+                  ms.empty() ? 0.0 : static_cast<double>(stats.decode_collectives) / ms.size());
     }
-    // The whole text decoded at once: sentencepiece drops a leading space
-    // at the start of what it decodes.
-    if (world.rank() == 0) std::cout << tokenizer->decode(ids) << "\n";
   } catch (const c10::Error& e) {
     std::cerr << "dtp-generate: " << e.what_without_backtrace() << "\n";
     return 1;

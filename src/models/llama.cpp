@@ -95,17 +95,14 @@ void initParameters(torch::nn::Module& model, const LlamaConfig& c) {
   }
 }
 
-// x: [batch, seq, heads, head_dim]; pairs (2i, 2i+1) rotate by position.
-at::Tensor applyRope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t seq = x.size(1);
+}  // namespace
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s) {
   auto pairs = x.unflatten(-1, {-1, 2});
   auto x0 = pairs.select(-1, 0), x1 = pairs.select(-1, 1);
-  auto c = cos.narrow(0, 0, seq).view({1, seq, 1, -1}), s = sin.narrow(0, 0, seq).view({1, seq, 1, -1});
   // In the tables' dtype, then back: under mixed precision x is bf16.
   return at::stack({x0 * c - x1 * s, x0 * s + x1 * c}, -1).flatten(-2).to(x.scalar_type());
 }
-
-}  // namespace
 
 AttentionImpl::AttentionImpl(const LlamaConfig& c)
     : head_dim(c.head_dim()) {
@@ -127,8 +124,9 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::
   const int64_t batch = q.size(0), seq = q.size(1), head_dim = q.size(3), n_rep = q.size(2) / k.size(2);
   TORCH_CHECK(seq <= rope_cos.size(0), "Attention: sequence length ", seq, " exceeds max_seq_len=",
               rope_cos.size(0), ". Raise LlamaConfig::max_seq_len.");
-  q = applyRope(q, rope_cos, rope_sin);
-  k = applyRope(k, rope_cos, rope_sin);
+  const auto c = rope_cos.narrow(0, 0, seq).view({1, seq, 1, -1}), s = rope_sin.narrow(0, 0, seq).view({1, seq, 1, -1});
+  q = apply_rope(q, c, s);
+  k = apply_rope(k, c, s);
   if (n_rep > 1) {
     const int64_t kv = k.size(2);
     k = k.unsqueeze(3).expand({batch, seq, kv, n_rep, head_dim}).reshape({batch, seq, kv * n_rep, head_dim});
@@ -151,6 +149,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   at::Tensor q = wq(x).view({batch, seq, -1, head_dim});
   at::Tensor k = wk(x).view({batch, seq, -1, head_dim});
   at::Tensor v = wv(x).view({batch, seq, -1, head_dim});
+  if (KVCache* cache = KVCache::active()) return wo(cached_attention(q, k, v, rope_cos, rope_sin, *cache, layer_index));
   return wo(causal_attention(q, k, v, rope_cos, rope_sin));
 }
 
@@ -191,6 +190,7 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layers; ++i) {
     layers->push_back(TransformerBlock(config));
+    layers[i]->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->layer_index = i;
     settle(*layers[i]);
   }
   if (config.with_head) {

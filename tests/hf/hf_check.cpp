@@ -52,16 +52,16 @@ Args parseArgs(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--dp") {
-      TORCH_CHECK(i + 1 < argc, "hf_check: --dp needs a value. ", kUsage);
+      TORCH_CHECK(i + 1 < argc, "--dp needs a value. ", kUsage);
       const std::string value = argv[++i];
       char* end = nullptr;
       a.dp = std::strtoll(value.c_str(), &end, 10);
-      TORCH_CHECK(*end == '\0' && a.dp > 0, "hf_check: --dp must be a positive number, got '", value, "'.");
+      TORCH_CHECK(*end == '\0' && a.dp > 0, "--dp must be a positive number, got '", value, "'.");
     } else {
       positional.push_back(arg);
     }
   }
-  TORCH_CHECK(positional.size() == 4, "hf_check: got ", positional.size(), " arguments, expected 4. ", kUsage);
+  TORCH_CHECK(positional.size() == 4, "got ", positional.size(), " arguments, expected 4. ", kUsage);
   a.model_dir = positional[0];
   a.reference = positional[1];
   a.out = positional[2];
@@ -73,7 +73,7 @@ at::Tensor tensorIn(const std::string& path, const std::string& name) {
   at::Tensor found;
   for (auto& [k, t] : io::load_safetensors(path).tensors)
     if (k == name) found = t;
-  TORCH_CHECK(found.defined(), "hf_check: no tensor '", name, "' in ", path, ". Write it with llama_reference.py.");
+  TORCH_CHECK(found.defined(), "no tensor '", name, "' in ", path, ". Write it with llama_reference.py.");
   return found;
 }
 
@@ -86,16 +86,17 @@ at::ScalarType folderDtype(const std::string& dir) {
     if (name.rfind("model", 0) != 0 || entry.path().extension() != ".safetensors") continue;
     for (auto& [k, t] : io::load_safetensors(entry.path().string()).tensors) {
       if (!dtype) dtype = t.scalar_type();
-      TORCH_CHECK(*dtype == t.scalar_type(), "hf_check: mixed dtypes for ", k, " in ", name, ": got ",
+      TORCH_CHECK(*dtype == t.scalar_type(), "mixed dtypes for ", k, " in ", name, ": got ",
                   t.scalar_type(), ", expected ", *dtype, " as the tensors before it. Use a one-dtype folder.");
     }
   }
-  TORCH_CHECK(dtype, "hf_check: no model*.safetensors in '", dir, "'.");
+  TORCH_CHECK(dtype, "no model*.safetensors in '", dir, "'.");
   return *dtype;
 }
 
-// Builds the model in `dtype`, parallelizes it on `mesh` (when there is more
-// than one rank), loads the folder's weights and returns it.
+// Builds the model in `dtype`, parallelizes it on `mesh` as dtp-train does
+// (TP over "tp", then FSDP over "dp" when dp > 1; no mesh on one rank),
+// loads the folder's weights at that layout and returns it.
 Llama loadAt(const Args& a, const std::optional<DeviceMesh>& mesh, int64_t dp, at::ScalarType dtype) {
   LlamaConfig c = llama_config_from_hf(a.model_dir);
   c.dtype = dtype;
@@ -117,7 +118,7 @@ at::Tensor logitsOf(Llama& model, const at::Tensor& ids) {
 int run(const Args& a) {
   ProcessGroup world = init_process_group();
   const int64_t W = world.size(), dp = a.dp, tp = W / dp;
-  TORCH_CHECK(dp * tp == W, "hf_check: --dp ", dp, " does not divide WORLD_SIZE=", W,
+  TORCH_CHECK(dp * tp == W, "--dp ", dp, " does not divide WORLD_SIZE=", W,
               ". Choose --dp a divisor of the number of ranks.");
   const bool root = world.rank() == 0;
   std::optional<DeviceMesh> mesh;
@@ -161,10 +162,10 @@ int main(int argc, char** argv) {
   try {
     return run(parseArgs(argc, argv));
   } catch (const c10::Error& e) {
-    std::cerr << "hf_check: error: " << e.what_without_backtrace() << std::endl;
+    std::cerr << "hf_check: " << e.what_without_backtrace() << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "hf_check: error: " << e.what() << std::endl;
+    std::cerr << "hf_check: " << e.what() << std::endl;
     return 1;
   }
 }

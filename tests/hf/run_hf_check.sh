@@ -27,6 +27,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 hf_check=${HF_CHECK:-$build/tests/hf/hf_check}
 dtprun=${DTPRUN:-$build/apps/dtprun/dtprun}
 python=${PYTHON:-python3}
+export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the source tree
 for tool in "$hf_check" "$dtprun"; do
   if [[ ! -x $tool ]]; then
     echo "run_hf_check: no executable $tool. Build the targets hf_check and dtprun in $build." >&2

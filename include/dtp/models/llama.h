@@ -6,6 +6,7 @@
 
 #include "dtp/dcp/state_dict.h"
 #include "dtp/device_mesh.h"
+#include "dtp/models/kv_cache.h"
 #include "dtp/nn/modules.h"
 #include "dtp/parallel/checkpoint.h"
 #include "dtp/parallel/fully_shard.h"
@@ -59,6 +60,16 @@ struct LlamaConfig {
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
                             const at::Tensor& rope_sin);
 
+// The same on new tokens against `cache` (NOTE: [KV cache positions]): q, k,
+// v [batch, seq, heads or kv_heads, head_dim] of this call; k and v are
+// written into the cache at each sequence's positions first.
+at::Tensor cached_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
+                            const at::Tensor& rope_sin, KVCache& cache, int64_t layer);
+
+// Rotary embedding of x [batch, seq, heads, head_dim] by tables cos, sin
+// broadcastable to [batch, seq, 1, head_dim / 2]: pairs (2i, 2i+1) rotate.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c);
@@ -68,6 +79,7 @@ class AttentionImpl : public torch::nn::Module {
   dtp::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   at::Tensor rope_cos, rope_sin;  // [max_seq_len, head_dim / 2]
   int64_t head_dim;
+  int64_t layer_index = 0;  // its slot in a KVCache
 };
 DTP_MODULE(Attention);
 
@@ -98,6 +110,10 @@ class LlamaImpl : public torch::nn::Module {
   // tokens [batch, seq] (i64) -> logits [batch, seq, vocab]; a stage maps
   // activations [batch, seq, dim] to activations.
   at::Tensor forward(const at::Tensor& input);
+  // Inference with a KV cache (NOTE: [KV cache positions]): tokens [B, S]
+  // (right-padded), valid[b] of them real; returns the logits of each
+  // sequence's last valid token, [B, 1, vocab] (vocab-sharded under TP).
+  at::Tensor forward(const at::Tensor& tokens, KVCache& cache, const std::vector<int64_t>& valid);
   // Parameters without the tied duplicate, in a fixed order (for optimizers
   // and checkpoints).
   std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters() const;

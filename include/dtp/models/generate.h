@@ -1,0 +1,49 @@
+// Generation with the reference Llama: prefill the prompts in one forward,
+// then decode one token per step against a KV cache, sampling from the
+// (vocabulary-sharded) logits without gathering them when avoidable.
+//
+//   apply_tensor_parallel_for_inference(model, mesh);   // or one device
+//   KVCache cache(/*max_batch=*/8, /*max_seq=*/512);
+//   GenerateOptions o;
+//   o.max_new_tokens = 64;
+//   o.sampling.temperature = 0.8;
+//   o.sampling.top_k = 40;
+//   auto out = generate(model, cache, {{1, 450, 7483}, {1, 306}}, o);   // new tokens per prompt
+#pragma once
+
+#include "dtp/inference/sampling.h"
+#include "dtp/models/llama.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace dtp::models {
+
+// apply_tensor_parallel for serving: no sequence parallelism, so each
+// attention and each MLP costs one all-reduce at any sequence length
+// (torchchat's choice for decode), and the head's logits stay
+// vocabulary-sharded for sampling.
+void apply_tensor_parallel_for_inference(Llama& model, const DeviceMesh& mesh);
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 32;
+  inference::SamplingOptions sampling;
+  uint64_t seed = 0;  // the sampling generator's, the same on every rank
+  std::vector<int64_t> stop_tokens;  // a sequence ends after emitting one
+  // Check with a collective that every rank picked the same tokens (also
+  // on when TORCH_DISTRIBUTED_DEBUG=DETAIL).
+  bool check_ranks_agree = false;
+};
+
+struct GenerateStats {
+  double prefill_ms = 0;
+  std::vector<double> decode_ms;  // per decode step
+  int64_t decode_collectives = 0;  // over all decode steps, this rank
+};
+
+// The new tokens of each prompt (stop token included when one was hit).
+// Collective under TP. `cache` is reset to the batch and reused.
+std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerateOptions& options, GenerateStats* stats = nullptr);
+
+}  // namespace dtp::models

@@ -1,0 +1,108 @@
+#include "dtp/models/generate.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/dtensor.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace dtp::models {
+namespace {
+
+double msSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool debugDetail() {
+  const char* v = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  return v != nullptr && std::strcmp(v, "DETAIL") == 0;
+}
+
+// Every rank of the logits' group must hold the same tokens.
+void checkAgree(const at::Tensor& logits, const std::vector<int64_t>& tokens) {
+  if (!is_dtensor(logits)) return;
+  const DeviceMesh& mesh = device_mesh(logits);
+  for (int64_t d = 0; d < mesh.ndim(); ++d) {
+    at::Tensor lo = at::tensor(tokens, at::kLong), hi = lo.clone();
+    mesh.get_group(d).all_reduce(lo, ReduceOp::Min);
+    mesh.get_group(d).all_reduce(hi, ReduceOp::Max);
+    TORCH_CHECK(lo.equal(hi), "generate: the ranks picked different tokens (min ", lo, ", max ", hi,
+                "): their logits or generator states differ. Seed every rank alike (GenerateOptions::seed).");
+  }
+}
+
+}  // namespace
+
+void apply_tensor_parallel_for_inference(Llama& model, const DeviceMesh& mesh) {
+  apply_tensor_parallel(model, mesh, TensorParallelOptions{/*sequence_parallel=*/false});
+}
+
+std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerateOptions& o, GenerateStats* stats) {
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  TORCH_CHECK(batch > 0, "generate: no prompts.");
+  TORCH_CHECK(o.max_new_tokens >= 1, "generate: max_new_tokens=", o.max_new_tokens, " must be at least 1.");
+  int64_t longest = 0;
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(!prompts[b].empty(), "generate: prompt ", b, " is empty. Give every prompt at least one token (e.g. BOS).");
+    for (int64_t t : prompts[b]) {
+      TORCH_CHECK(t >= 0 && t < model->config.vocab_size, "generate: prompt ", b, " holds token ", t,
+                  ", outside the model's vocabulary of ", model->config.vocab_size, ".");
+    }
+    lengths.push_back(static_cast<int64_t>(prompts[b].size()));
+    longest = std::max(longest, lengths.back());
+  }
+  TORCH_CHECK(longest + o.max_new_tokens - 1 <= cache.max_seq(), "generate: the longest prompt (", longest,
+              " tokens) plus max_new_tokens=", o.max_new_tokens, " needs ", longest + o.max_new_tokens - 1,
+              " cached positions, but the cache holds ", cache.max_seq(), " (max_seq). Build the KVCache with max_seq >= ",
+              longest + o.max_new_tokens - 1, ", or shorten the prompt.");
+  cache.reset(batch);
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  const bool check = o.check_ranks_agree || debugDetail();
+  const auto device = model->config.device;
+
+  // Prefill: the prompts right-padded into one [B, longest] batch.
+  at::Tensor tokens = at::zeros({batch, longest}, at::kLong);
+  for (int64_t b = 0; b < batch; ++b) {
+    tokens[b].narrow(0, 0, lengths[b]).copy_(at::tensor(prompts[b], at::kLong));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  at::Tensor logits = model->forward(tokens.to(device), cache, lengths);
+  std::vector<int64_t> next = inference::sample(logits, o.sampling, gen);
+  if (check) checkAgree(logits, next);
+  if (stats) stats->prefill_ms = msSince(t0);
+
+  std::vector<std::vector<int64_t>> out(batch);
+  std::vector<bool> done(batch, false);
+  const std::vector<int64_t> one(batch, 1);
+  for (int64_t step = 0;; ++step) {
+    bool all = true;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (done[b]) continue;
+      out[b].push_back(next[b]);
+      done[b] = std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next[b]) != o.stop_tokens.end() ||
+                static_cast<int64_t>(out[b].size()) == o.max_new_tokens;
+      all = all && done[b];
+    }
+    if (all) break;
+    t0 = std::chrono::steady_clock::now();
+    CommCounter comm;
+    logits = model->forward(at::tensor(next, at::kLong).view({batch, 1}).to(device), cache, one);
+    next = inference::sample(logits, o.sampling, gen);
+    if (check) checkAgree(logits, next);
+    if (stats) {
+      stats->decode_ms.push_back(msSince(t0));
+      stats->decode_collectives += comm.total_count();
+    }
+  }
+  return out;
+}
+
+}  // namespace dtp::models

@@ -1,0 +1,79 @@
+// The reference Llama with a KV cache: prefill and decode
+// (NOTE: [KV cache positions] in include/dtp/models/kv_cache.h).
+#include "dtp/dtensor.h"
+#include "dtp/models/llama.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+namespace dtp::models {
+
+at::Tensor cached_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
+                            const at::Tensor& rope_sin, KVCache& cache, int64_t layer) {
+  const KVCache::Step& step = cache.step();
+  const int64_t batch = q.size(0), seq = q.size(1), head_dim = q.size(3), keys = step.keys;
+  TORCH_CHECK(keys <= rope_cos.size(0), "Attention: position ", keys - 1, " exceeds max_seq_len=", rope_cos.size(0),
+              ". Raise LlamaConfig::max_seq_len, or build the KVCache with max_seq <= ", rope_cos.size(0), ".");
+  const at::Tensor pos = step.positions.to(q.device());
+  const auto c = rope_cos.index_select(0, pos.flatten()).view({batch, seq, 1, -1});
+  const auto s = rope_sin.index_select(0, pos.flatten()).view({batch, seq, 1, -1});
+  q = apply_rope(q, c, s);
+  k = apply_rope(k, c, s);
+  auto [kc, vc] = cache.layer(layer, k);
+  for (int64_t b = 0; b < batch; ++b) {
+    kc[b].narrow(0, step.start[b], seq).copy_(k[b]);
+    vc[b].narrow(0, step.start[b], seq).copy_(v[b]);
+  }
+  at::Tensor K = kc.narrow(0, 0, batch).narrow(1, 0, keys), V = vc.narrow(0, 0, batch).narrow(1, 0, keys);
+  const int64_t kv = K.size(2), n_rep = q.size(2) / kv;
+  if (n_rep > 1) {
+    K = K.unsqueeze(3).expand({batch, keys, kv, n_rep, head_dim}).reshape({batch, keys, kv * n_rep, head_dim});
+    V = V.unsqueeze(3).expand({batch, keys, kv, n_rep, head_dim}).reshape({batch, keys, kv * n_rep, head_dim});
+  }
+  q = q.transpose(1, 2);  // [B, H, S, hd]
+  K = K.transpose(1, 2);
+  V = V.transpose(1, 2);
+  at::Tensor scores = at::matmul(q, K.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  // Key j is visible to the query at position p iff j <= p.
+  const at::Tensor future = at::arange(keys, pos.options()).view({1, 1, 1, keys}) > pos.view({batch, 1, seq, 1});
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  at::Tensor out = at::matmul(at::softmax(scores, -1), V);
+  return out.transpose(1, 2).reshape({batch, seq, -1});
+}
+
+at::Tensor LlamaImpl::forward(const at::Tensor& tokens, KVCache& cache, const std::vector<int64_t>& valid) {
+  TORCH_CHECK(config.with_embedding && config.with_head, "Llama: a KV-cache forward needs the embedding and the "
+              "head (a pipeline stage is NYI here).");
+  TORCH_CHECK(tokens.dim() == 2, "Llama: KV-cache forward takes tokens [batch, seq], got ", tokens.sizes(), ".");
+  const int64_t batch = tokens.size(0), seq = tokens.size(1);
+  TORCH_CHECK(static_cast<int64_t>(valid.size()) == batch, "Llama: ", valid.size(), " valid lengths for a batch of ",
+              batch, ". Give one per sequence.");
+  cache.begin(valid, seq);
+  at::Tensor h;
+  {
+    KVCache::Activate active(&cache);
+    h = tok_embeddings(tokens);
+    for (const auto& layer : *layers) h = dtp::nn::run_hooked(*layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>(), h);
+  }
+  // Only each sequence's last valid token goes through the head.
+  const bool dt = is_dtensor(h);
+  if (dt) {
+    for (const auto& p : placements(h)) {
+      TORCH_CHECK(p.is_replicate(), "Llama: a KV-cache forward needs replicated activations between blocks, got ",
+                  dtensor_spec(h).str(), ". Parallelize with apply_tensor_parallel_for_inference (no sequence "
+                  "parallelism).");
+    }
+  }
+  const at::Tensor local = dt ? to_local(h) : h;
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < batch; ++b) rows.push_back(local[b].narrow(0, valid[b] - 1, 1));
+  at::Tensor last = at::stack(rows);  // [B, 1, dim]
+  if (dt) last = from_local(last, device_mesh(h), placements(h), /*run_check=*/false, std::vector<int64_t>{batch, 1, config.dim});
+  at::Tensor logits = output(norm(last));
+  cache.end(valid);
+  return logits;
+}
+
+}  // namespace dtp::models
