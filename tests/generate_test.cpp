@@ -4,6 +4,8 @@
 // step's collectives equal the closed form; bad input is a named error.
 #include "dist.h"
 
+#include "dtensor/sharding_prop.h"
+
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 #include "dtp/inference/sampling.h"
@@ -118,6 +120,43 @@ TEST(GenerateTest, GreedyAndSeededSamplingGiveTheSameTokensAtEveryTpDegree) {
   }
 }
 
+// GQA with tp > n_kv_heads (4 query heads, 2 KV heads, TP=4): KV heads are
+// replicated, rank r attending with KV head r / 2, as vLLM does; greedy
+// tokens equal one device's. tp = 3 (not a multiple of 2) is refused.
+TEST(GenerateTest, TpAboveKvHeadsReplicatesKvHeads) {
+  LlamaConfig c = config();
+  c.n_kv_heads = 2;
+  GenerateOptions o;
+  o.max_new_tokens = 8;
+  Llama one(c);
+  KVCache cache1(3, 16);
+  const auto want = generate(one, cache1, kPrompts, o);
+  std::vector<std::vector<int64_t>> got;
+  run_ranks(4, [&](int rank) {
+    Llama model(c);
+    apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {4}, {"tp"}));
+    EXPECT_EQ(model->layers[0]->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->kv_head, rank / 2);
+    KVCache cache(3, 16);
+    auto out = generate(model, cache, kPrompts, o);
+    if (rank == 0) got = out;
+  });
+  EXPECT_EQ(got, want);
+  LlamaConfig six = c;
+  six.n_heads = 6;
+  six.dim = 36;
+  run_ranks(3, [&](int) {
+    Llama m(six);
+    expect_error([&] { apply_tensor_parallel_for_inference(m, init_device_mesh("cpu", {3}, {"tp"})); },
+                 {"tp=3 > n_kv_heads=2", "multiple of n_kv_heads"});
+  });
+  // Training keeps refusing it, pointing at the inference plan.
+  run_ranks(4, [&](int) {
+    Llama m(c);
+    expect_error([&] { apply_tensor_parallel(m, init_device_mesh("cpu", {4}, {"tp"})); },
+                 {"n_kv_heads=2 is not divisible by the tp degree 4", "apply_tensor_parallel_for_inference"});
+  });
+}
+
 // Stop tokens end a sequence after emitting one; the others go on.
 TEST(GenerateTest, StopTokensEndEachSequenceOnItsOwn) {
   GenerateOptions o;
@@ -155,6 +194,35 @@ TEST(GenerateTest, DecodeStepCollectivesMatchTheClosedForm) {
     EXPECT_EQ(comm.count(CollectiveType::AllGather), 1);
     EXPECT_EQ(comm.bytes(CollectiveType::AllGather), 2 * B * 2 * 8);  // gathered output: 2 ranks x B x (logit, index)
     EXPECT_EQ(comm.total_count(), 2 * L + 2) << comm.str();
+  });
+}
+
+// Decode changes the attention's shapes at every token, but those run on
+// local tensors: the sharding decisions cached per shape stop growing after
+// the first steps (pytorch#181761 grew without bound), and nearly every
+// DTensor op hits the cache.
+TEST(GenerateTest, ShardingCacheStopsGrowingDuringDecode) {
+  LlamaConfig c = config();
+  c.max_seq_len = 1100;
+  run_ranks(2, [&](int rank) {
+    Llama model(c);
+    apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {2}, {"tp"}));
+    KVCache cache(3, 1100);
+    GenerateOptions o;
+    o.max_new_tokens = 50;
+    generate(model, cache, kPrompts, o);
+    const auto warm = propagation_cache_stats();
+    o.max_new_tokens = 1000;
+    generate(model, cache, kPrompts, o);
+    const auto after = propagation_cache_stats();
+    const double hitRate = static_cast<double>(after.hits - warm.hits) /
+                           static_cast<double>(after.hits - warm.hits + after.misses - warm.misses);
+    EXPECT_LE(after.size, warm.size + 8) << "entries added per prefill shape only, none per decode token";
+    EXPECT_GE(hitRate, 0.999);
+    if (rank == 0) {
+      std::printf("sharding cache after 1000 more decode steps of 3 sequences: %lld entries (after the first 50: %lld), "
+                  "hit rate %.5f\n", static_cast<long long>(after.size), static_cast<long long>(warm.size), hitRate);
+    }
   });
 }
 

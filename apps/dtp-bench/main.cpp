@@ -18,6 +18,7 @@
 #include "sizes.h"
 #include "stats.h"
 #include "ac.h"
+#include "decode.h"
 #include "device.h"
 #include "two_d.h"
 #include "memory.h"
@@ -57,7 +58,7 @@ struct Options {
   std::vector<std::string> sp{"on", "off"};
   int reps = 7, warmup = 2;
   int64_t dp = 1;
-  bool aa = false, ac = false;
+  bool aa = false, ac = false, decode = false;
   std::string device;
 };
 
@@ -358,6 +359,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(dtp::apps::kNonNegative)->capture_default_str();
   app.add_flag("--aa", o.aa, "Also time a second, identical hand-written model: the comparison's noise floor");
   app.add_flag("--ac", o.ac, "Run the activation-checkpointing table (no AC, full, selective) instead");
+  app.add_flag("--decode", o.decode,
+               "Run the KV-cache decode table (ms per token, dtp vs hand-written, TP=1 and TP=WORLD_SIZE) instead; "
+               "--reps and --warmup default to 5 and 1 there");
   app.add_option("--dp", o.dp, "Data-parallel degree: run the 2-D (dp, WORLD_SIZE/dp) tables (FSDP, DDP) instead")
       ->check(dtp::apps::kPositive);
   app.add_option("--device", o.device, "Run the dtp vs plain libtorch table on this device instead (cuda: GPU LOCAL_RANK)")
@@ -366,6 +370,17 @@ int main(int argc, char** argv) {
 
   try {
     ProcessGroup world = init_process_group();
+    if (o.decode) {
+      bench::DecodeOptions d;
+      if (app.count("--reps") > 0) d.reps = o.reps;
+      if (app.count("--warmup") > 0) d.warmup = o.warmup;
+      if (world.rank() == 0)
+        std::printf("dtp-bench --decode: %d ranks, %d threads per rank, libtorch %s\n", world.size(),
+                    at::get_num_threads(), TORCH_VERSION);
+      const bool ok = bench::run_decode(d, world);
+      std::fflush(stdout);
+      return ok ? 0 : 1;
+    }
     if (o.dp > 1 || o.ac || !o.device.empty()) {
       std::vector<const Size*> sizes;
       for (const auto& name : o.sizes)

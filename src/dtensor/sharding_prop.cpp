@@ -234,8 +234,15 @@ Decision compute(const OpCall& call) {
 
 // Per thread: ranks may run as threads, and no lock sits on the hot path.
 thread_local std::unordered_map<Signature, Decision, SignatureHash> cache;
+thread_local PropagationCacheStats stats;
 
 void clear_propagation_cache() { cache.clear(); }
+
+PropagationCacheStats propagation_cache_stats() {
+  PropagationCacheStats s = stats;
+  s.size = static_cast<int64_t>(cache.size());
+  return s;
+}
 
 const Decision& propagate(const OpCall& call) {
   thread_local Signature sig;
@@ -251,11 +258,15 @@ const Decision& propagate(const OpCall& call) {
     else encodeValue(sig, call.args[i]);
   }
   auto it = cache.find(sig);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end()) {
+    ++stats.hits;
+    return it->second;
+  }
+  ++stats.misses;
   Decision d = compute(call);
   // Bounded: programs with ever-new shapes must not grow it forever. Callers
   // use a decision before the next propagate on their thread.
-  if (cache.size() >= 16384) cache.clear();
+  if (cache.size() >= kPropagationCacheCapacity) cache.clear();
   return cache.emplace(sig, std::move(d)).first->second;
 }
 

@@ -14,6 +14,14 @@ const Decision& propagate(const OpCall& call);
 // Empties this thread's cache (benchmarks of the miss path).
 void clear_propagation_cache();
 
+// The cache holds at most this many decisions; full, it starts over.
+constexpr size_t kPropagationCacheCapacity = 16384;
+// This thread's cache: entries now, hits and misses since the thread began.
+struct PropagationCacheStats {
+  int64_t size = 0, hits = 0, misses = 0;
+};
+PropagationCacheStats propagation_cache_stats();
+
 // Cost of moving `bytes` of one rank's shard from `from` to `to` on one mesh
 // dimension; used to choose among rows.
 double transition_cost(const Placement& from, const Placement& to, double bytes,

@@ -39,7 +39,10 @@ void checkAgree(const at::Tensor& logits, const std::vector<int64_t>& tokens) {
 }  // namespace
 
 void apply_tensor_parallel_for_inference(Llama& model, const DeviceMesh& mesh) {
-  apply_tensor_parallel(model, mesh, TensorParallelOptions{/*sequence_parallel=*/false});
+  TensorParallelOptions o;
+  o.sequence_parallel = false;
+  o.replicate_kv_heads = true;
+  apply_tensor_parallel(model, mesh, o);
 }
 
 std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,

@@ -147,8 +147,16 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   // Under TP these are this rank's heads, plain tensors. One statement each:
   // the order of q, k, v fixes the order their gradients are summed in.
   at::Tensor q = wq(x).view({batch, seq, -1, head_dim});
-  at::Tensor k = wk(x).view({batch, seq, -1, head_dim});
-  at::Tensor v = wv(x).view({batch, seq, -1, head_dim});
+  at::Tensor k = wk(x), v = wv(x);
+  if (kv_head >= 0) {
+    // Replicated projections: this rank's one KV head, whose gradient is
+    // this rank's part of the sum over the ranks sharing it (Partial).
+    k = to_local(k, Placements{Partial()}).view({batch, seq, -1, head_dim}).narrow(2, kv_head, 1);
+    v = to_local(v, Placements{Partial()}).view({batch, seq, -1, head_dim}).narrow(2, kv_head, 1);
+  } else {
+    k = k.view({batch, seq, -1, head_dim});
+    v = v.view({batch, seq, -1, head_dim});
+  }
   if (KVCache* cache = KVCache::active()) return wo(cached_attention(q, k, v, rope_cos, rope_sin, *cache, layer_index));
   return wo(causal_attention(q, k, v, rope_cos, rope_sin));
 }

@@ -35,8 +35,18 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
   const bool stage = !c.with_embedding || !c.with_head;
   const bool sp = options.sequence_parallel && !stage;
   checkDivisible("n_heads", c.n_heads, tp, "Use a tp degree that divides n_heads, or change n_heads.");
-  checkDivisible("n_kv_heads", c.n_kv_heads, tp,
-                 "Use a tp degree that divides n_kv_heads, or raise n_kv_heads (up to n_heads).");
+  const bool replicateKv = options.replicate_kv_heads && tp > c.n_kv_heads;
+  if (replicateKv) {
+    TORCH_CHECK(tp % c.n_kv_heads == 0, "apply_tensor_parallel: tp=", tp, " > n_kv_heads=", c.n_kv_heads,
+                " replicates KV heads only when tp is a multiple of n_kv_heads. Use a tp degree that divides or is a "
+                "multiple of n_kv_heads.");
+  } else {
+    checkDivisible("n_kv_heads", c.n_kv_heads, tp,
+                   options.replicate_kv_heads
+                       ? "Use a tp degree that divides n_kv_heads, or a multiple of it (KV heads are then replicated)."
+                       : "Use a tp degree that divides n_kv_heads, or raise n_kv_heads (up to n_heads); for inference, "
+                         "apply_tensor_parallel_for_inference replicates KV heads when tp is a multiple of n_kv_heads.");
+  }
   if (sp && options.seq_len > 0)
     checkDivisible("seq_len", options.seq_len, tp,
                    "Sequence parallelism shards the sequence evenly: use a multiple of tp, or disable it "
@@ -75,7 +85,10 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
   }
   for (const char* m : {"layers.*.attention", "layers.*.feed_forward"}) plan.emplace_back(m, gather_input);
   const auto rowwise_out = RowwiseParallel(RowwiseParallelOptions().output_layouts(residual).use_local_output(false));
-  for (const char* m : {"wq", "wk", "wv"}) plan.emplace_back(std::string("layers.*.attention.") + m, ColwiseParallel());
+  for (const char* m : {"wq", "wk", "wv"}) {
+    if (replicateKv && std::string(m) != "wq") continue;
+    plan.emplace_back(std::string("layers.*.attention.") + m, ColwiseParallel());
+  }
   plan.emplace_back("layers.*.attention.wo", rowwise_out);
   for (const char* m : {"w1", "w3"}) plan.emplace_back(std::string("layers.*.feed_forward.") + m, ColwiseParallel());
   plan.emplace_back("layers.*.feed_forward.w2", rowwise_out);
@@ -85,6 +98,13 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                plan.end());
   }
   parallelize_module(*model, *tp_mesh, plan);
+  if (replicateKv) {
+    // vLLM's rule: rank r's query heads share KV head r / (tp / n_kv_heads).
+    const int64_t kvHead = tp_mesh->get_local_rank(0) / (tp / c.n_kv_heads);
+    for (const auto& layer : *model->layers) {
+      layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->kv_head = kvHead;
+    }
+  }
 
   // Whatever the plan left plain (the norms without SP) is replicated. A
   // stage takes and returns plain activations, replicated on every rank.

@@ -80,6 +80,9 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor rope_cos, rope_sin;  // [max_seq_len, head_dim / 2]
   int64_t head_dim;
   int64_t layer_index = 0;  // its slot in a KVCache
+  // >= 0: wk and wv are replicated and this rank attends with this KV head
+  // only (TensorParallelOptions::replicate_kv_heads).
+  int64_t kv_head = -1;
 };
 DTP_MODULE(Attention);
 
@@ -149,6 +152,10 @@ std::optional<DeviceMesh> get_tp_mesh(const DeviceMesh& mesh);
 struct TensorParallelOptions {
   bool sequence_parallel = true;
   int64_t seq_len = 0;  // the training sequence length, checked under SP (0: unchecked)
+  // tp > n_kv_heads (tp a multiple of it): wk and wv stay replicated and
+  // rank r attends with KV head r / (tp / n_kv_heads), as vLLM does. Set by
+  // apply_tensor_parallel_for_inference; training with it is untested.
+  bool replicate_kv_heads = false;
 };
 
 // Parallelizes the model over mesh["tp"] as torchtitan does: q/k/v and w1/w3

@@ -1,0 +1,32 @@
+// dtp-bench --decode: per-token decode latency of the reference Llama with a
+// KV cache (greedy, float32, no grad), dtp against a hand-written decode on
+// the same weights, interleaved rep by rep:
+//   tp=1          (one rank only) dtp's model on plain tensors against the
+//                 same decode written in plain libtorch;
+//   tp=W          dtp's model after apply_tensor_parallel_for_inference
+//                 against a gpt-fast-style decode on each rank's local shards
+//                 with the same collectives (one all-reduce after the
+//                 embedding, each attention and each MLP; one all-gather of
+//                 [B, 2] per rank for the greedy pick). On one rank this is
+//                 DTensor's cost alone: a one-rank mesh moves nothing.
+// Exits non-zero when the hand-written decode picks other tokens than dtp's,
+// or issues other collectives: then it would not be a fair baseline.
+#pragma once
+
+#include "dtp/process_group.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace dtp::bench {
+
+struct DecodeOptions {
+  int reps = 5, warmup = 1;
+  int64_t prompt = 32, steps = 32;  // prompt tokens (prefill, untimed); decode steps timed
+  std::vector<int64_t> batches{1, 8};
+};
+
+// Prints the table on rank 0; false (on every rank) when a check failed.
+bool run_decode(const DecodeOptions& options, const ProcessGroup& world);
+
+}  // namespace dtp::bench
