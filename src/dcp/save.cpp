@@ -9,9 +9,6 @@
 #include "io/atomic_dir.h"
 #include "io/file_util.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 namespace dtp::dcp {
@@ -34,18 +31,6 @@ std::string writeRankFile(const SavePlan& plan, const std::string& folder, int r
                                                                  s.end, s.crc32});
   }
   return Json{{"file", file}, {"size", saved.size}, {"pieces", Json::parse(io::pieces_to_json(pieces))}}.dump();
-}
-
-void writeIndex(const io::CheckpointIndex& index, const std::string& folder) {
-  const std::string path = folder + "/" + io::CheckpointIndex::kFileName;
-  const std::string text = index.to_json();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "save: cannot create '", path, "': ", io::errno_text(), ".");
-  const bool ok = io::write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
-  const std::string err = io::errno_text();
-  ::close(fd);
-  TORCH_CHECK(ok, "save: writing '", path, "' failed: ", err, ". Check free disk space; the previous checkpoint is "
-              "unchanged.");
 }
 
 }  // namespace
@@ -79,7 +64,7 @@ void write_plan(SavePlan plan, const std::string& dir, const std::optional<Proce
         index.tensors.at(name).pieces.push_back(std::move(piece));
       }
     }
-    writeIndex(index, folder);
+    io::write_file_synced(folder + "/" + io::CheckpointIndex::kFileName, index.to_json());
     io::commit_dir(dir);
   }), what);
 }

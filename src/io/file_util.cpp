@@ -1,5 +1,6 @@
 #include "io/file_util.h"
 
+#include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -41,6 +42,15 @@ bool pwrite_all(int fd, const void* data, size_t n, uint64_t offset) {
     n -= static_cast<size_t>(w);
   }
   return true;
+}
+
+void write_file_synced(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot create '", path, "': ", errno_text(), ".");
+  const bool ok = write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
+  const std::string err = errno_text();
+  ::close(fd);
+  TORCH_CHECK(ok, "writing '", path, "' failed: ", err, ". Check free disk space.");
 }
 
 void fsync_dir(const std::string& dir) {

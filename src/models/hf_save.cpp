@@ -76,15 +76,6 @@ const char* dtypeName(at::ScalarType t) {
   }
 }
 
-void writeText(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "save_hf: cannot create '", path, "': ", io::errno_text(), ".");
-  const bool ok = io::write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
-  const std::string err = io::errno_text();
-  ::close(fd);
-  TORCH_CHECK(ok, "save_hf: writing '", path, "' failed: ", err, ". Check free disk space.");
-}
-
 Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& source_dir) {
   Json j = Json::object();
   if (!source_dir.empty() && fs::exists(source_dir + "/config.json")) {
@@ -189,9 +180,9 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
         for (const auto& e : f.entries) index["weight_map"][e.name] = f.name;
       }
       index["metadata"]["total_size"] = total;
-      writeText(folder + "/model.safetensors.index.json", index.dump(2) + "\n");
+      io::write_file_synced(folder + "/model.safetensors.index.json", index.dump(2) + "\n");
     }
-    writeText(folder + "/config.json", configJson(model->config, dtype, options.source_dir).dump(2) + "\n");
+    io::write_file_synced(folder + "/config.json", configJson(model->config, dtype, options.source_dir).dump(2) + "\n");
     for (const char* extra : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                               "special_tokens_map.json", "generation_config.json"}) {
       const fs::path from = fs::path(options.source_dir) / extra;

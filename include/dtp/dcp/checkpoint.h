@@ -91,7 +91,8 @@ class AsyncSaver {
   void save(const StateDict& state_dict, const std::string& dir);
   // Blocks until the last save is committed; rethrows its error.
   void wait();
-  // True while a save is being written.
+  // True while this rank's writer is busy. Ranks may see it change at
+  // different moments: never make collectives depend on it.
   bool in_flight() const;
 
  private:
