@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   using namespace dtp;
   using namespace dtp::models;
   apps::ModelFlags model_flags;
-  std::string checkpoint, hf, tokenizer_path, prompt_file;
+  std::string checkpoint, hf, tokenizer_path, prompt_file, device = "cpu";
   std::vector<std::string> prompts;
   int64_t tokens = 200, context = 0, top_k = 0;
   double temperature = 0.0, top_p = 1.0;
@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", top_k, "Sample among the k most likely tokens (0: all)")->check(dtp::apps::kNonNegative);
   app.add_option("--top-p", top_p, "Sample among the most likely tokens holding this mass")->check(CLI::Range(1e-9, 1.0));
   app.add_option("--seed", seed, "Sampling seed (the same on every rank)");
+  app.add_option("--device", device, "cpu, or cuda: each rank on GPU LOCAL_RANK (untested on a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (!prompt_file.empty()) {
@@ -67,8 +70,10 @@ int main(int argc, char** argv) {
     TORCH_CHECK(tokenizer->vocab_size() <= config.vocab_size, "the tokenizer (", tokenizer->name(),
                 ") has ", tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", config.vocab_size,
                 ". Pass the model's own tokenizer.model with --tokenizer.");
+    DeviceMesh mesh = init_device_mesh(device, {world.size()}, {"tp"});
+    config.device = mesh.device();
     Llama model(config);
-    if (world.size() > 1) apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {world.size()}, {"tp"}));
+    if (world.size() > 1) apply_tensor_parallel_for_inference(model, mesh);
     if (!hf.empty()) {
       load_hf_weights(model, hf);
     } else if (std::filesystem::is_regular_file(checkpoint)) {
