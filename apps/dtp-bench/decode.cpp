@@ -34,7 +34,8 @@ struct DecodeSize {
   const char* name;
   int64_t dim, layers, heads, kv_heads, vocab;
 };
-constexpr DecodeSize kDecodeSizes[] = {{"d256", 256, 4, 8, 4, 32000},
+constexpr DecodeSize kDecodeSizes[] = {{"d64", 64, 2, 4, 4, 512},
+                                       {"d256", 256, 4, 8, 4, 32000},
                                        {"d512", 512, 4, 8, 4, 32000},
                                        {"d1024", 1024, 2, 16, 4, 32000}};
 
@@ -151,21 +152,32 @@ class HandDecoder : public Decoder {
                   "apply_tensor_parallel_for_inference's plan.");
       return to_local(p->detach());
     };
-    const at::Tensor& embedding = *params.find("tok_embeddings.weight");
-    vocab_offset_ = is_dtensor(embedding) ? dtensor_spec(embedding).local_offset()[0] : 0;
+    // The first vocabulary row (embedding) and column (head) of this rank's shard.
+    auto offset = [&](const std::string& name) {
+      const at::Tensor& p = *params.find(name);
+      return is_dtensor(p) ? dtensor_spec(p).local_offset()[0] : 0;
+    };
     embedding_ = get("tok_embeddings.weight", Shard(0));
+    vocab_offset_ = offset("tok_embeddings.weight");
+    const int64_t head_dim = model->config.head_dim();
     for (int64_t i = 0; i < model->config.n_layers; ++i) {
       const std::string l = "layers." + std::to_string(i) + ".";
+      // With more ranks than KV heads, wk and wv stay replicated and this
+      // rank projects onto its one KV head only (vLLM's rule).
+      const int64_t kv_head = model->layers->ptr(i)->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->kv_head;
+      auto kv = [&](const std::string& name) {
+        if (kv_head < 0) return get(name, Shard(0));
+        return get(name, Replicate()).narrow(0, kv_head * head_dim, head_dim);
+      };
       layers_.push_back({get(l + "attention_norm.weight", Replicate()), get(l + "attention.wq.weight", Shard(0)),
-                         get(l + "attention.wk.weight", Shard(0)), get(l + "attention.wv.weight", Shard(0)),
+                         kv(l + "attention.wk.weight"), kv(l + "attention.wv.weight"),
                          get(l + "attention.wo.weight", Shard(1)), get(l + "ffn_norm.weight", Replicate()),
                          get(l + "feed_forward.w1.weight", Shard(0)), get(l + "feed_forward.w2.weight", Shard(1)),
                          get(l + "feed_forward.w3.weight", Shard(0))});
     }
     norm_ = get("norm.weight", Replicate());
     output_ = get("output.weight", Shard(0));
-    const at::Tensor& head = *params.find("output.weight");
-    head_offset_ = is_dtensor(head) ? dtensor_spec(head).local_offset()[0] : 0;
+    head_offset_ = offset("output.weight");
     auto buffer = [&](const std::string& name) {
       const at::Tensor* t = buffers.find(name);
       TORCH_CHECK(t != nullptr, "dtp-bench --decode: the model has no buffer '", name, "'.");
@@ -173,7 +185,7 @@ class HandDecoder : public Decoder {
     };
     rope_cos_ = buffer("layers.0.attention.rope_cos");
     rope_sin_ = buffer("layers.0.attention.rope_sin");
-    head_dim_ = model->config.head_dim();
+    head_dim_ = head_dim;
   }
 
   std::vector<int64_t> prefill(const at::Tensor& prompts) override {
@@ -254,13 +266,26 @@ struct Counts {
   int64_t collectives = 0, bytes = 0, dtensor_ops = 0;
 };
 
-// One generation: the prefill (untimed), then `steps` decode steps, timed
-// on the slowest rank. Returns ms per token; `tokens` gets all steps + 1.
-double decodeOnce(Decoder& d, const at::Tensor& prompts, int64_t steps, const ProcessGroup& world,
-                  std::vector<int64_t>& tokens, Counts* counts = nullptr) {
+double cpuMs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+struct Time {
+  double ms = 0;      // per token, on the slowest rank
+  double cpu_ms = 0;  // per token, CPU time of all ranks' processes (every thread)
+};
+
+// One generation: the prefill (untimed), then `steps` decode steps, timed.
+// `tokens` gets all steps + 1.
+Time decodeOnce(Decoder& d, const at::Tensor& prompts, int64_t steps, const ProcessGroup& world,
+                std::vector<int64_t>& tokens, Counts* counts = nullptr) {
   std::vector<int64_t> next = d.prefill(prompts);
   tokens = next;
+  double cpu = 0;
   const double ms = timed_max(world, [&] {
+    const double cpu0 = cpuMs();
     std::optional<CommCounter> comm;
     std::optional<DTensorOpCounter> ops;
     if (counts) {
@@ -272,12 +297,16 @@ double decodeOnce(Decoder& d, const at::Tensor& prompts, int64_t steps, const Pr
       tokens.insert(tokens.end(), next.begin(), next.end());
     }
     if (counts) *counts = {comm->total_count(), comm->total_bytes(), ops->ops()};
+    cpu = cpuMs() - cpu0;
   });
-  return ms / static_cast<double>(steps);
+  at::Tensor all = at::full({1}, cpu, at::kDouble);
+  world.all_reduce(all);
+  const double n = static_cast<double>(steps);
+  return {ms / n, all.item<double>() / n};
 }
 
 struct Row {
-  std::vector<double> dtp_ms, hand_ms;
+  std::vector<double> dtp_ms, hand_ms, dtp_cpu, hand_cpu;
   Counts dtp, hand;
   bool tokens_agree = true;
 };
@@ -292,19 +321,19 @@ Row compare(Llama model, Decoder& hand, const at::Tensor& prompts, const DecodeO
   Row row;
   std::vector<int64_t> want, got;
   decodeOnce(dtp, prompts, o.steps, world, want, &row.dtp);
-  auto check = [&](const char* who, int rep) {
+  auto check = [&](const char* who, const std::string& run) {
     if (got == want) return;
     if (row.tokens_agree && world.rank() == 0) {
       size_t i = 0;
       while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
-      std::fprintf(stderr, "dtp-bench --decode: %s, batch %lld: %s's greedy tokens differ from dtp's (rep %d, "
-                   "first at step %lld, sequence %lld)\n", what, static_cast<long long>(batch), who, rep,
+      std::fprintf(stderr, "dtp-bench --decode: %s, batch %lld: %s's greedy tokens differ from dtp's (%s, "
+                   "first at step %lld, sequence %lld)\n", what, static_cast<long long>(batch), who, run.c_str(),
                    static_cast<long long>(i / batch), static_cast<long long>(i % batch));
     }
     row.tokens_agree = false;
   };
   decodeOnce(hand, prompts, o.steps, world, got, &row.hand);
-  check("the hand-written decode", -1);
+  check("the hand-written decode", "first run");
   {
     KVCache cache(batch, max_seq);
     GenerateOptions g;
@@ -318,14 +347,16 @@ Row compare(Llama model, Decoder& hand, const at::Tensor& prompts, const DecodeO
     got.clear();
     for (int64_t s = 0; s <= o.steps; ++s)
       for (int64_t b = 0; b < batch; ++b) got.push_back(out[b][s]);
-    check("models::generate", -1);
+    check("models::generate", "first run");
   }
   for (int r = 0; r < o.warmup + o.reps; ++r) {
     for (int k = 0; k < 2; ++k) {
       const bool dtp_turn = (k == 0) == (r % 2 == 0);
-      const double ms = decodeOnce(dtp_turn ? static_cast<Decoder&>(dtp) : hand, prompts, o.steps, world, got);
-      check(dtp_turn ? "dtp (again)" : "the hand-written decode", r);
-      if (r >= o.warmup) (dtp_turn ? row.dtp_ms : row.hand_ms).push_back(ms);
+      const Time t = decodeOnce(dtp_turn ? static_cast<Decoder&>(dtp) : hand, prompts, o.steps, world, got);
+      check(dtp_turn ? "dtp (again)" : "the hand-written decode", "rep " + std::to_string(r));
+      if (r < o.warmup) continue;
+      (dtp_turn ? row.dtp_ms : row.hand_ms).push_back(t.ms);
+      (dtp_turn ? row.dtp_cpu : row.hand_cpu).push_back(t.cpu_ms);
     }
   }
   return row;
@@ -355,8 +386,9 @@ bool report(const DecodeSize& s, int64_t batch, const std::string& tp, const Row
   ++target.rows;
   if (world.rank() == 0) {
     const double per = static_cast<double>(o.steps);
-    std::printf("| %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f | %s |\n", s.name,
-                static_cast<long long>(batch), tp.c_str(), a, b, ratio, median(paired), a - b,
+    const double ca = median(row.dtp_cpu), cb = median(row.hand_cpu);
+    std::printf("| %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %.1f | %s |\n", s.name,
+                static_cast<long long>(batch), tp.c_str(), a, b, ratio, median(paired), a - b, ca / cb, ca - cb,
                 row.dtp.collectives / per, row.dtp.dtensor_ops / per, met ? "yes" : "no");
     std::fflush(stdout);
   }
@@ -364,6 +396,12 @@ bool report(const DecodeSize& s, int64_t batch, const std::string& tp, const Row
 }
 
 }  // namespace
+
+std::vector<std::string> decode_size_names() {
+  std::vector<std::string> names;
+  for (const DecodeSize& s : kDecodeSizes) names.push_back(s.name);
+  return names;
+}
 
 bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
   torch::NoGradGuard no_grad;
@@ -376,28 +414,35 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
     std::printf("tp=1: dtp's model on plain tensors vs plain libtorch; tp=%d%s: apply_tensor_parallel_for_inference "
                 "vs hand-written TP on the same local shards%s\n\n", w, w == 1 ? " (mesh)" : "",
                 w == 1 ? " (a one-rank mesh: DTensor's cost alone)" : "");
+    std::printf("paired: the median of per-rep ratios; CPU: process CPU time of all ranks (steadier than wall time "
+                "on a shared machine); DTensor ops: ATen ops through dtp's DTensor fallback\n\n");
     std::printf("| size | batch | tp | dtp ms/token | hand ms/token | dtp / hand | paired | dtp - hand ms | "
-                "collectives/token | DTensor ops/token | dtp <= 1.05x |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "CPU dtp / hand | CPU dtp - hand ms | collectives/token | DTensor ops/token | dtp <= 1.05x |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::fflush(stdout);
   }
   bool ok = true;
   Target target;
-  for (const DecodeSize& s : kDecodeSizes) {
+  for (const std::string& name : o.sizes) {
+    const DecodeSize* found = nullptr;
+    for (const DecodeSize& s : kDecodeSizes) found = name == s.name ? &s : found;
+    TORCH_CHECK(found != nullptr, "dtp-bench --decode: unknown size '", name, "'. Use one of d64, d256, d512, d1024.");
+    const DecodeSize& s = *found;
     const LlamaConfig c = configOf(s, o.prompt + o.steps);
+    std::optional<Llama> plain;
+    if (w == 1) plain.emplace(c);
+    Llama tp(c);
+    apply_tensor_parallel_for_inference(tp, mesh);
     for (int64_t batch : o.batches) {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
       const at::Tensor prompts = at::randint(s.vocab, {batch, o.prompt}, gen);  // the same on every rank
-      if (w == 1) {
-        Llama plain(c);
-        HandDecoder hand(plain, ProcessGroup(), batch, o.prompt + o.steps);
-        ok &= report(s, batch, "1", compare(plain, hand, prompts, o, world, s.name), o, world, target);
+      if (plain) {
+        HandDecoder hand(*plain, ProcessGroup(), batch, o.prompt + o.steps);
+        ok &= report(s, batch, "1", compare(*plain, hand, prompts, o, world, s.name), o, world, target);
       }
-      Llama tp(c);
-      apply_tensor_parallel_for_inference(tp, mesh);
       HandDecoder hand(tp, mesh.get_group(0), batch, o.prompt + o.steps);
-      ok &= report(s, batch, w == 1 ? "1 (mesh)" : std::to_string(w),
-                   compare(tp, hand, prompts, o, world, s.name), o, world, target);
+      ok &= report(s, batch, w == 1 ? "1 (mesh)" : std::to_string(w), compare(tp, hand, prompts, o, world, s.name), o,
+                   world, target);
     }
   }
   at::Tensor agree = at::full({1}, ok ? 1 : 0, at::kInt);

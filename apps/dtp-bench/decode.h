@@ -16,6 +16,7 @@
 #include "dtp/process_group.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dtp::bench {
@@ -24,7 +25,11 @@ struct DecodeOptions {
   int reps = 5, warmup = 1;
   int64_t prompt = 32, steps = 32;  // prompt tokens (prefill, untimed); decode steps timed
   std::vector<int64_t> batches{1, 8};
+  std::vector<std::string> sizes{"d256", "d512", "d1024"};  // of decode_size_names()
 };
+
+// The model sizes --decode knows: d64 (a smoke test), d256, d512, d1024.
+std::vector<std::string> decode_size_names();
 
 // Prints the table on rank 0; false (on every rank) when a check failed.
 bool run_decode(const DecodeOptions& options, const ProcessGroup& world);

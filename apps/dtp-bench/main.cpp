@@ -362,6 +362,13 @@ int main(int argc, char** argv) {
   app.add_flag("--decode", o.decode,
                "Run the KV-cache decode table (ms per token, dtp vs hand-written, TP=1 and TP=WORLD_SIZE) instead; "
                "--reps and --warmup default to 5 and 1 there");
+  bench::DecodeOptions decode;
+  app.add_option("--decode-sizes", decode.sizes, "Model sizes --decode runs")
+      ->check(CLI::IsMember(bench::decode_size_names()))
+      ->capture_default_str();
+  app.add_option("--batches", decode.batches, "Batch sizes --decode runs")
+      ->check(dtp::apps::kPositive)
+      ->capture_default_str();
   app.add_option("--dp", o.dp, "Data-parallel degree: run the 2-D (dp, WORLD_SIZE/dp) tables (FSDP, DDP) instead")
       ->check(dtp::apps::kPositive);
   app.add_option("--device", o.device, "Run the dtp vs plain libtorch table on this device instead (cuda: GPU LOCAL_RANK)")
@@ -371,13 +378,12 @@ int main(int argc, char** argv) {
   try {
     ProcessGroup world = init_process_group();
     if (o.decode) {
-      bench::DecodeOptions d;
-      if (app.count("--reps") > 0) d.reps = o.reps;
-      if (app.count("--warmup") > 0) d.warmup = o.warmup;
+      if (app.count("--reps") > 0) decode.reps = o.reps;
+      if (app.count("--warmup") > 0) decode.warmup = o.warmup;
       if (world.rank() == 0)
         std::printf("dtp-bench --decode: %d ranks, %d threads per rank, libtorch %s\n", world.size(),
                     at::get_num_threads(), TORCH_VERSION);
-      const bool ok = bench::run_decode(d, world);
+      const bool ok = bench::run_decode(decode, world);
       std::fflush(stdout);
       return ok ? 0 : 1;
     }

@@ -9,7 +9,9 @@
 namespace dtp::inference {
 namespace {
 
-// This rank's [B, Vlocal] logits (float64), the vocab index of its first
+// This rank's [B, Vlocal] logits (in their dtype: only candidates are
+// converted to float64, the row only when all of it is needed), the vocab
+// index of its first
 // column, and the group sharing the vocabulary (invalid: not sharded).
 struct Shard {
   at::Tensor local;
@@ -21,7 +23,7 @@ Shard shardOf(const at::Tensor& logits) {
   Shard s;
   const int64_t last = logits.dim() - 1;
   if (!is_dtensor(logits)) {
-    s.local = logits.reshape({logits.size(0), -1}).to(at::kDouble);
+    s.local = logits.reshape({logits.size(0), -1});
     s.vocab = logits.size(last);
     return s;
   }
@@ -38,7 +40,7 @@ Shard shardOf(const at::Tensor& logits) {
   }
   s.offset = spec.local_offset().back();
   const at::Tensor local = to_local(logits);
-  s.local = local.reshape({local.size(0), -1}).to(at::kDouble);
+  s.local = local.reshape({local.size(0), -1});
   return s;
 }
 
@@ -83,7 +85,9 @@ std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, 
   const int64_t mine = nLocal == 0 ? 0 : (k > 0 ? std::min(k, nLocal) : nLocal);
   at::Tensor cand = at::empty({batch, mine, 2}, at::kDouble);
   if (mine > 0) {
-    auto [val, idx] = k > 0 ? s.local.topk(mine, -1) : std::make_tuple(s.local, at::arange(nLocal, at::kLong).expand({batch, nLocal}));
+    auto [val, idx] = k == 1   ? s.local.max(-1, /*keepdim=*/true)
+                      : k > 0  ? s.local.topk(mine, -1)
+                               : std::make_tuple(s.local, at::arange(nLocal, at::kLong).expand({batch, nLocal}));
     cand.select(-1, 0).copy_(val);
     cand.select(-1, 1).copy_(idx.to(at::kDouble) + static_cast<double>(s.offset));
   }
