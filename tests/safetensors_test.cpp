@@ -279,6 +279,21 @@ TEST_F(SafetensorsTest, MissingFileNamesPath) {
   EXPECT_ERROR(load_safetensors(dir_.string()), "not a regular file");
 }
 
+// A file that fails its checks is closed again (the fuzzer once ran out of
+// descriptors): 100 failed loads leave the count of open descriptors as it was.
+TEST_F(SafetensorsTest, FailedLoadsCloseTheirFile) {
+  const std::string p = file("corrupt.safetensors");
+  dtp::test::write_bytes(p, std::string("\x10\0\0\0\0\0\0\0{not json}      ", 24));
+  auto openFds = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  const int before = openFds();
+  for (int i = 0; i < 100; ++i) EXPECT_ERROR(load_safetensors(p), "header is not valid JSON");
+  EXPECT_EQ(openFds(), before);
+}
+
 TEST_F(SafetensorsTest, SaveRejectsBadEntriesBeforeWriting) {
   const std::string p = file("bad.safetensors");
   at::Tensor w = at::ones({2});

@@ -97,7 +97,18 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   LOAD_CHECK(S_ISREG(st.st_mode), "not a regular file. Pass the path of a .safetensors file.");
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   LOAD_CHECK(fd_ >= 0, "cannot open: ", errnoText(), ". Check the permissions.");
-  size_ = static_cast<uint64_t>(st.st_size);
+  // The destructor does not run when the constructor throws: close here.
+  try {
+    parse(static_cast<uint64_t>(st.st_size));
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+void SafetensorsFile::parse(uint64_t file_size) {
+  size_ = file_size;
   LOAD_CHECK(size_ >= 8, "truncated: file has ", size_, " bytes, expected at least 8 (the header length). ",
       kCutShort, ".");
   unsigned char length[8];

@@ -51,6 +51,7 @@ class SafetensorsFile {
   std::string crc32(uint64_t begin, uint64_t end, uint64_t buffer_bytes) const;
 
  private:
+  void parse(uint64_t file_size);  // the header checks of the constructor
   std::string path_;
   int fd_ = -1;
   uint64_t size_ = 0;
