@@ -10,7 +10,8 @@
 # The root is made once with debootstrap (minbase, Debian's archive only) in
 # ${DTP_DEBIAN13_ROOT:-/var/tmp/dtp-debian13} and reused while the machine
 # keeps it; setup.sh installs what is missing inside it with apt, exactly as
-# on a native Debian 13, plus python3-torch (DTP_EXTRA_PACKAGES) for the tests
+# on a native Debian 13, plus python3-torch and python3-safetensors
+# (DTP_EXTRA_PACKAGES) for the Hugging Face check against Python and the tests
 # that start dtp ranks under a real torchrun. Needs root (or sudo) for
 # debootstrap, mount and chroot.
 set -euo pipefail
@@ -55,6 +56,6 @@ mounts+=("$root/dtp")
 
 $sudo chroot "$root" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  DTP_BUILD_DIR="${DTP_BUILD_DIR:-build-debian13}" DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES-python3-torch}" \
+  DTP_BUILD_DIR="${DTP_BUILD_DIR:-build-debian13}" DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES-python3-torch python3-safetensors}" \
   ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} \
   /bin/bash -c 'cd /dtp && exec "$@"' debian13 "$@"
