@@ -21,13 +21,6 @@ void KVCache::reset(int64_t batch) {
   lengths_.assign(batch, 0);
 }
 
-int64_t KVCache::nbytes() const {
-  int64_t n = 0;
-  for (const auto& t : k_) n += t.defined() ? t.nbytes() : 0;
-  for (const auto& t : v_) n += t.defined() ? t.nbytes() : 0;
-  return n;
-}
-
 std::pair<at::Tensor, at::Tensor> KVCache::layer(int64_t index, const at::Tensor& like) {
   if (static_cast<int64_t>(k_.size()) <= index) {
     k_.resize(index + 1);

@@ -30,8 +30,6 @@ class KVCache {
   const std::vector<int64_t>& lengths() const { return lengths_; }
   // Starts a new batch of `batch` empty sequences (memory is kept).
   void reset(int64_t batch);
-  // Bytes held on this rank.
-  int64_t nbytes() const;
 
   // Used by the Llama's forward (see llama_kv.cpp).
   struct Step {
