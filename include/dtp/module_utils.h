@@ -6,12 +6,18 @@
 #include <functional>
 #include <string>
 #include <typeindex>
+#include <utility>
+#include <vector>
 
 namespace torch::nn {
 class Module;
 }
 
 namespace dtp {
+
+// The module's parameters by FQN, each tensor once: a tied weight keeps its
+// first name (optimizers and checkpoints must not see it twice).
+std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& module);
 
 // Replaces the module's own parameter `name` (not a child's: no dots) in its
 // registry only, keeping its position and requires_grad.

@@ -3,6 +3,7 @@
 // a rank's error reaches every rank instead of leaving the others waiting.
 #pragma once
 
+#include "comm/error_text.h"
 #include "dtp/process_group.h"
 
 #include <optional>
@@ -27,10 +28,8 @@ template <class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
   } catch (const std::exception& e) {
-    return e.what();
+    return error_text(e);
   }
   return "";
 }

@@ -3,6 +3,7 @@
 #include "dtp/dcp/checkpoint.h"
 
 #include "dcp/exchange.h"
+#include "dcp/load_index.h"
 #include "dcp/pieces.h"
 #include "dtp/dtensor.h"
 #include "dtp/io/box_io.h"
@@ -106,6 +107,11 @@ io::CheckpointIndex read_index(const std::string& dir) {
 }
 
 std::map<std::string, std::string> load(StateDict& state_dict, const std::string& dir, const LoadOptions& options) {
+  return load_with_index(state_dict, dir, std::nullopt, options);
+}
+
+std::map<std::string, std::string> load_with_index(StateDict& state_dict, const std::string& dir,
+                                                   std::optional<io::CheckpointIndex> known, const LoadOptions& options) {
   const auto group = checkpoint_group(options.group);
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const std::string what = "load of '" + dir + "'";
@@ -115,7 +121,7 @@ std::map<std::string, std::string> load(StateDict& state_dict, const std::string
   // Everything is checked before any tensor changes: names, shapes, dtypes,
   // the files this rank reads, and (shared round-robin) the checksums.
   agree(group, error_of([&] {
-    index = read_index(dir);
+    index = known ? std::move(*known) : read_index(dir);
     std::vector<std::string> missing, mismatched, unexpected;
     std::set<std::string> asked;
     for (auto& [name, t] : state_dict.tensors) {
@@ -138,16 +144,11 @@ std::map<std::string, std::string> load(StateDict& state_dict, const std::string
       for (const auto& prefix : options.ignore_prefixes) ignored |= name.rfind(prefix, 0) == 0;
       if (!ignored) unexpected.push_back(name);
     }
-    auto list = [](const std::vector<std::string>& names) {
-      std::string s;
-      for (size_t i = 0; i < names.size() && i < 20; ++i) s += (i ? ", " : "") + names[i];
-      return names.size() > 20 ? s + ", ... (" + std::to_string(names.size()) + " in all)" : s;
-    };
     TORCH_CHECK(missing.empty() && mismatched.empty() && unexpected.empty(), "'", dir,
                 "' does not match the state dict:",
-                missing.empty() ? "" : "\n  missing from the checkpoint: " + list(missing),
-                unexpected.empty() ? "" : "\n  in the checkpoint but not asked for: " + list(unexpected),
-                mismatched.empty() ? "" : "\n  other dtype or shape: " + list(mismatched),
+                missing.empty() ? "" : "\n  missing from the checkpoint: " + name_list(missing),
+                unexpected.empty() ? "" : "\n  in the checkpoint but not asked for: " + name_list(unexpected),
+                mismatched.empty() ? "" : "\n  other dtype or shape: " + name_list(mismatched),
                 "\nIs it a checkpoint of another model or model size? Build the same model (sizes, tied "
                 "embeddings) as the run that saved it.");
     std::vector<int64_t> a, b, c;

@@ -1,6 +1,8 @@
 // save_state / load_state: a module and its optimizer in one checkpoint.
 #include "dtp/dcp/checkpoint.h"
 
+#include "dcp/load_index.h"
+
 #include <set>
 
 namespace dtp::dcp {
@@ -28,10 +30,12 @@ std::map<std::string, std::string> load_state(const std::string& dir, torch::nn:
                                               LoadOptions options) {
   StateDict sd = get_model_state_dict(model, sd_options);
   StateDict osd;
+  std::optional<io::CheckpointIndex> read;
   if (optimizer) {
     // The parameters that had optimizer state when saved get fresh state to
     // load into; the others (no step yet) get none.
-    const io::CheckpointIndex index = read_index(dir);
+    read = read_index(dir);
+    const io::CheckpointIndex& index = *read;
     std::set<std::string> fqns;
     for (const auto& [name, t] : index.tensors) {
       if (name.rfind(kStatePrefix, 0) != 0) continue;
@@ -44,7 +48,7 @@ std::map<std::string, std::string> load_state(const std::string& dir, torch::nn:
   } else {
     options.ignore_prefixes.push_back(kOptimizerPrefix);
   }
-  auto metadata = load(sd, dir, options);
+  auto metadata = load_with_index(sd, dir, std::move(read), options);
   if (optimizer) {
     osd.metadata = metadata;
     set_optimizer_state_dict(model, *optimizer, osd);

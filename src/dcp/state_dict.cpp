@@ -2,6 +2,7 @@
 
 #include "comm/compat.h"
 #include "dtp/dtensor.h"
+#include "dtp/module_utils.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
@@ -22,19 +23,9 @@ constexpr const char* kStatePrefix = "optimizer.state.";
 constexpr const char* kGroupsKey = "optimizer.param_groups";
 constexpr const char* kKindKey = "optimizer.kind";
 
-// Each parameter once, by TensorImpl: a tied weight keeps its first name.
-std::vector<std::pair<std::string, at::Tensor>> uniqueParameters(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::set<const c10::TensorImpl*> seen;
-  for (const auto& item : model.named_parameters()) {
-    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value());
-  }
-  return out;
-}
-
 std::unordered_map<const c10::TensorImpl*, std::string> namesOf(torch::nn::Module& model) {
   std::unordered_map<const c10::TensorImpl*, std::string> names;
-  for (const auto& [name, p] : uniqueParameters(model)) names.emplace(p.unsafeGetTensorImpl(), name);
+  for (const auto& [name, p] : unique_named_parameters(model)) names.emplace(p.unsafeGetTensorImpl(), name);
   return names;
 }
 
@@ -118,7 +109,7 @@ const at::Tensor* StateDict::find(const std::string& name) const {
 
 StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions& options) {
   StateDict sd;
-  for (auto& [name, p] : uniqueParameters(model)) sd.add("model." + name, p);
+  for (auto& [name, p] : unique_named_parameters(model)) sd.add("model." + name, p);
   for (const auto& item : model.named_buffers()) {
     const auto dot = item.key().rfind('.');
     const std::string last = dot == std::string::npos ? item.key() : item.key().substr(dot + 1);

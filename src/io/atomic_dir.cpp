@@ -13,11 +13,17 @@ namespace dtp::io {
 
 namespace fs = std::filesystem;
 
-std::string incomplete_dir(const std::string& dir) {
-  std::string d = dir;
-  while (d.size() > 1 && d.back() == '/') d.pop_back();
-  return d + ".incomplete";
+namespace {
+
+// "ck/" and "ck" name the same folder.
+std::string trimmed(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
 }
+
+}  // namespace
+
+std::string incomplete_dir(const std::string& dir) { return trimmed(dir) + ".incomplete"; }
 
 void prepare_incomplete_dir(const std::string& dir) {
   const std::string tmp = incomplete_dir(dir);
@@ -33,8 +39,7 @@ void prepare_incomplete_dir(const std::string& dir) {
 
 void commit_dir(const std::string& dir) {
   const std::string tmp = incomplete_dir(dir);
-  std::string target = dir;
-  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  const std::string target = trimmed(dir);
   fsync_dir(tmp);
   std::error_code ec;
   if (!fs::exists(target, ec)) {

@@ -3,6 +3,7 @@
 // rows per NOTE: [Rotary layouts].
 #include "dtp/models/hf_llama.h"
 
+#include "comm/error_text.h"
 #include "dcp/pieces.h"
 #include "dtp/dtensor.h"
 #include "dtp/io/box_io.h"
@@ -20,12 +21,6 @@ namespace dtp::models {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string list(const std::vector<std::string>& names) {
-  std::string s;
-  for (size_t i = 0; i < names.size() && i < 20; ++i) s += (i ? ", " : "") + names[i];
-  return names.size() > 20 ? s + ", ... (" + std::to_string(names.size()) + " in all)" : s;
-}
 
 // The folder's tensors: name -> file, from the index or the single file.
 class HFFolder {
@@ -92,8 +87,8 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
   }
   TORCH_CHECK(missing.empty() && unexpected.empty(), "load_hf_weights: '", dir,
               "' does not hold the tensors this Llama needs:",
-              missing.empty() ? "" : "\n  missing: " + list(missing),
-              unexpected.empty() ? "" : "\n  unexpected: " + list(unexpected),
+              missing.empty() ? "" : "\n  missing: " + name_list(missing),
+              unexpected.empty() ? "" : "\n  unexpected: " + name_list(unexpected),
               "\nBuild the model from this folder's config (llama_config_from_hf)",
               model->config.tie_embeddings ? "; tie_word_embeddings is true, so lm_head.weight must be absent" : "",
               ".");

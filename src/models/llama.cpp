@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace dtp::models {
 
@@ -236,11 +235,7 @@ at::Tensor LlamaImpl::forward(const at::Tensor& input) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaImpl::unique_named_parameters() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& p : named_parameters())
-    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
-  return out;
+  return dtp::unique_named_parameters(*this);
 }
 
 std::vector<at::Tensor> LlamaImpl::unique_parameters() const {

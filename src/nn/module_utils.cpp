@@ -4,6 +4,7 @@
 
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace dtp {
 namespace {
@@ -56,6 +57,15 @@ FieldRegistry& fields() {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : module.named_parameters()) {
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+  }
+  return out;
+}
 
 void replace_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
   auto& registry = module.*RegistryAccess::params;

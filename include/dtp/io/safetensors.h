@@ -39,7 +39,8 @@ struct Checkpoint {
 };
 
 // Where save_safetensors put each tensor: absolute byte range in the file
-// and the CRC-32 of its bytes (NOTE: [Tensor checksums]).
+// and the CRC-32 of its bytes (NOTE: [Tensor checksums]; empty when saved
+// without checksums).
 struct SavedTensor {
   std::string name;
   uint64_t begin = 0, end = 0;
