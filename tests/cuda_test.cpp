@@ -75,6 +75,28 @@ TEST_F(CudaTest, RandomOpsEqualOneGpu) {
   }
 }
 
+// The same for a non-contiguous input (a transposed view of a DTensor): the
+// mask is drawn for the view's shape, as on one GPU.
+TEST_F(CudaTest, DropoutOfNonContiguousInputsEqualsOneGpu) {
+  const at::Tensor x = at::randn({8, 6}, at::kFloat);
+  const at::Device gpu0(at::kCUDA, 0);
+  at::Generator gpu0_default = at::globalContext().defaultGenerator(gpu0);
+  gpu0_default.set_current_seed(5);
+  const at::Tensor want_mask = std::get<1>(at::native_dropout(x.to(gpu0).t(), 0.3, true)).cpu();
+  for (int tp : degrees()) {
+    onRanks(tp, [&](int) {
+      auto mesh = init_device_mesh("cuda", {tp}, {"tp"});
+      for (const Placements& p : {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Replicate()}}) {
+        dtp::manual_seed(5);
+        const at::Tensor view = distribute_tensor(x, mesh, p).t();
+        ASSERT_FALSE(to_local(view).is_contiguous() && to_local(view).size(0) > 1 && to_local(view).size(1) > 1);
+        at::Tensor mask = std::get<1>(at::native_dropout(view, 0.3, true));
+        EXPECT_TRUE(at::equal(full_tensor(mask).cpu(), want_mask)) << tp << " ranks, " << p[0].str();
+      }
+    });
+  }
+}
+
 // Three AdamW steps of the TP Llama (loss_parallel) in float64 on the GPU
 // equal plain libtorch's on the GPU, up to float64 rounding amplified by
 // AdamW (NOTE: [Float64 parity tolerance] in tests/llama_test.cpp).

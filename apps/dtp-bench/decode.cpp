@@ -115,7 +115,7 @@ class DtpDecoder : public Decoder {
   }
   std::vector<int64_t> step(const std::vector<int64_t>& tokens) override {
     const int64_t batch = static_cast<int64_t>(tokens.size());
-    return next(model_->forward(at::tensor(tokens, at::kLong).view({batch, 1}), cache_,
+    return next(model_->forward(at::tensor(tokens, at::kLong).view({batch, 1}).to(model_->config.device), cache_,
                                 std::vector<int64_t>(batch, 1)));
   }
 
@@ -193,7 +193,8 @@ class HandDecoder : public Decoder {
     return greedy(forward(prompts));
   }
   std::vector<int64_t> step(const std::vector<int64_t>& tokens) override {
-    return greedy(forward(at::tensor(tokens, at::kLong).view({static_cast<int64_t>(tokens.size()), 1})));
+    return greedy(forward(
+        at::tensor(tokens, at::kLong).view({static_cast<int64_t>(tokens.size()), 1}).to(embedding_.device())));
   }
 
  private:
@@ -243,6 +244,7 @@ class HandDecoder : public Decoder {
     at::Tensor cand = at::stack({val.to(at::kDouble), idx.to(at::kDouble) + static_cast<double>(head_offset_)}, -1)
                           .view({batch, 1, 2});
     if (group_.valid()) cand = group_.all_gather(cand, 1, std::vector<int64_t>(group_.size(), 1)).wait();
+    cand = cand.cpu();
     const auto c = cand.accessor<double, 3>();
     std::vector<int64_t> out(batch);
     for (int64_t b = 0; b < batch; ++b) {
@@ -340,7 +342,7 @@ Row compare(Llama model, Decoder& hand, const at::Tensor& prompts, const DecodeO
     g.max_new_tokens = o.steps + 1;
     std::vector<std::vector<int64_t>> rows;
     for (int64_t b = 0; b < batch; ++b) {
-      const at::Tensor p = prompts[b].contiguous();
+      const at::Tensor p = prompts[b].cpu().contiguous();
       rows.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
     }
     const auto out = generate(model, cache, rows, g);
@@ -406,11 +408,12 @@ std::vector<std::string> decode_size_names() {
 bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
   torch::NoGradGuard no_grad;
   const int w = world.size();
-  DeviceMesh mesh = init_device_mesh("cpu", {w}, {"tp"});
+  DeviceMesh mesh = init_device_mesh(o.device, {w}, {"tp"});
   if (world.rank() == 0) {
     std::printf("\n## Decode with a KV cache: ms per token (prompt %lld tokens, untimed; %lld greedy steps timed), "
-                "float32, median of %d reps interleaved; TP over Gloo, %d threads per rank\n\n",
-                static_cast<long long>(o.prompt), static_cast<long long>(o.steps), o.reps, at::get_num_threads());
+                "float32 on %s, median of %d reps interleaved; %d threads per rank\n\n",
+                static_cast<long long>(o.prompt), static_cast<long long>(o.steps), mesh.device().str().c_str(), o.reps,
+                at::get_num_threads());
     std::printf("tp=1: dtp's model on plain tensors vs plain libtorch; tp=%d%s: apply_tensor_parallel_for_inference "
                 "vs hand-written TP on the same local shards%s\n\n", w, w == 1 ? " (mesh)" : "",
                 w == 1 ? " (a one-rank mesh: DTensor's cost alone)" : "");
@@ -428,14 +431,15 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
     for (const DecodeSize& s : kDecodeSizes) found = name == s.name ? &s : found;
     TORCH_CHECK(found != nullptr, "dtp-bench --decode: unknown size '", name, "'. Use one of d64, d256, d512, d1024.");
     const DecodeSize& s = *found;
-    const LlamaConfig c = configOf(s, o.prompt + o.steps);
+    LlamaConfig c = configOf(s, o.prompt + o.steps);
+    c.device = mesh.device();
     std::optional<Llama> plain;
     if (w == 1) plain.emplace(c);
     Llama tp(c);
     apply_tensor_parallel_for_inference(tp, mesh);
     for (int64_t batch : o.batches) {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
-      const at::Tensor prompts = at::randint(s.vocab, {batch, o.prompt}, gen);  // the same on every rank
+      const at::Tensor prompts = at::randint(s.vocab, {batch, o.prompt}, gen).to(c.device);  // the same on every rank
       if (plain) {
         HandDecoder hand(*plain, ProcessGroup(), batch, o.prompt + o.steps);
         ok &= report(s, batch, "1", compare(*plain, hand, prompts, o, world, s.name), o, world, target);

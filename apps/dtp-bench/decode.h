@@ -26,6 +26,7 @@ struct DecodeOptions {
   int64_t prompt = 32, steps = 32;  // prompt tokens (prefill, untimed); decode steps timed
   std::vector<int64_t> batches{1, 8};
   std::vector<std::string> sizes{"d256", "d512", "d1024"};  // of decode_size_names()
+  std::string device = "cpu";                                // cpu, or cuda (GPU LOCAL_RANK)
 };
 
 // The model sizes --decode knows: d64 (a smoke test), d256, d512, d1024.

@@ -1,5 +1,6 @@
 #include "device.h"
 
+#include "profile.h"
 #include "stats.h"
 
 #include "dtp/device_mesh.h"
@@ -30,7 +31,7 @@ struct Variant {
 };
 
 bool runSize(const Size& s, const std::string& device_type, const std::vector<bool>& sps, int reps, int warmup,
-             const ProcessGroup& world) {
+             const ProcessGroup& world, const std::string& profile_dir, std::string& profiles) {
   DeviceMesh mesh = init_device_mesh(device_type, {world.size()}, {"tp"});
   LlamaConfig c = s.config();
   c.device = mesh.device();
@@ -74,6 +75,15 @@ bool runSize(const Size& s, const std::string& device_type, const std::vector<bo
       if (r >= warmup) v.ms.push_back(ms);
     }
   }
+  for (Variant& v : vs) {
+    if (profile_dir.empty() || (!v.all_ranks && world.rank() != 0)) continue;
+    const std::string name = std::string(s.name) + "-" + (v.all_ranks ? std::string("dtp-sp-") + v.name : "plain");
+    const std::string table =
+        profile_step([&] { v.step(); }, profile_dir + "/" + name +
+                                            (world.rank() > 0 ? "-rank" + std::to_string(world.rank()) : "") + ".json",
+                     device_type == "cuda", 12);
+    profiles += "\n### profile: " + name + " (one step, rank 0)\n\n" + table;
+  }
   if (world.rank() != 0) return true;
   const Variant& plain_v = vs.back();
   const double b = median(plain_v.ms);
@@ -96,7 +106,7 @@ bool runSize(const Size& s, const std::string& device_type, const std::vector<bo
 }  // namespace
 
 bool run_device(const std::vector<const Size*>& sizes, const std::string& device_type, const std::vector<bool>& sps,
-                int reps, int warmup, const ProcessGroup& world) {
+                int reps, int warmup, const ProcessGroup& world, const std::string& profile_dir) {
   if (world.rank() == 0) {
     std::printf("\n## dtp (TP=%d) vs plain libtorch on %s: training step (forward, loss, backward, AdamW) "
                 "until the loss is on the host; median of %d reps, interleaved\n\n",
@@ -105,7 +115,9 @@ bool run_device(const std::vector<const Size*>& sizes, const std::string& device
     std::printf("|---|---|---|---|---|---|---|\n");
   }
   bool ok = true;
-  for (const Size* s : sizes) ok &= runSize(*s, device_type, sps, reps, warmup, world);
+  std::string profiles;
+  for (const Size* s : sizes) ok &= runSize(*s, device_type, sps, reps, warmup, world, profile_dir, profiles);
+  if (!profiles.empty()) std::printf("%s", profiles.c_str());
   return ok;
 }
 

@@ -14,7 +14,10 @@
 namespace dtp::bench {
 
 // Prints the table on rank 0; false when dtp's first loss differs from plain libtorch's.
+// A `profile_dir` also profiles one step of each variant after the timed ones
+// (profile.h): traces <size>-<variant>.json there (-rankN for ranks above 0)
+// and tables of their top host ops.
 bool run_device(const std::vector<const Size*>& sizes, const std::string& device_type, const std::vector<bool>& sps,
-                int reps, int warmup, const ProcessGroup& world);
+                int reps, int warmup, const ProcessGroup& world, const std::string& profile_dir = "");
 
 }  // namespace dtp::bench

@@ -20,6 +20,7 @@
 #include "ac.h"
 #include "decode.h"
 #include "device.h"
+#include "profile.h"
 #include "two_d.h"
 #include "memory.h"
 
@@ -35,6 +36,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -371,13 +373,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dp", o.dp, "Data-parallel degree: run the 2-D (dp, WORLD_SIZE/dp) tables (FSDP, DDP) instead")
       ->check(dtp::apps::kPositive);
-  app.add_option("--device", o.device, "Run the dtp vs plain libtorch table on this device instead (cuda: GPU LOCAL_RANK)")
+  app.add_option("--device", o.device, "Run the dtp vs plain libtorch table on this device instead (cuda: GPU LOCAL_RANK); with --decode, "
+                 "the device the decode table runs on")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  std::string profile_dir;
+  app.add_option("--profile", profile_dir,
+                 "With --device: also profile one step of each variant (libtorch 2.x's Kineto): Chrome traces in this "
+                 "folder and tables of the top host ops")
+      ->needs("--device");
   CLI11_PARSE(app, argc, argv);
 
+  if (!profile_dir.empty() && !bench::can_profile()) {
+    std::fprintf(stderr, "dtp-bench: --profile needs libtorch 2.x (Kineto's C++ API); this is libtorch %s\n", TORCH_VERSION);
+    return 2;
+  }
   try {
+    if (!profile_dir.empty()) std::filesystem::create_directories(profile_dir);
     ProcessGroup world = init_process_group();
     if (o.decode) {
+      TORCH_CHECK(profile_dir.empty(), "dtp-bench: --profile profiles the --device table, not --decode.");
+      if (!o.device.empty()) decode.device = o.device;
       if (app.count("--reps") > 0) decode.reps = o.reps;
       if (app.count("--warmup") > 0) decode.warmup = o.warmup;
       if (world.rank() == 0)
@@ -396,7 +411,7 @@ int main(int argc, char** argv) {
                     TORCH_VERSION);
       std::vector<bool> sps;
       for (const auto& mode : o.sp) sps.push_back(mode == "on");
-      const bool ok = !o.device.empty() ? bench::run_device(sizes, o.device, sps, o.reps, o.warmup, world)
+      const bool ok = !o.device.empty() ? bench::run_device(sizes, o.device, sps, o.reps, o.warmup, world, profile_dir)
                       : o.ac            ? bench::run_ac(sizes, o.reps, o.warmup, world)
                                         : bench::run_two_d(sizes, o.dp, o.reps, o.warmup, world);
       if (world.rank() == 0)

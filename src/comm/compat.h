@@ -12,6 +12,9 @@
 //   copy_data became pure virtual): DTP_ALLOCATE_CONST.
 // - c10::Error takes its backtrace as a string in 1.13 and as a lazy value
 //   in 2.x: error_without_backtrace.
+// - Kineto's C++ profiler API (torch::autograd::profiler::enableProfiler with
+//   torch::profiler::impl's config), which dtp-bench --profile uses, is 2.x's:
+//   DTP_HAS_KINETO.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +39,8 @@
 #else
 #define DTP_ALLOCATE_CONST const
 #endif
+
+#define DTP_HAS_KINETO (TORCH_VERSION_MAJOR >= 2)
 
 namespace dtp::compat {
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU checks of one go on a machine with one or more NVIDIA GPUs and the
+# torch wheel (no apt, no network), from the project root, with the carry of
+# scripts/gpu-carry.sh copied to .gpu/:
+#
+#   scripts/gpu-check.sh [OUTDIR]      # default: $OUT, else gpu-out
+#
+# Builds with scripts/wheel.sh (NCCL on), runs the whole suite three times
+# (the cuda label included), dtp-train --device cuda --check-parity in
+# float64, dtp-bench --device cuda (with --profile: Kineto traces and top
+# host ops), dtp-bench --decode --device cuda, a checkpoint saved from the
+# GPU and dtp-generate --device cuda on it, and the LOCAL_RANK mapping. Each
+# step has a time limit and goes on after a failure; OUTDIR gets summary.txt
+# (also printed last), logs.tar.gz and the medium size's traces.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=${1:-${OUT:-gpu-out}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+logs=$(mktemp -d)
+summary=$out/summary.txt
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+# step NAME LIMIT_S CMD...: runs CMD with a limit, its output in NAME.log; says rc and seconds.
+step() {
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  say "== $name: rc $rc, $((SECONDS - t0)) s"
+  return $rc
+}
+finish() {
+  tar -czf "$out/logs.tar.gz" -C "$logs" . 2>/dev/null
+  echo
+  cat "$summary"
+}
+trap finish EXIT
+
+nvidia-smi -L >"$logs/nvidia-smi.log" 2>&1
+say "machine: $(head -1 "$logs/nvidia-smi.log"); $(nproc) cores; torch $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>&1)"
+
+export DTP_DEBS=.gpu/debs DTP_GLOO_INCLUDE
+DTP_GLOO_INCLUDE=$(ls -d .gpu/gloo-* | head -1)
+if ! step build 420 scripts/wheel.sh; then
+  tail -40 "$logs/build.log" | tee -a "$summary"
+  step build-keep-going 240 cmake --build build-wheel -j "$(nproc)" -- -k 0
+  grep -m 20 "error" "$logs/build-keep-going.log" | tee -a "$summary"
+fi
+bin=$PWD/build-wheel/apps
+export LD_LIBRARY_PATH=$PWD/build-wheel/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+corpus=$PWD/build-wheel/deps/usr/share/games/fortunes
+
+suite() {
+  step "ctest-$1" 240 bash -c "cd build-wheel && ctest -j $(nproc) --output-on-failure"
+  grep -E "tests passed|tests failed|Segmentation|SEGFAULT|\\*\\*\\*Exception|Failed|Skipped|Not Run" "$logs/ctest-$1.log" |
+    grep -v "^\s*$" | head -20 | sed "s/^/  run $1: /" | tee -a "$summary"
+}
+suite 1
+step cuda-tests 120 bash -c "cd build-wheel && ctest -L cuda -V" &&
+  grep -E "^\s*[0-9]+: \[ +(OK|FAILED|SKIPPED) +\]" "$logs/cuda-tests.log" | sed 's/^/  /' | tee -a "$summary"
+
+step train-parity 180 "$bin/dtp-train" --device cuda --dtype float64 --check-parity --steps 20 --data "$corpus"
+grep -iE "parity|distance|loss" "$logs/train-parity.log" | tail -4 | sed 's/^/  /' | tee -a "$summary"
+
+step bench-device 240 "$bin/dtp-bench" --device cuda --sizes small medium large --reps 21 --warmup 3 --profile "$logs/prof"
+grep -E "^\||dtp-bench|host:" "$logs/bench-device.log" | head -80 | tee -a "$summary"
+cp "$logs"/prof/medium-*.json "$out/" 2>/dev/null
+
+step bench-decode 240 "$bin/dtp-bench" --decode --device cuda --decode-sizes d256 d512 d1024 --batches 1 8
+grep -E "^\||Target|dtp-bench" "$logs/bench-decode.log" | tee -a "$summary"
+
+step train-save 120 "$bin/dtp-train" --device cuda --steps 100 --data "$corpus" --save "$logs/ck"
+tail -2 "$logs/train-save.log" | sed 's/^/  /' | tee -a "$summary"
+step generate 120 "$bin/dtp-generate" --device cuda --checkpoint "$logs/ck" --prompt "The meaning of life is" \
+  --prompt "A friend" --max-new-tokens 32 --seed 3 --top-k 20 --temperature 0.8
+tail -3 "$logs/generate.log" | sed 's/^/  /' | tee -a "$summary"
+
+# LOCAL_RANK: two ranks asking for GPUs 0 and 1 (one GPU here: rank 1 must say so).
+step local-rank 60 "$bin/dtprun/dtprun" -n 2 "$bin/dtp-train" --device cuda --steps 2 --data "$corpus"
+grep -iE "LOCAL_RANK|error|cuda:" "$logs/local-rank.log" | head -6 | sed 's/^/  /' | tee -a "$summary"
+
+suite 2
+suite 3
