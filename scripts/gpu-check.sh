@@ -57,8 +57,19 @@ suite() {
     grep -v "^\s*$" | head -20 | sed "s/^/  run $1: /" | tee -a "$summary"
 }
 suite 1
-step cuda-tests 120 bash -c "cd build-wheel && ctest -L cuda -V" &&
+step cuda-tests 120 bash -c "cd build-wheel && ctest -L cuda -V";
   grep -E "^\s*[0-9]+: \[ +(OK|FAILED|SKIPPED) +\]" "$logs/cuda-tests.log" | sed 's/^/  /' | tee -a "$summary"
+
+# A backtrace of the first test that crashed (no gdb there: cuda-gdb debugs host code too), and the
+# libraries the test program binds first (the std::filesystem crash of the wheel, pytorch#133437).
+crashed=$(grep -m1 -oE "Test +#[0-9]+: [A-Za-z0-9_./]+ \.+\*\*\*Exception: SegFault" "$logs/ctest-1.log" | awk '{print $3}')
+if [ -n "$crashed" ]; then
+  say "== backtrace of $crashed"
+  (cd build-wheel/tests && timeout 120 cuda-gdb -batch -ex run -ex bt --args ./dtp_tests --gtest_filter="$crashed") \
+    >"$logs/backtrace.log" 2>&1
+  grep -E "^#[0-9]+" "$logs/backtrace.log" | head -25 | tee -a "$summary"
+  readelf -d build-wheel/tests/dtp_tests | grep NEEDED | head -8 | tee -a "$summary"
+fi
 
 step train-parity 180 "$bin/dtp-train" --device cuda --dtype float64 --check-parity --steps 20 --data "$corpus"
 grep -iE "parity|distance|loss" "$logs/train-parity.log" | tail -4 | sed 's/^/  /' | tee -a "$summary"

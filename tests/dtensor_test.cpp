@@ -186,7 +186,9 @@ TEST(DTensorApiTest, FromLocalRunCheckRejectsInconsistentShards) {
 // Without run_check, shards that fit no one global shape make the ranks post
 // buffers of sizes their peers do not expect (NOTE: [Collective checks]).
 // With TORCH_DISTRIBUTED_DEBUG=DETAIL that is an error on every rank naming
-// each rank's call; without it, Gloo terminates the process and dtp says why.
+// each rank's call; without it, on the shared-memory path an error on every
+// rank, and on Gloo alone (DTP_SHM=0) Gloo terminates the process and dtp
+// says why.
 TEST(DTensorApiTest, FromLocalWithoutRunCheckInconsistentShardsAreCaught) {
   auto inconsistent = [](int rank) {
     auto mesh = init_device_mesh("cpu", {2});
@@ -206,9 +208,16 @@ TEST(DTensorApiTest, FromLocalWithoutRunCheckInconsistentShardsAreCaught) {
     EXPECT_EQ(comm.total_count(), 1);
   });
   unsetenv("TORCH_DISTRIBUTED_DEBUG");
+  run_ranks(2, [&](int rank) {
+    dtp::test::expect_error([&] { inconsistent(rank); },
+                            {"all_gather #1", "the ranks disagree on a collective's shapes",
+                             "Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL"});
+  });
+  setenv("DTP_SHM", "0", 1);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(run_ranks(2, [&](int rank) { inconsistent(rank); }),
                "the ranks disagree on a collective's shapes .*Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL");
+  unsetenv("DTP_SHM");
 }
 
 // Ranks handed different values for a Replicate dim agree after run_check

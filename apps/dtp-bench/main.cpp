@@ -18,6 +18,7 @@
 #include "sizes.h"
 #include "stats.h"
 #include "ac.h"
+#include "collectives.h"
 #include "decode.h"
 #include "device.h"
 #include "profile.h"
@@ -364,6 +365,12 @@ int main(int argc, char** argv) {
   app.add_flag("--decode", o.decode,
                "Run the KV-cache decode table (ms per token, dtp vs hand-written, TP=1 and TP=WORLD_SIZE) instead; "
                "--reps and --warmup default to 5 and 1 there");
+  bool collectives = false;
+  app.add_flag("--collectives", collectives,
+               "Run the CPU collectives table (all_reduce, all_gather, reduce_scatter by size; Gloo vs shared memory) "
+               "instead");
+  bench::CollectiveOptions coll;
+  app.add_option("--bytes", coll.sizes, "Message sizes --collectives runs")->check(dtp::apps::kPositive);
   bench::DecodeOptions decode;
   app.add_option("--decode-sizes", decode.sizes, "Model sizes --decode runs")
       ->check(CLI::IsMember(bench::decode_size_names()))
@@ -390,6 +397,15 @@ int main(int argc, char** argv) {
   try {
     if (!profile_dir.empty()) std::filesystem::create_directories(profile_dir);
     ProcessGroup world = init_process_group();
+    if (collectives) {
+      if (app.count("--reps") > 0) coll.reps = o.reps;
+      const bool ok = bench::run_collectives(coll, world);
+      if (world.rank() == 0)
+        std::printf(ok ? "dtp-bench --collectives: checks passed (both paths give the same results)\n"
+                       : "dtp-bench --collectives: CHECKS FAILED (see above)\n");
+      std::fflush(stdout);
+      return ok ? 0 : 1;
+    }
     if (o.decode) {
       TORCH_CHECK(profile_dir.empty(), "dtp-bench: --profile profiles the --device table, not --decode.");
       if (!o.device.empty()) decode.device = o.device;

@@ -91,6 +91,7 @@ void connect(ProcessGroup::Impl& g, bool nccl) {
                               : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
   opts->threads = 1;
   g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, g.rank, g.size, opts);
+  if (g.size > 1) g.shm = detail::ShmGroup::connect(store, g.rank, g.size, g.options.timeout);  // NOTE: [Shared-memory collectives]
 #ifdef DTP_WITH_NCCL
   if (nccl) {
     auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
@@ -171,8 +172,12 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   if (debug != nullptr && std::string(debug) == "DETAIL") impl->options.check_collectives = true;
   impl->nccl = wantsNccl(options.backend);
   impl->backend_name = impl->nccl ? "cpu:gloo,cuda:nccl" : "gloo";
-  if (impl->nccl) detail::rank_device("cuda", rank, "dtp: process group");  // NOTE: [The rank's device]
+  // NOTE: [The rank's device]. Asked for NCCL by name, the group takes its GPU
+  // now; with "auto" a job on CPU tensors may run more ranks than the host has
+  // GPUs (init_device_mesh("cuda") takes and checks the GPU).
+  if (impl->nccl && options.backend == "nccl") detail::rank_device("cuda", rank, "dtp: process group");
   install_gloo_abort_hint();
+  detail::shm_max_bytes();  // a malformed DTP_SHM_MAX_BYTES is named here, not as a failure to connect
   try {
     connect(*impl, impl->nccl);
   } catch (const std::exception& e) {
@@ -264,6 +269,28 @@ Work finish(const std::shared_ptr<ProcessGroup::Impl>& group, const char* what,
   return result;
 }
 
+// The shared-memory path for a collective on `t` that puts `bytes` into each
+// rank's slot: CPU tensors up to the slot size on groups whose ranks share a
+// host (NOTE: [Shared-memory collectives]); every member decides alike, from
+// shapes every member knows. Gloo (or NCCL) carries the rest.
+detail::ShmGroup* shmFor(const ProcessGroup::Impl& g, const at::Tensor& t, int64_t bytes) {
+  return g.shm && !t.is_cuda() && bytes <= g.shm->max_bytes() ? g.shm.get() : nullptr;
+}
+
+// Runs a shared-memory collective now (the path is synchronous), counted and
+// failing like `finish`.
+Work viaShm(const std::shared_ptr<ProcessGroup::Impl>& group, const char* what, const std::function<at::Tensor()>& run) {
+  const int64_t n = ++group->collectives;
+  try {
+    return Work::ready(run());
+  } catch (const std::exception& e) {
+    explain_failure(*group, what, n, e);
+  }
+}
+
+// Half and bfloat16 are reduced in float32 on the shared-memory path and rounded once.
+bool widened(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
 void checkSizes(const ProcessGroup::Impl& g, const char* what,
                 const std::vector<int64_t>& sizes) {
   TORCH_CHECK(static_cast<int>(sizes.size()) == g.size, "dtp: ", what, " got ",
@@ -314,6 +341,15 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
   CommCounter::record(CollectiveType::AllReduce, nbytes(tensor), impl().global_ranks);
+  if (auto* shm = shmFor(impl(), tensor, tensor.numel() * (widened(tensor) ? 4 : tensor.element_size()))) {
+    return viaShm(impl_, "all_reduce", [&] {
+      at::Tensor buf = widened(tensor) ? tensor.to(at::kFloat) : tensor.contiguous();
+      at::Tensor flat = wire(buf).view({-1});
+      shm->all_reduce(flat, op);
+      if (!buf.is_same(tensor)) tensor.copy_(buf);
+      return tensor;
+    });
+  }
   at::Tensor buf = tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat)
                    : tensor.is_contiguous()              ? tensor
                                                          : tensor.contiguous();
@@ -350,6 +386,20 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   const int64_t gathered = numelOf(chunkShape(local, dim, total));
   if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
   CommCounter::record(CollectiveType::AllGather, gathered * local.element_size(), impl().global_ranks);
+  if (auto* shm = shmFor(impl(), local, max_numel * local.element_size())) {
+    return viaShm(impl_, "all_gather", [&] {
+      at::Tensor out = at::empty({gathered}, local.options());
+      shm->all_gather(local.contiguous().view({-1}), numels, out);
+      if (dim == 0) return out.view(chunkShape(local, dim, total));
+      std::vector<at::Tensor> pieces;
+      int64_t offset = 0;
+      for (size_t r = 0; r < sizes.size(); ++r) {
+        pieces.push_back(out.narrow(0, offset, numels[r]).view(chunkShape(local, dim, sizes[r])));
+        offset += numels[r];
+      }
+      return at::cat(pieces, dim);
+    });
+  }
   at::Tensor in = local.contiguous().view({-1});
   if (in.numel() < max_numel) {
     in = at::cat({in, in.new_zeros({max_numel - in.numel()})});
@@ -423,6 +473,12 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
                                            : input.numel() / total;
   std::vector<int64_t> in_counts, out_counts(W, sizes[me] * inner);
   for (int64_t s : sizes) in_counts.push_back(s * inner);
+  if (auto* shm = shmFor(impl(), input, input.numel() * (widened(input) ? 4 : input.element_size()))) {
+    return viaShm(impl_, "reduce_scatter", [&] {
+      const at::Tensor mine = shm->reduce_scatter(widened(input) ? in.to(at::kFloat) : in, in_counts, op);
+      return mine.to(input.scalar_type()).view(frontShape(input, dim, sizes[me])).movedim(0, dim).contiguous();
+    });
+  }
   at::Tensor out = at::empty({W * sizes[me] * inner}, input.options());
   auto work = allToAllFlat(impl(), "reduce_scatter",
                            c10::str("reduce_scatter of ", shapeText(input), " along dim ", dim, " with sizes ",
@@ -513,6 +569,14 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   if (tensor.numel() == 0) return Work::ready(tensor);
   CommCounter::record(CollectiveType::Broadcast, nbytes(tensor), impl().global_ranks);
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  if (auto* shm = shmFor(impl(), tensor, nbytes(tensor))) {
+    return viaShm(impl_, "broadcast", [&] {
+      at::Tensor flat = buf.view({-1});
+      shm->broadcast(flat, src);
+      if (!buf.is_same(tensor)) tensor.copy_(buf);
+      return tensor;
+    });
+  }
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
@@ -571,6 +635,13 @@ void ProcessGroup::barrier() const {
   if (auto* tape = detail::active_tape(); tape != nullptr && tape->replaying()) return;
   if (impl().size == 1) return;
   CommCounter::record(CollectiveType::Barrier, 0, impl().global_ranks);
+  if (impl().shm) {
+    viaShm(impl_, "barrier", [&] {
+      impl().shm->barrier();
+      return at::Tensor();
+    });
+    return;
+  }
   finish(impl_, "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, false);
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "comm/compat.h"
+#include "comm/shm_group.h"
 #include "dtp/process_group.h"
 
 #include <exception>
@@ -13,6 +14,7 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<compat::Backend> backend;       // Gloo, for CPU tensors; null for a group of one
   c10::intrusive_ptr<compat::Backend> cuda_backend;  // NCCL, for CUDA tensors; null without NCCL
   bool nccl = false;                                 // NOTE: [Backends per device]
+  std::shared_ptr<detail::ShmGroup> shm;             // small CPU collectives on one host; null: Gloo only
   c10::intrusive_ptr<c10d::Store> root_store;
   std::string prefix;  // store prefix of this group, unique in the job
   int rank = 0;

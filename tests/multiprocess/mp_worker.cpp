@@ -14,6 +14,10 @@
 //                "alone ok"
 //   stall        rank 2 sleeps past DTP_TIMEOUT_S instead of joining an
 //                all_reduce: the others' errors must name global rank 2
+//   chaos        a loop of small all_reduces (the shared-memory path on one
+//                host); rank 1 SIGKILLs itself at iteration 300: the others'
+//                errors must name global rank 1 (shm_chaos.sh checks that
+//                nothing is left in /dev/shm)
 //   lonely       init_process_group() and nothing else: started alone with
 //                WORLD_SIZE=2, the rendezvous must time out with an error
 //                that says what is missing and how to fix it
@@ -26,6 +30,7 @@
 
 #include <ATen/ATen.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -322,6 +327,22 @@ int stall() {
   return 1;
 }
 
+int chaos() {
+  dtp::ProcessGroup world = dtp::init_process_group();
+  at::Tensor t = at::ones({256});
+  for (int i = 0; i < 1000000; ++i) {
+    if (i == 300 && world.rank() == 1) raise(SIGKILL);
+    t.fill_(1);
+    world.all_reduce(t);  // must throw once rank 1 is gone
+    if (t[0].item<float>() != static_cast<float>(world.size())) {
+      std::cerr << "chaos: all_reduce gave " << t[0].item<float>() << std::endl;
+      return 1;
+    }
+  }
+  std::cerr << "chaos: a million all_reduces returned although rank 1 was killed" << std::endl;
+  return 1;
+}
+
 int lonely() {
   dtp::init_process_group();  // must throw: the other ranks never arrive
   std::cerr << "lonely: init_process_group returned although no other rank was started; "
@@ -353,7 +374,8 @@ int main(int argc, char** argv) {
   if (cmd == "lonely") return lonely();
   if (cmd == "alone") return alone();
   if (cmd == "stall") return stall();
+  if (cmd == "chaos") return chaos();
   std::cerr << "mp_worker: unknown subcommand '" << cmd
-            << "'. Expected collectives, mesh, die, stall, lonely or alone.\n";
+            << "'. Expected collectives, mesh, die, stall, chaos, lonely or alone.\n";
   return 2;
 }

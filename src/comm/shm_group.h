@@ -1,0 +1,74 @@
+// Collectives through POSIX shared memory for the ranks of a group that share
+// a host: small CPU messages at memory speed instead of a Gloo round trip
+// over loopback TCP. See NOTE: [Shared-memory collectives] in shm_group.cpp.
+#pragma once
+
+#include "dtp/process_group.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtp::detail {
+
+// Largest message (bytes a rank puts in per collective) the path takes:
+// DTP_SHM_MAX_BYTES (read when a group is made), else kShmDefaultMaxBytes.
+// Also the size of each slot: a group's segment is 2 x ranks x this.
+int64_t shm_max_bytes();
+inline constexpr int64_t kShmDefaultMaxBytes = int64_t{1} << 20;
+
+struct ShmRankLine;
+
+class ShmGroup {
+ public:
+  // Every member calls it (through `store`, the group's own prefix): the
+  // segment, or null on every member where they are not all on one host,
+  // DTP_SHM=0, or the segment cannot be made (said on stderr).
+  static std::shared_ptr<ShmGroup> connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                           std::chrono::milliseconds timeout);
+  ~ShmGroup();
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  int64_t max_bytes() const { return slot_bytes_; }
+
+  // In place on `flat` (contiguous, 1-D, a dtype ATen reduces), every rank's
+  // reduced in rank order 0, 1, ... on every rank: identical bits everywhere.
+  // Avg divides the sum by the group size.
+  void all_reduce(at::Tensor& flat, ReduceOp op);
+  // Rank r's `flat` (numels[r] elements, contiguous) into out[r]: out is
+  // 1-D with sum(numels) elements.
+  void all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out);
+  // `flat` is split into pieces of `numels`; returns the reduction of every
+  // rank's piece `rank` (rank order).
+  at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op);
+  // In place from `src`.
+  void broadcast(at::Tensor& flat, int src);
+  void barrier();
+
+ private:
+  ShmGroup(int rank, int size, void* base, size_t bytes, int64_t slot_bytes, std::chrono::milliseconds timeout);
+  // The slot of `rank` in the buffer of collective `seq` (two buffers, alternating).
+  uint8_t* slot(int rank, uint32_t seq) const;
+  // Publishes this rank's arrival at `seq` with a hash of its `call`, then
+  // waits for every member's; throws after the timeout, when a member's
+  // process is gone, or when a member's call differs.
+  void arrive_and_wait(uint32_t seq, uint64_t call);
+  std::atomic<uint32_t>& arrived(int rank) const;
+  ShmRankLine& line(int rank) const;
+
+  int rank_, size_;
+  void* base_;
+  size_t bytes_;
+  int64_t slot_bytes_;
+  std::chrono::milliseconds timeout_;
+  uint32_t seq_ = 0;
+};
+
+}  // namespace dtp::detail
