@@ -409,14 +409,32 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
   torch::NoGradGuard no_grad;
   const int w = world.size();
   DeviceMesh mesh = init_device_mesh(o.device, {w}, {"tp"});
+  // Side by side in one run with more than one rank on the CPU: TP=1 on rank
+  // 0 alone with all the job's threads (its own one-rank group; the others
+  // wait), and TP=W over Gloo alone (a world made with DTP_SHM=0) besides the
+  // default (shared memory on one host).
+  std::optional<DeviceMesh> gloo_mesh;
+  ProcessGroup alone = world;
+  if (w > 1) {
+    std::vector<int> all(w);
+    for (int r = 0; r < w; ++r) all[r] = r;
+    if (o.device == "cpu") {
+      setenv("DTP_SHM", "0", 1);
+      gloo_mesh.emplace(init_device_mesh(o.device, {w}, {"tp"}, world.new_group(all)));
+      unsetenv("DTP_SHM");
+    }
+    alone = world.new_group({0});
+  }
   if (world.rank() == 0) {
     std::printf("\n## Decode with a KV cache: ms per token (prompt %lld tokens, untimed; %lld greedy steps timed), "
                 "float32 on %s, median of %d reps interleaved; %d threads per rank\n\n",
                 static_cast<long long>(o.prompt), static_cast<long long>(o.steps), mesh.device().str().c_str(), o.reps,
                 at::get_num_threads());
-    std::printf("tp=1: dtp's model on plain tensors vs plain libtorch; tp=%d%s: apply_tensor_parallel_for_inference "
-                "vs hand-written TP on the same local shards%s\n\n", w, w == 1 ? " (mesh)" : "",
-                w == 1 ? " (a one-rank mesh: DTensor's cost alone)" : "");
+    std::printf("tp=1: dtp's model on plain tensors vs plain libtorch%s; tp=%d%s: apply_tensor_parallel_for_inference "
+                "vs hand-written TP on the same local shards%s\n\n", w > 1 ? " (rank 0 alone, with the threads of all ranks)" : "",
+                w, w == 1 ? " (mesh)" : "", w == 1 ? " (a one-rank mesh: DTensor's cost alone)"
+                : o.device == "cpu" ? ", with CPU collectives through shared memory (shm, the default on one host) and "
+                                      "through Gloo alone (gloo, DTP_SHM=0)" : "");
     std::printf("paired: the median of per-rep ratios; CPU: process CPU time of all ranks (steadier than wall time "
                 "on a shared machine); DTensor ops: ATen ops through dtp's DTensor fallback\n\n");
     std::printf("| size | batch | tp | dtp ms/token | hand ms/token | dtp / hand | paired | dtp - hand ms | "
@@ -433,20 +451,34 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
     const DecodeSize& s = *found;
     LlamaConfig c = configOf(s, o.prompt + o.steps);
     c.device = mesh.device();
-    std::optional<Llama> plain;
-    if (w == 1) plain.emplace(c);
+    std::optional<Llama> plain, tp_gloo;
+    if (alone.valid()) plain.emplace(c);
     Llama tp(c);
     apply_tensor_parallel_for_inference(tp, mesh);
+    if (gloo_mesh) {
+      tp_gloo.emplace(c);
+      apply_tensor_parallel_for_inference(*tp_gloo, *gloo_mesh);
+    }
     for (int64_t batch : o.batches) {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
       const at::Tensor prompts = at::randint(s.vocab, {batch, o.prompt}, gen).to(c.device);  // the same on every rank
       if (plain) {
+        const int threads = at::get_num_threads();
+        at::set_num_threads(threads * w);
         HandDecoder hand(*plain, ProcessGroup(), batch, o.prompt + o.steps);
-        ok &= report(s, batch, "1", compare(*plain, hand, prompts, o, world, s.name), o, world, target);
+        ok &= report(s, batch, w == 1 ? "1" : "1 (rank 0, all threads)",
+                     compare(*plain, hand, prompts, o, alone, s.name), o, alone, target);
+        at::set_num_threads(threads);
       }
+      world.barrier();
       HandDecoder hand(tp, mesh.get_group(0), batch, o.prompt + o.steps);
-      ok &= report(s, batch, w == 1 ? "1 (mesh)" : std::to_string(w), compare(tp, hand, prompts, o, world, s.name), o,
-                   world, target);
+      ok &= report(s, batch, w == 1 ? "1 (mesh)" : std::to_string(w) + (gloo_mesh ? " shm" : ""),
+                   compare(tp, hand, prompts, o, world, s.name), o, world, target);
+      if (tp_gloo) {
+        HandDecoder hand_gloo(*tp_gloo, gloo_mesh->get_group(0), batch, o.prompt + o.steps);
+        ok &= report(s, batch, std::to_string(w) + " gloo", compare(*tp_gloo, hand_gloo, prompts, o, world, s.name), o,
+                     world, target);
+      }
     }
   }
   at::Tensor agree = at::full({1}, ok ? 1 : 0, at::kInt);

@@ -3,12 +3,16 @@
 // the same weights, interleaved rep by rep:
 //   tp=1          (one rank only) dtp's model on plain tensors against the
 //                 same decode written in plain libtorch;
+//   tp=1, W > 1   the same on rank 0 alone with all the job's threads (the
+//                 other ranks wait): TP=1 and TP=W side by side in one run
 //   tp=W          dtp's model after apply_tensor_parallel_for_inference
 //                 against a gpt-fast-style decode on each rank's local shards
 //                 with the same collectives (one all-reduce after the
 //                 embedding, each attention and each MLP; one all-gather of
 //                 [B, 2] per rank for the greedy pick). On one rank this is
 //                 DTensor's cost alone: a one-rank mesh moves nothing.
+// On the CPU with W > 1, the tp=W rows run twice: CPU collectives through
+// shared memory (shm, NOTE: [Shared-memory collectives]) and Gloo alone.
 // Exits non-zero when the hand-written decode picks other tokens than dtp's,
 // or issues other collectives: then it would not be a fair baseline.
 #pragma once

@@ -21,7 +21,7 @@ namespace dtp::detail {
 // DTP_SHM_MAX_BYTES (read when a group is made), else kShmDefaultMaxBytes.
 // Also the size of each slot: a group's segment is 2 x ranks x this.
 int64_t shm_max_bytes();
-inline constexpr int64_t kShmDefaultMaxBytes = int64_t{1} << 20;
+inline constexpr int64_t kShmDefaultMaxBytes = int64_t{4} << 20;
 
 struct ShmRankLine;
 
