@@ -37,6 +37,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <chrono>
 #include <ctime>
@@ -266,8 +267,10 @@ std::string spName(bool sp) { return sp ? "yes" : "no"; }
 
 void printReports(const std::vector<SizeReport>& reports, const Options& o, int tp) {
   const size_t group = o.aa ? 3 : 2;  // variants per SP setting: dtp, hand-written (and hand')
-  std::printf("\n## Step time, median of %d reps (ms); TP=%d over Gloo, single = rank 0 with %d threads\n\n",
-              o.reps, tp, at::get_num_threads() * tp);
+  const char* shm = std::getenv("DTP_SHM");
+  std::printf("\n## Step time, median of %d reps (ms); TP=%d, CPU collectives over %s; single = rank 0 with %d "
+              "threads\n\n", o.reps, tp, shm != nullptr && std::string(shm) == "0" ? "Gloo (DTP_SHM=0)"
+              : "shared memory up to DTP_SHM_MAX_BYTES where ranks share a host, else Gloo", at::get_num_threads() * tp);
   std::printf("| size | params | SP | dtp | hand-written | single | dtp / hand | dtp / hand, paired | dtp / single |%s\n",
               o.aa ? " hand' / hand (A/A) | A/A, paired |" : "");
   std::printf("|---|---|---|---|---|---|---|---|---|%s\n", o.aa ? "---|---|" : "");
