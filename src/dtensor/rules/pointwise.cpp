@@ -128,7 +128,11 @@ void registerPointwiseRules(RuleRegistry& r) {
           "aten::mul.out", "aten::sqrt.out", "aten::div.out", "aten::rsub.Scalar",
           "aten::sub.Scalar", "aten::pow.Scalar", "aten::nan_to_num", "aten::erf",
           "aten::exp2", "aten::log1p", "aten::expm1", "aten::logical_and", "aten::bitwise_and.Tensor",
-          "aten::sgn", "aten::square", "aten::add.Scalar", "aten::add_.Scalar", "aten::bitwise_not"},
+          "aten::sgn", "aten::square", "aten::add.Scalar", "aten::add_.Scalar", "aten::bitwise_not",
+          "aten::gt.Tensor", "aten::lt.Tensor", "aten::ge.Tensor", "aten::le.Tensor", "aten::ne.Tensor",
+          "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::logical_or", "aten::logical_xor",
+          "aten::logical_and_", "aten::logical_or_", "aten::logical_xor_",
+          "aten::bitwise_or.Tensor", "aten::clamp.Tensor"},
          Linearity::None);
 }
 

@@ -87,9 +87,67 @@ StrategyFn alongDim(int dim_arg) {
   };
 }
 
+// Reductions whose pieces do not combine (argmax, var, max with indices): a
+// shard on a kept dim stays on every output (shifted when dims are dropped);
+// one on a reduced dim is gathered first.
+StrategyFn keptDims(int dim_arg, int keepdim_arg) {
+  return [=](const OpCall& c, int64_t) {
+    std::vector<Row> rows{rules::replicateRow(c)};
+    const auto dims = reducedDims(c, dim_arg);
+    const bool keepdim = keepdim_arg >= 0 && keepdim_arg < static_cast<int>(c.args.size()) &&
+                         c.args[keepdim_arg].isBool() && c.args[keepdim_arg].toBool();
+    for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
+      if (dims.count(d)) continue;
+      int64_t od = d;
+      if (!keepdim)
+        for (int64_t r : dims) od -= r < d;
+      rows.push_back(Row{{Shard(d)}, Placements(c.num_outputs, Shard(od))});
+    }
+    return rows;
+  };
+}
+
+// Output shapes where libtorch 1.13 has no meta kernel: the input's (flip),
+// or the input's with the reduced dims dropped or kept as 1 (var, std).
+OutputMeta sameShape(const OpCall& c) { return OutputMeta{{c.spec(0).shape}, {c.spec(0).dtype}}; }
+
+ShapeFn reducedShape(int dim_arg, int keepdim_arg) {
+  return [=](const OpCall& c) {
+    const auto dims = reducedDims(c, dim_arg);
+    const bool keepdim = c.args[keepdim_arg].isBool() && c.args[keepdim_arg].toBool();
+    std::vector<int64_t> shape;
+    for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
+      if (!dims.count(d)) shape.push_back(c.spec(0).shape[d]);
+      else if (keepdim) shape.push_back(1);
+    }
+    return OutputMeta{{shape}, {c.spec(0).dtype}};
+  };
+}
+
+// flip(dims): shards on the other dims stay.
+std::vector<Row> flipRows(const OpCall& c, int64_t) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  const auto dims = reducedDims(c, 1);
+  for (int64_t d = 0; d < c.spec(0).ndim(); ++d)
+    if (!dims.count(d)) rows.push_back(Row{{Shard(d)}, {Shard(d)}});
+  return rows;
+}
+
 }  // namespace
 
 void registerReductionRules(RuleRegistry& r) {
+  r.add("aten::max.dim", keptDims(1, 2));
+  r.add("aten::min.dim", keptDims(1, 2));
+  r.add("aten::argmax", keptDims(1, 2));
+  r.add("aten::argmin", keptDims(1, 2));
+  r.add("aten::var.correction", keptDims(1, 3), reducedShape(1, 3));
+  r.add("aten::std.correction", keptDims(1, 3), reducedShape(1, 3));
+  r.add("aten::cumsum", alongDim(1));
+  r.add("aten::cumprod", alongDim(1));
+  r.add("aten::sort", alongDim(1));
+  r.add("aten::sort.stable", alongDim(2));
+  r.add("aten::topk", alongDim(2));
+  r.add("aten::flip", flipRows, sameShape);
   r.add("aten::sum", reduction(Reduce::Sum, -1, -1));
   r.add("aten::sum.dim_IntList", reduction(Reduce::Sum, 1, 2));
   r.add("aten::mean", reduction(Reduce::Mean, -1, -1));
