@@ -187,7 +187,7 @@ TEST(ShardingRuleTest, RandomOpsKeepPlacements) {
 
 TEST(ShardingRuleTest, NoRuleIsAClearError) {
   RuleGolden g({2});
-  EXPECT_EQ(g.propagate("aten::cumsum", {g.t("f32[8,16](S(0))"), 0}).rfind("error: dtp: no sharding rule for aten::cumsum (inputs: f32[8", 0), 0u);
+  EXPECT_EQ(g.propagate("aten::logcumsumexp", {g.t("f32[8,16](S(0))"), 0}).rfind("error: dtp: no sharding rule for aten::logcumsumexp (inputs: f32[8", 0), 0u);
 }
 
 }  // namespace
