@@ -1,6 +1,6 @@
 // Every rule family against a single device, forward and backward, on 1-D
 // meshes of 2 and 4 ranks and a (2,2) mesh, with even and uneven shapes.
-#include "dist.h"
+#include "mesh_test.h"
 #include "parity.h"
 
 #include "dtp/comm_counter.h"
@@ -14,24 +14,7 @@ using V = std::vector<at::Tensor>;
 namespace {
 
 // Mesh shapes: (2), (4), (2,2).
-class OpsTest : public ::testing::TestWithParam<std::vector<int64_t>> {
- protected:
-  void run(const std::function<void(const DeviceMesh&, int64_t w)>& body) {
-    const auto shape = GetParam();
-    int world = 1;
-    for (auto s : shape) world *= static_cast<int>(s);
-    run_ranks(world, [&](int) {
-      auto mesh = init_device_mesh("cpu", shape);
-      body(mesh, mesh.size(mesh.ndim() - 1));
-    });
-  }
-  // The placement `p` on the last mesh dim, R elsewhere (or `other` there).
-  static Placements on(const DeviceMesh& mesh, Placement p, Placement other = Replicate()) {
-    Placements pl(mesh.ndim(), other);
-    pl.back() = p;
-    return pl;
-  }
-};
+class OpsTest : public dtp::test::MeshTest {};
 
 std::vector<int64_t> rowCounts(int64_t w) { return {4 * w, 4 * w + 1, 4 * w + 3, w - 1}; }
 
@@ -289,13 +272,6 @@ TEST(OpsOneRankDimTest, PlacementsStay) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, OpsTest,
-                         ::testing::Values(std::vector<int64_t>{2}, std::vector<int64_t>{4},
-                                           std::vector<int64_t>{2, 2}),
-                         [](const auto& info) {
-                           std::string s = "mesh";
-                           for (auto d : info.param) s += "_" + std::to_string(d);
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Meshes, OpsTest, dtp::test::mesh_shapes(), dtp::test::mesh_name);
 
 }  // namespace

@@ -6,7 +6,7 @@
 // where the op is differentiable and its backward's ops have rules, backward.
 // A shard on the dim an op works along is gathered first (the rules say so);
 // any other stays, which the output placements show.
-#include "dist.h"
+#include "mesh_test.h"
 #include "parity.h"
 
 #include "dtp/comm_counter.h"
@@ -19,22 +19,8 @@ using V = std::vector<at::Tensor>;
 
 namespace {
 
-class OpFamilies : public ::testing::TestWithParam<std::vector<int64_t>> {
+class OpFamilies : public dtp::test::MeshTest {
  protected:
-  void run(const std::function<void(const DeviceMesh&, int64_t w)>& body) {
-    const auto shape = GetParam();
-    int world = 1;
-    for (auto s : shape) world *= static_cast<int>(s);
-    run_ranks(world, [&](int) {
-      auto mesh = init_device_mesh("cpu", shape);
-      body(mesh, mesh.size(mesh.ndim() - 1));
-    });
-  }
-  static Placements on(const DeviceMesh& mesh, Placement p) {
-    Placements pl(mesh.ndim(), Replicate());
-    pl.back() = p;
-    return pl;
-  }
   // Rows: even, uneven, and fewer rows than ranks (an empty shard).
   static std::vector<int64_t> rowCounts(int64_t w) { return {2 * w, 2 * w + 1, w - 1}; }
 };
@@ -132,12 +118,6 @@ TEST_P(OpFamilies, ShardsOnOtherDimsMoveNothing) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Meshes, OpFamilies,
-                         ::testing::Values(std::vector<int64_t>{2}, std::vector<int64_t>{4}, std::vector<int64_t>{2, 2}),
-                         [](const auto& info) {
-                           std::string n = "mesh";
-                           for (auto s : info.param) n += "_" + std::to_string(s);
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Meshes, OpFamilies, dtp::test::mesh_shapes(), dtp::test::mesh_name);
 
 }  // namespace
