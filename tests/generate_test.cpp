@@ -158,18 +158,37 @@ TEST(GenerateTest, TpAboveKvHeadsReplicatesKvHeads) {
 }
 
 // Stop tokens end a sequence after emitting one; the others go on.
+// A finished sequence leaves the batch (its cache rows too): the others go on
+// with the same tokens, at TP=1 and TP=2, and only they are computed.
 TEST(GenerateTest, StopTokensEndEachSequenceOnItsOwn) {
   GenerateOptions o;
   o.max_new_tokens = 6;
   const auto free = generateAt(1, o);
   const int64_t stop = free[1][2];
   o.stop_tokens = {stop};
-  const auto stopped = generateAt(1, o);
-  for (size_t b = 0; b < free.size(); ++b) {
-    auto end = std::find(free[b].begin(), free[b].end(), stop);
-    EXPECT_EQ(stopped[b], std::vector<int64_t>(free[b].begin(), end == free[b].end() ? end : end + 1)) << "sequence " << b;
+  for (int tp : {1, 2}) {
+    const auto stopped = generateAt(tp, o);
+    for (size_t b = 0; b < free.size(); ++b) {
+      auto end = std::find(free[b].begin(), free[b].end(), stop);
+      EXPECT_EQ(stopped[b], std::vector<int64_t>(free[b].begin(), end == free[b].end() ? end : end + 1))
+          << "sequence " << b << ", TP=" << tp;
+    }
+    EXPECT_LE(stopped[1].size(), 3u);
   }
-  EXPECT_LE(stopped[1].size(), 3u);
+  Llama model(config());
+  KVCache cache(3, 16);
+  GenerateStats stats;
+  const auto stopped = generate(model, cache, kPrompts, o, &stats);
+  int64_t decoded = 0;  // each sequence's tokens after the prefill's first
+  for (const auto& s : stopped) decoded += static_cast<int64_t>(s.size()) - 1;
+  EXPECT_EQ(stats.decode_sequences, decoded);
+  EXPECT_LT(stats.decode_sequences, 3 * static_cast<int64_t>(stats.decode_ms.size()));
+}
+
+TEST(GenerateTest, KeepRowsThatAreNotAscendingIsANamedError) {
+  KVCache cache(3, 8);
+  cache.reset(3);
+  dtp::test::expect_error([&] { cache.keep({2, 0}); }, {"KVCache::keep: rows [2, 0] must be ascending"});
 }
 
 // One decode step at TP=2 (no SP): an all-reduce after the embedding and

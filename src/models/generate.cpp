@@ -83,26 +83,33 @@ std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const s
   if (stats) stats->prefill_ms = msSince(t0);
 
   std::vector<std::vector<int64_t>> out(batch);
-  std::vector<bool> done(batch, false);
-  const std::vector<int64_t> one(batch, 1);
-  for (int64_t step = 0;; ++step) {
-    bool all = true;
-    for (int64_t b = 0; b < batch; ++b) {
-      if (done[b]) continue;
-      out[b].push_back(next[b]);
-      done[b] = std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next[b]) != o.stop_tokens.end() ||
-                static_cast<int64_t>(out[b].size()) == o.max_new_tokens;
-      all = all && done[b];
+  std::vector<int64_t> active(batch);  // the sequences still generating, in cache order
+  for (int64_t b = 0; b < batch; ++b) active[b] = b;
+  while (true) {
+    std::vector<int64_t> rows, still, tokens;  // the cache rows, sequences and tokens that go on
+    for (size_t i = 0; i < active.size(); ++i) {
+      std::vector<int64_t>& seq = out[active[i]];
+      seq.push_back(next[i]);
+      const bool done = std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next[i]) != o.stop_tokens.end() ||
+                        static_cast<int64_t>(seq.size()) == o.max_new_tokens;
+      if (done) continue;
+      rows.push_back(static_cast<int64_t>(i));
+      still.push_back(active[i]);
+      tokens.push_back(next[i]);
     }
-    if (all) break;
+    if (still.empty()) break;
+    if (still.size() < active.size()) cache.keep(rows);  // every rank drops the same rows: the tokens agree
+    active = std::move(still);
+    const int64_t n = static_cast<int64_t>(active.size());
     t0 = std::chrono::steady_clock::now();
     CommCounter comm;
-    logits = model->forward(at::tensor(next, at::kLong).view({batch, 1}).to(device), cache, one);
+    logits = model->forward(at::tensor(tokens, at::kLong).view({n, 1}).to(device), cache, std::vector<int64_t>(n, 1));
     next = inference::sample(logits, o.sampling, gen);
     if (check) checkAgree(logits, next);
     if (stats) {
       stats->decode_ms.push_back(msSince(t0));
       stats->decode_collectives += comm.total_count();
+      stats->decode_sequences += n;
     }
   }
   return out;

@@ -21,6 +21,23 @@ void KVCache::reset(int64_t batch) {
   lengths_.assign(batch, 0);
 }
 
+void KVCache::keep(const std::vector<int64_t>& rows) {
+  const int64_t batch = static_cast<int64_t>(lengths_.size()), n = static_cast<int64_t>(rows.size());
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < batch && (i == 0 || rows[i] > rows[i - 1]), "KVCache::keep: rows ",
+                c10::IntArrayRef(rows), " must be ascending indices into the current batch of ", batch, ".");
+  std::vector<int64_t> lengths;
+  for (int64_t r : rows) lengths.push_back(lengths_[r]);
+  for (std::vector<at::Tensor>* kv : {&k_, &v_}) {
+    for (at::Tensor& t : *kv) {
+      if (!t.defined()) continue;
+      const at::Tensor kept = t.index_select(0, at::tensor(rows, at::kLong).to(t.device()));  // a copy: rows may overlap
+      t.narrow(0, 0, n).copy_(kept);
+    }
+  }
+  lengths_ = std::move(lengths);
+}
+
 std::pair<at::Tensor, at::Tensor> KVCache::layer(int64_t index, const at::Tensor& like) {
   if (static_cast<int64_t>(k_.size()) <= index) {
     k_.resize(index + 1);

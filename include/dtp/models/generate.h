@@ -39,6 +39,7 @@ struct GenerateStats {
   double prefill_ms = 0;
   std::vector<double> decode_ms;  // per decode step
   int64_t decode_collectives = 0;  // over all decode steps, this rank
+  int64_t decode_sequences = 0;    // sequences computed, summed over decode steps (finished ones drop out)
 };
 
 // The new tokens of each prompt (stop token included when one was hit).

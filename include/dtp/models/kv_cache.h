@@ -30,6 +30,10 @@ class KVCache {
   const std::vector<int64_t>& lengths() const { return lengths_; }
   // Starts a new batch of `batch` empty sequences (memory is kept).
   void reset(int64_t batch);
+  // Keeps only the sequences `rows` (ascending indices into the current
+  // batch), moved to its front in that order: generation drops finished
+  // sequences so that they stop costing compute.
+  void keep(const std::vector<int64_t>& rows);
 
   // Used by the Llama's forward (see llama_kv.cpp).
   struct Step {
