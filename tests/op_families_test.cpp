@@ -72,6 +72,11 @@ TEST_P(OpFamilies, ReductionsWithIndicesAndCorrection) {
         }
         expect_parity(mesh, {x}, pl, [](const V& v) { return at::var(v[0], {1}, /*unbiased=*/false, /*keepdim=*/true); });
         expect_parity(mesh, {x}, pl, [](const V& v) { return at::std(v[0], {1}, /*unbiased=*/true) + v[0].argmax().to(at::kDouble); });
+        expect_parity(mesh, {x}, pl, [](const V& v) {
+          auto [var, mean] = at::var_mean(v[0], {1}, /*unbiased=*/true);
+          auto [sd, mean2] = at::std_mean(v[0], {1}, /*unbiased=*/false, /*keepdim=*/true);
+          return var + mean * 2 + sd.squeeze(1) * 3 + mean2.squeeze(1) * 4;
+        });
       }
     }
   });
@@ -101,6 +106,26 @@ TEST_P(OpFamilies, AlongADim) {
           return val + idx.to(at::kDouble) * 100;
         }, false);
       }
+    }
+  });
+}
+
+// index_select with a replicated index (self sharded on either dim) or a
+// sharded index (self replicated), forward and backward (index_add).
+TEST_P(OpFamilies, IndexSelect) {
+  run([&](const DeviceMesh& mesh, int64_t w) {
+    for (int64_t rows : rowCounts(w)) {
+      const at::Tensor x = data({rows + 2, 2 * w + 1});
+      const at::Tensor index = at::remainder(at::arange(2 * w + 1, at::kLong) * 3, rows + 2);
+      for (auto px : {Shard(0), Shard(1), Replicate()})
+        for (auto pi : {Replicate(), Shard(0)}) {
+          SCOPED_TRACE(px.str() + " index " + pi.str() + " rows " + std::to_string(rows));
+          expect_parity(mesh, {x, index}, {on(mesh, px), on(mesh, pi)},
+                        [](const V& v) { return v[0].index_select(0, v[1]) * 2; });
+          const at::Tensor cols = at::remainder(index, 2 * w + 1);
+          expect_parity(mesh, {x, cols}, {on(mesh, px), on(mesh, pi)},
+                        [](const V& v) { return v[0].index_select(1, v[1]).sin(); });
+        }
     }
   });
 }

@@ -165,6 +165,9 @@ Decision compute(const OpCall& call) {
                   " on meta tensors (inputs: ", describeInputs(call),
                   "): ", e.what_without_backtrace(), "\nNYI: give its rule a shape function.");
       meta = rule->shape(call);
+      TORCH_INTERNAL_ASSERT(!meta.shapes.empty() && meta.shapes.size() == meta.dtypes.size(), "the shape function of ",
+                            op_name(call.op), "'s rule returned ", meta.shapes.size(), " shapes and ", meta.dtypes.size(),
+                            " dtypes");
     }
   }
   OpCall sized = call;

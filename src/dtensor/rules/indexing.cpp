@@ -53,6 +53,42 @@ std::vector<Row> scatterAddRows(const OpCall& c, int64_t m) {
 
 OutputMeta selfShape(const OpCall& c) { return OutputMeta{{c.spec(0).shape}, {c.spec(0).dtype}}; }
 
+// index_select(self, dim, index), index 1-D: a shard of self on another dim
+// stays; with self replicated, an index sharded along its one dim picks each
+// rank's chunk of the output along `dim`.
+std::vector<Row> indexSelectRows(const OpCall& c, int64_t) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  if (c.specs.size() == 2 && c.slot_of_arg(0) == 0) {
+    const int64_t nd = c.spec(0).ndim(), dim = c10::maybe_wrap_dim(c.arg_int(1), nd);
+    for (int64_t d = 0; d < nd; ++d)
+      if (d != dim) rows.push_back(Row{{Shard(d), Replicate()}, {Shard(d)}});
+    rows.push_back(Row{{Replicate(), Shard(0)}, {Shard(dim)}});
+  }
+  return rows;
+}
+
+OutputMeta indexSelectShape(const OpCall& c) {
+  std::vector<int64_t> shape = c.spec(0).shape;
+  shape[c10::maybe_wrap_dim(c.arg_int(1), c.spec(0).ndim())] = c.spec(1).numel();
+  return OutputMeta{{shape}, {c.spec(0).dtype}};
+}
+
+// index_add(self, dim, index, source) (index_select's backward) is linear in
+// (self, source): shards on another dim stay, partial sums stay partial, and
+// an index sharded with source's rows adds disjoint parts into a Partial.
+std::vector<Row> indexAddRows(const OpCall& c, int64_t m) {
+  std::vector<Row> rows{rules::replicateRow(c)};
+  if (c.specs.size() == 3) {
+    const int64_t nd = c.spec(0).ndim(), dim = c10::maybe_wrap_dim(c.arg_int(1), nd);
+    for (int64_t d = 0; d < nd; ++d)
+      if (d != dim) rows.push_back(Row{{Shard(d), Replicate(), Shard(d)}, {Shard(d)}});
+    const Placement p = rules::linearPartial(c, m);
+    rows.push_back(Row{{p, Replicate(), p}, {p}});
+    rows.push_back(Row{{p, Shard(0), Shard(dim)}, {p}});
+  }
+  return rows;
+}
+
 // index_put(_)(self, indices, values, accumulate) writing one scalar into a
 // replicated or partial tensor through replicated indices (cross_entropy's
 // label smoothing zeroes ignored rows this way). Zeros keep partial sums
@@ -128,6 +164,9 @@ void registerIndexingRules(RuleRegistry& r) {
   r.add("aten::gather", gatherRows);
   r.add("aten::scatter_add", scatterAddRows);
   r.add("aten::scatter_add_", scatterAddRows);
+  r.add("aten::index_select", indexSelectRows, indexSelectShape);
+  r.add("aten::index_add", indexAddRows, selfShape);
+  r.add("aten::index_add_", indexAddRows, selfShape);
 }
 
 }  // namespace dtp

@@ -120,7 +120,8 @@ ShapeFn reducedShape(int dim_arg, int keepdim_arg) {
       if (!dims.count(d)) shape.push_back(c.spec(0).shape[d]);
       else if (keepdim) shape.push_back(1);
     }
-    return OutputMeta{{shape}, {c.spec(0).dtype}};
+    const size_t n = c.op.schema().returns().size();  // var: 1; var_mean: 2, alike
+    return OutputMeta{std::vector<std::vector<int64_t>>(n, shape), std::vector<c10::ScalarType>(n, c.spec(0).dtype)};
   };
 }
 
@@ -142,6 +143,8 @@ void registerReductionRules(RuleRegistry& r) {
   r.add("aten::argmin", keptDims(1, 2));
   r.add("aten::var.correction", keptDims(1, 3), reducedShape(1, 3));
   r.add("aten::std.correction", keptDims(1, 3), reducedShape(1, 3));
+  r.add("aten::var_mean.correction", keptDims(1, 3), reducedShape(1, 3));
+  r.add("aten::std_mean.correction", keptDims(1, 3), reducedShape(1, 3));
   r.add("aten::cumsum", alongDim(1));
   r.add("aten::cumprod", alongDim(1));
   r.add("aten::sort", alongDim(1));
