@@ -1,28 +1,16 @@
 #include "collectives.h"
 
+#include "groups.h"
 #include "stats.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 namespace dtp::bench {
 namespace {
-
-// A group of all ranks made under `env` (DTP_SHM and DTP_SHM_MAX_BYTES are read when a group is made).
-ProcessGroup groupWith(const ProcessGroup& world, const char* shm, const std::string& max_bytes) {
-  setenv("DTP_SHM", shm, 1);
-  setenv("DTP_SHM_MAX_BYTES", max_bytes.c_str(), 1);
-  std::vector<int> all(world.size());
-  for (int r = 0; r < world.size(); ++r) all[r] = r;
-  ProcessGroup g = world.new_group(all);
-  unsetenv("DTP_SHM");
-  unsetenv("DTP_SHM_MAX_BYTES");
-  return g;
-}
 
 std::string sizeText(int64_t b) {
   return b >= (1 << 20) ? std::to_string(b >> 20) + " MiB" : std::to_string(b >> 10) + " KiB";
@@ -33,8 +21,8 @@ std::string sizeText(int64_t b) {
 bool run_collectives(const CollectiveOptions& o, const ProcessGroup& world) {
   const int w = world.size();
   const int64_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
-  ProcessGroup gloo = groupWith(world, "0", "");
-  ProcessGroup shm = groupWith(world, "1", std::to_string(std::max<int64_t>(largest, 4096)));
+  ProcessGroup gloo = whole_group_with(world, "0");
+  ProcessGroup shm = whole_group_with(world, "1", std::to_string(std::max<int64_t>(largest, 4096)));
   if (world.rank() == 0) {
     std::printf("\n## CPU collectives, %d ranks on one host: microseconds per call (median of %d reps, each the "
                 "mean of a timed loop; slowest rank), float32\n\n",

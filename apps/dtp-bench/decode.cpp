@@ -1,5 +1,6 @@
 #include "decode.h"
 
+#include "groups.h"
 #include "stats.h"
 
 #include "dtp/comm_counter.h"
@@ -416,13 +417,7 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
   std::optional<DeviceMesh> gloo_mesh;
   ProcessGroup alone = world;
   if (w > 1) {
-    std::vector<int> all(w);
-    for (int r = 0; r < w; ++r) all[r] = r;
-    if (o.device == "cpu") {
-      setenv("DTP_SHM", "0", 1);
-      gloo_mesh.emplace(init_device_mesh(o.device, {w}, {"tp"}, world.new_group(all)));
-      unsetenv("DTP_SHM");
-    }
+    if (o.device == "cpu") gloo_mesh.emplace(init_device_mesh(o.device, {w}, {"tp"}, whole_group_with(world, "0")));
     alone = world.new_group({0});
   }
   if (world.rank() == 0) {

@@ -209,7 +209,6 @@ ShmGroup::ShmGroup(int rank, int size, void* base, size_t bytes, int64_t slot_by
 
 ShmGroup::~ShmGroup() { munmap(base_, bytes_); }
 
-std::atomic<uint32_t>& ShmGroup::arrived(int rank) const { return line(rank).arrived; }
 
 uint8_t* ShmGroup::slot(int rank, uint32_t seq) const {
   return static_cast<uint8_t*>(base_) + headerBytes(size_) +
@@ -221,7 +220,7 @@ ShmRankLine& ShmGroup::line(int rank) const {
 }
 
 void ShmGroup::arrive_and_wait(uint32_t seq, uint64_t call) {
-  std::atomic<uint32_t>& mine = arrived(rank_);
+  std::atomic<uint32_t>& mine = line(rank_).arrived;
   line(rank_).call[seq & 1] = call;
   mine.store(seq, std::memory_order_release);
   futexWake(&mine);
@@ -230,7 +229,7 @@ void ShmGroup::arrive_and_wait(uint32_t seq, uint64_t call) {
   auto next_check = start + std::chrono::milliseconds(20);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    std::atomic<uint32_t>& word = arrived(r);
+    std::atomic<uint32_t>& word = line(r).arrived;
     for (int spins = 0;; ++spins) {
       const uint32_t seen = word.load(std::memory_order_acquire);
       if (static_cast<int32_t>(seen - seq) >= 0) {
@@ -297,12 +296,20 @@ void reduceInto(at::Tensor& acc, const std::vector<at::Tensor>& v, ReduceOp op) 
 
 }  // namespace
 
-void ShmGroup::all_reduce(at::Tensor& flat, ReduceOp op) {
-  const int64_t bytes = flat.numel() * flat.element_size();
-  TORCH_INTERNAL_ASSERT(flat.is_contiguous() && bytes <= slot_bytes_);
+uint32_t ShmGroup::publish(const at::Tensor& input, uint64_t call) {
   const uint32_t seq = ++seq_;
-  std::memcpy(slot(rank_, seq), flat.data_ptr(), bytes);
-  arrive_and_wait(seq, callHash({1, static_cast<int64_t>(flat.scalar_type()), flat.numel(), static_cast<int64_t>(op)}));
+  if (input.defined()) {
+    const int64_t bytes = input.numel() * input.element_size();
+    TORCH_INTERNAL_ASSERT(input.is_contiguous() && bytes <= slot_bytes_);
+    std::memcpy(slot(rank_, seq), input.data_ptr(), bytes);
+  }
+  arrive_and_wait(seq, call);
+  return seq;
+}
+
+void ShmGroup::all_reduce(at::Tensor& flat, ReduceOp op) {
+  const uint32_t seq =
+      publish(flat, callHash({1, static_cast<int64_t>(flat.scalar_type()), flat.numel(), static_cast<int64_t>(op)}));
   std::vector<at::Tensor> views;
   for (int r = 0; r < size_; ++r) views.push_back(viewOf(slot(r, seq), flat.numel(), flat));
   reduceInto(flat, views, op);
@@ -310,10 +317,8 @@ void ShmGroup::all_reduce(at::Tensor& flat, ReduceOp op) {
 
 void ShmGroup::all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out) {
   const int64_t el = flat.element_size();
-  TORCH_INTERNAL_ASSERT(flat.is_contiguous() && flat.numel() == numels[rank_] && flat.numel() * el <= slot_bytes_);
-  const uint32_t seq = ++seq_;
-  std::memcpy(slot(rank_, seq), flat.data_ptr(), flat.numel() * el);
-  arrive_and_wait(seq, callHash({2, static_cast<int64_t>(flat.scalar_type())}, numels));
+  TORCH_INTERNAL_ASSERT(flat.numel() == numels[rank_]);
+  const uint32_t seq = publish(flat, callHash({2, static_cast<int64_t>(flat.scalar_type())}, numels));
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
   for (int r = 0; r < size_; ++r) {
     std::memcpy(dst, slot(r, seq), numels[r] * el);
@@ -323,12 +328,10 @@ void ShmGroup::all_gather(const at::Tensor& flat, const std::vector<int64_t>& nu
 
 at::Tensor ShmGroup::reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op) {
   const int64_t el = flat.element_size();
-  TORCH_INTERNAL_ASSERT(flat.is_contiguous() && flat.numel() * el <= slot_bytes_);
   int64_t offset = 0;
   for (int r = 0; r < rank_; ++r) offset += numels[r];
-  const uint32_t seq = ++seq_;
-  std::memcpy(slot(rank_, seq), flat.data_ptr(), flat.numel() * el);
-  arrive_and_wait(seq, callHash({3, static_cast<int64_t>(flat.scalar_type()), static_cast<int64_t>(op)}, numels));
+  const uint32_t seq =
+      publish(flat, callHash({3, static_cast<int64_t>(flat.scalar_type()), static_cast<int64_t>(op)}, numels));
   at::Tensor out = at::empty({numels[rank_]}, flat.options());
   if (numels[rank_] == 0) return out;
   std::vector<at::Tensor> views;
@@ -340,15 +343,10 @@ at::Tensor ShmGroup::reduce_scatter(const at::Tensor& flat, const std::vector<in
 void ShmGroup::broadcast(at::Tensor& flat, int src) {
   const int64_t bytes = flat.numel() * flat.element_size();
   TORCH_INTERNAL_ASSERT(flat.is_contiguous() && bytes <= slot_bytes_);
-  const uint32_t seq = ++seq_;
-  if (rank_ == src) std::memcpy(slot(rank_, seq), flat.data_ptr(), bytes);
-  arrive_and_wait(seq, callHash({4, bytes, src}));
+  const uint32_t seq = publish(rank_ == src ? flat : at::Tensor(), callHash({4, bytes, src}));
   if (rank_ != src) std::memcpy(flat.data_ptr(), slot(src, seq), bytes);
 }
 
-void ShmGroup::barrier() {
-  const uint32_t seq = ++seq_;
-  arrive_and_wait(seq, callHash({5}));
-}
+void ShmGroup::barrier() { publish(at::Tensor(), callHash({5})); }
 
 }  // namespace dtp::detail

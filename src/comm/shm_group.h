@@ -56,11 +56,13 @@ class ShmGroup {
   ShmGroup(int rank, int size, void* base, size_t bytes, int64_t slot_bytes, std::chrono::milliseconds timeout);
   // The slot of `rank` in the buffer of collective `seq` (two buffers, alternating).
   uint8_t* slot(int rank, uint32_t seq) const;
+  // Starts the next collective: `input` (if defined; contiguous, at most a
+  // slot) into this rank's slot, then arrive_and_wait. Returns its number.
+  uint32_t publish(const at::Tensor& input, uint64_t call);
   // Publishes this rank's arrival at `seq` with a hash of its `call`, then
   // waits for every member's; throws after the timeout, when a member's
   // process is gone, or when a member's call differs.
   void arrive_and_wait(uint32_t seq, uint64_t call);
-  std::atomic<uint32_t>& arrived(int rank) const;
   ShmRankLine& line(int rank) const;
 
   int rank_, size_;

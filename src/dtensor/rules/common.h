@@ -27,6 +27,10 @@ enum class Linearity {
   FirstArg,     // div: Partial numerator, Replicate denominator -> Partial out
 };
 
+// The output is shaped and typed like the first tensor input (for ops
+// without meta kernels in some libtorch version).
+inline OutputMeta selfShape(const OpCall& call) { return OutputMeta{{call.spec(0).shape}, {call.spec(0).dtype}}; }
+
 // Rows of an elementwise op with broadcasting over all slots: shard any output
 // dim (inputs shard their aligned dim, or stay R where they broadcast), all
 // replicated, and the Partial rows that `lin` allows. `written` slots (in-place

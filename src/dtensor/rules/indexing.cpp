@@ -51,7 +51,6 @@ std::vector<Row> scatterAddRows(const OpCall& c, int64_t m) {
   return rows;
 }
 
-OutputMeta selfShape(const OpCall& c) { return OutputMeta{{c.spec(0).shape}, {c.spec(0).dtype}}; }
 
 // index_select(self, dim, index), index 1-D: a shard of self on another dim
 // stays; with self replicated, an index sharded along its one dim picks each
@@ -159,14 +158,14 @@ void registerIndexingRules(RuleRegistry& r) {
   r.add_handler("aten::index_put_", indexPutScalar);
   r.add_handler("aten::index_put", indexPutScalar);
   r.add_handler("aten::masked_select", maskedSelectReplicatedMask);
-  r.add("aten::masked_scatter_", maskedScatterRows, selfShape);
-  r.add("aten::masked_scatter", maskedScatterRows, selfShape);
+  r.add("aten::masked_scatter_", maskedScatterRows, rules::selfShape);
+  r.add("aten::masked_scatter", maskedScatterRows, rules::selfShape);
   r.add("aten::gather", gatherRows);
   r.add("aten::scatter_add", scatterAddRows);
   r.add("aten::scatter_add_", scatterAddRows);
   r.add("aten::index_select", indexSelectRows, indexSelectShape);
-  r.add("aten::index_add", indexAddRows, selfShape);
-  r.add("aten::index_add_", indexAddRows, selfShape);
+  r.add("aten::index_add", indexAddRows, rules::selfShape);
+  r.add("aten::index_add_", indexAddRows, rules::selfShape);
 }
 
 }  // namespace dtp

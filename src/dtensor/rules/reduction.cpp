@@ -24,12 +24,24 @@ std::set<int64_t> reducedDims(const OpCall& c, int dim_arg) {
   return dims;
 }
 
+// Argument `keepdim_arg` when given and true.
+bool keepdimOf(const OpCall& c, int keepdim_arg) {
+  return keepdim_arg >= 0 && keepdim_arg < static_cast<int>(c.args.size()) && c.args[keepdim_arg].isBool() &&
+         c.args[keepdim_arg].toBool();
+}
+
+// Where kept input dim `d` lands in the output.
+int64_t outputDim(int64_t d, const std::set<int64_t>& reduced, bool keepdim) {
+  if (!keepdim)
+    for (int64_t r : reduced) d -= r < d;
+  return d;
+}
+
 StrategyFn reduction(Reduce kind, int dim_arg, int keepdim_arg) {
   return [=](const OpCall& c, int64_t m) {
     std::vector<Row> rows{rules::replicateRow(c)};
     const auto dims = reducedDims(c, dim_arg);
-    const bool keepdim = keepdim_arg >= 0 && keepdim_arg < static_cast<int>(c.args.size()) &&
-                         c.args[keepdim_arg].isBool() && c.args[keepdim_arg].toBool();
+    const bool keepdim = keepdimOf(c, keepdim_arg);
     const auto& shape = c.spec(0).shape;
     const int64_t w = c.mesh().size(m);
     for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
@@ -52,10 +64,7 @@ StrategyFn reduction(Reduce kind, int dim_arg, int keepdim_arg) {
         }
         rows.push_back(Row{{Shard(d)}, {out}});
       } else {
-        int64_t od = d;
-        if (!keepdim)
-          for (int64_t r : dims) od -= r < d;
-        rows.push_back(Row{{Shard(d)}, {Shard(od)}});
+        rows.push_back(Row{{Shard(d)}, {Shard(outputDim(d, dims, keepdim))}});
       }
     }
     // sum and mean are linear; max of P(max) pieces is P(max), likewise min.
@@ -94,27 +103,21 @@ StrategyFn keptDims(int dim_arg, int keepdim_arg) {
   return [=](const OpCall& c, int64_t) {
     std::vector<Row> rows{rules::replicateRow(c)};
     const auto dims = reducedDims(c, dim_arg);
-    const bool keepdim = keepdim_arg >= 0 && keepdim_arg < static_cast<int>(c.args.size()) &&
-                         c.args[keepdim_arg].isBool() && c.args[keepdim_arg].toBool();
+    const bool keepdim = keepdimOf(c, keepdim_arg);
     for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
-      if (dims.count(d)) continue;
-      int64_t od = d;
-      if (!keepdim)
-        for (int64_t r : dims) od -= r < d;
-      rows.push_back(Row{{Shard(d)}, Placements(c.num_outputs, Shard(od))});
+      if (!dims.count(d)) rows.push_back(Row{{Shard(d)}, Placements(c.num_outputs, Shard(outputDim(d, dims, keepdim)))});
     }
     return rows;
   };
 }
 
-// Output shapes where libtorch 1.13 has no meta kernel: the input's (flip),
-// or the input's with the reduced dims dropped or kept as 1 (var, std).
-OutputMeta sameShape(const OpCall& c) { return OutputMeta{{c.spec(0).shape}, {c.spec(0).dtype}}; }
+// Output shapes where libtorch 1.13 has no meta kernel: the input's with the
+// reduced dims dropped or kept as 1 (var, std; flip: rules::selfShape).
 
 ShapeFn reducedShape(int dim_arg, int keepdim_arg) {
   return [=](const OpCall& c) {
     const auto dims = reducedDims(c, dim_arg);
-    const bool keepdim = c.args[keepdim_arg].isBool() && c.args[keepdim_arg].toBool();
+    const bool keepdim = keepdimOf(c, keepdim_arg);
     std::vector<int64_t> shape;
     for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
       if (!dims.count(d)) shape.push_back(c.spec(0).shape[d]);
@@ -150,7 +153,7 @@ void registerReductionRules(RuleRegistry& r) {
   r.add("aten::sort", alongDim(1));
   r.add("aten::sort.stable", alongDim(2));
   r.add("aten::topk", alongDim(2));
-  r.add("aten::flip", flipRows, sameShape);
+  r.add("aten::flip", flipRows, rules::selfShape);
   r.add("aten::sum", reduction(Reduce::Sum, -1, -1));
   r.add("aten::sum.dim_IntList", reduction(Reduce::Sum, 1, 2));
   r.add("aten::mean", reduction(Reduce::Mean, -1, -1));
