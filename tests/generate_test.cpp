@@ -223,24 +223,33 @@ TEST(GenerateTest, DecodeStepCollectivesMatchTheClosedForm) {
 TEST(GenerateTest, ShardingCacheStopsGrowingDuringDecode) {
   LlamaConfig c = config();
   c.max_seq_len = 1100;
+  // 10 prompts of 1 to 10 tokens: 1000 decode steps are 10,000 decode tokens.
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t b = 0; b < 10; ++b) {
+    prompts.emplace_back();
+    for (int64_t t = 0; t <= b; ++t) prompts.back().push_back((7 * b + t) % c.vocab_size);
+  }
   run_ranks(2, [&](int rank) {
     Llama model(c);
     apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {2}, {"tp"}));
-    KVCache cache(3, 1100);
+    KVCache cache(10, 1100);
     GenerateOptions o;
     o.max_new_tokens = 50;
-    generate(model, cache, kPrompts, o);
+    generate(model, cache, prompts, o);
     const auto warm = propagation_cache_stats();
-    o.max_new_tokens = 1000;
-    generate(model, cache, kPrompts, o);
+    o.max_new_tokens = 1001;
+    GenerateStats stats;
+    generate(model, cache, prompts, o, &stats);
+    ASSERT_EQ(stats.decode_sequences, 10000);
     const auto after = propagation_cache_stats();
     const double hitRate = static_cast<double>(after.hits - warm.hits) /
                            static_cast<double>(after.hits - warm.hits + after.misses - warm.misses);
     EXPECT_LE(after.size, warm.size + 8) << "entries added per prefill shape only, none per decode token";
     EXPECT_GE(hitRate, 0.999);
     if (rank == 0) {
-      std::printf("sharding cache after 1000 more decode steps of 3 sequences: %lld entries (after the first 50: %lld), "
-                  "hit rate %.5f\n", static_cast<long long>(after.size), static_cast<long long>(warm.size), hitRate);
+      std::printf("sharding cache after 10000 more decode tokens (1000 steps of 10 sequences): %lld entries (after "
+                  "the first 50 steps: %lld), hit rate %.5f\n", static_cast<long long>(after.size),
+                  static_cast<long long>(warm.size), hitRate);
     }
   });
 }
