@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 namespace {
 
@@ -39,9 +40,33 @@ struct Options {
   std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
   bool no_sp = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
-  std::string save, resume, mp, device = "cpu", init_from_hf, save_hf;
+  std::string save, resume, mp, device = "cpu", init_from_hf, save_hf, comm_debug;
   int64_t save_every = 0;
 };
+
+// One JSON object per rank, in rank order, to `path` (rank 0 writes it): the
+// ranks' collectives can differ (uneven shards, different groups).
+void writeCommDebug(const CommDebugMode& debug, const std::string& path, const ProcessGroup& world) {
+  const std::string mine = debug.to_json();
+  at::Tensor bytes = at::from_blob(const_cast<char*>(mine.data()), {static_cast<int64_t>(mine.size())}, at::kChar).clone();
+  at::Tensor size = at::full({1}, bytes.numel(), at::kLong);
+  std::vector<int64_t> sizes(world.size(), 0);
+  at::Tensor all_sizes = world.all_gather(size, 0, std::vector<int64_t>(world.size(), 1)).wait();
+  for (int r = 0; r < world.size(); ++r) sizes[r] = all_sizes[r].item<int64_t>();
+  at::Tensor all = world.all_gather(bytes, 0, sizes).wait();
+  if (world.rank() != 0) return;
+  std::ofstream out(path);
+  TORCH_CHECK(out, "--comm-debug: cannot write ", path, ".");
+  out << "{\"ranks\": [";
+  int64_t at = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    out << (r ? ",\n" : "\n") << std::string(static_cast<const char*>(all.data_ptr()) + at, sizes[r]);
+    at += sizes[r];
+  }
+  out << "\n]}\n";
+  TORCH_CHECK(out.good(), "--comm-debug: writing ", path, " failed.");
+  std::printf("comm-debug: the first step's collectives per module, pass and op in %s\n", path.c_str());
+}
 
 // --mp bf16: FSDP's mixed precision (bf16 compute, float32 master weights
 // and gradient reduction).
@@ -173,9 +198,16 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
   for (int64_t step = first; step < o.steps; ++step) {
     at::Tensor b = apps::corpus_batch(corpus, o.batch, o.seq, o.seed, step).to(model->config.device);
     if (dp.valid()) b = b.narrow(0, dp.rank() * o.batch / dp.size(), o.batch / dp.size());
+    // --comm-debug: the first step's collectives per module, pass and op.
+    std::optional<CommDebugMode> debug;
+    if (!o.comm_debug.empty() && step == first) debug.emplace();
     at::Tensor loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
     opt.zero_grad();
     loss.backward();
+    if (debug) {
+      writeCommDebug(*debug, o.comm_debug, world);
+      debug.reset();
+    }
     if (o.clip > 0) clip_grad_norm_(model->unique_parameters(), o.clip);
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(learningRate(o, step));
     opt.step();
@@ -337,6 +369,9 @@ int main(int argc, char** argv) {
   app.add_option("--init-from-hf", o.init_from_hf,
                  "Fine-tune a Hugging Face Llama folder: its config, weights and tokenizer.model (the model size "
                  "flags are ignored)");
+  app.add_option("--comm-debug", o.comm_debug,
+                 "Write the first step's collectives per module (forward and backward), op and type, per rank, "
+                 "as JSON to this file (CommDebugMode)");
   app.add_option("--save-hf", o.save_hf, "Also export the trained model as a Hugging Face folder here");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -15,6 +15,10 @@
 // - Kineto's C++ profiler API (torch::autograd::profiler::enableProfiler with
 //   torch::profiler::impl's config), which dtp-bench --profile uses, is 2.x's:
 //   DTP_HAS_KINETO.
+// - Fused attention: at::scaled_dot_product_attention and the CPU flash
+//   kernel it picks (_scaled_dot_product_flash_attention_for_cpu) are 2.2's:
+//   DTP_HAS_SDPA; the _safe_softmax of its math path is 2.5's:
+//   DTP_HAS_SAFE_SOFTMAX.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,6 +45,8 @@
 #endif
 
 #define DTP_HAS_KINETO (TORCH_VERSION_MAJOR >= 2)
+#define DTP_HAS_SDPA (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2))
+#define DTP_HAS_SAFE_SOFTMAX (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))
 
 namespace dtp::compat {
 

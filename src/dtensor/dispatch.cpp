@@ -1,9 +1,11 @@
 #include "dtensor/dispatch.h"
 
 #include "comm/collective_tape.h"
+#include "dtensor/explicit_redistribute.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding_prop.h"
+#include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 
 #include <ATen/ATen.h>
@@ -11,6 +13,7 @@
 #include <torch/library.h>
 
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace dtp {
@@ -115,6 +118,11 @@ struct OpInfo {
 
 const OpInfo& opInfo(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> infos;
+  thread_local uint64_t version = 0;
+  if (rules_version() != version) {
+    infos.clear();
+    version = rules_version();
+  }
   auto [it, fresh] = infos.try_emplace(&op.schema());
   if (fresh) {
     const auto& registry = RuleRegistry::get();
@@ -129,6 +137,18 @@ const OpInfo& opInfo(const c10::OperatorHandle& op) {
   return it->second;
 }
 
+// Names the op to CommCounter while it runs (collectives it issues are its).
+class CurrentOp {
+ public:
+  explicit CurrentOp(const c10::OperatorHandle& op) : prev_(CommCounter::current_op()) {
+    CommCounter::set_current_op(&op.operator_name().name, &op.operator_name().overload_name);
+  }
+  ~CurrentOp() { CommCounter::set_current_op(prev_.first, prev_.second); }
+
+ private:
+  std::pair<const std::string*, const std::string*> prev_;
+};
+
 // The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
 //  - Ops with a handler (random ops, scalar reads...) are handed over whole
 //    when the handler takes them.
@@ -136,12 +156,14 @@ const OpInfo& opInfo(const c10::OperatorHandle& op) {
 //    plain tensors are an error unless ImplicitReplicationGuard is on
 //    (0-dim plain tensors pass as scalars).
 //  - Propagate: the cached decision says which placements each input needs
-//    and what each output is (sharding_prop.cpp).
+//    and what each output is (sharding_prop.cpp). In the explicit-
+//    redistribution mode, a decision that costs a collective is reported.
 //  - Redistribute inputs whose placement differs (written arguments never do).
 //  - Run the op on the local shards.
 //  - Wrap: outputs become DTensors with the decided specs; in-place and out=
 //    returns give back the original DTensor argument.
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const CurrentOp current(op);
   const auto& schema = op.schema();
   const OpInfo& info = opInfo(op);
   if (info.handler != nullptr && info.handler(op, stack)) return;
@@ -160,6 +182,7 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   const Decision& d = propagate(call);
+  if (explicit_redistribute_active()) check_implicit_redistribution(call, d);
 
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
   c10::SmallVector<c10::IValue, 4> originals;  // the DTensors written returns give back
@@ -236,7 +259,33 @@ void ensure_dtensor_dispatch() {
     static auto* fallback = new torch::Library(torch::Library::IMPL, "_",
                                                c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());
+    // Ops without an autograd kernel (a user's TORCH_LIBRARY op) pass the
+    // autograd key of a DTensor as they pass AutogradCPU's; libtorch 1.13
+    // registers that fallthrough for the CPU/CUDA keys only, 2.x for all.
+    if (!dispatcher.hasBackendFallbackForDispatchKey(c10::DispatchKey::AutogradPrivateUse1)) {
+      static auto* autograd = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::AutogradPrivateUse1,
+                                                 __FILE__, __LINE__);
+      autograd->fallback(torch::CppFunction::makeFallthrough());
+    }
   });
+}
+
+void route_to_dtensor_fallback(const c10::OperatorHandle& op) {
+  ensure_dtensor_dispatch();
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+    return;
+  }
+  static std::mutex mutex;
+  static auto* libraries = new std::unordered_map<std::string, torch::Library*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto& name = op.operator_name().name;
+  const std::string ns = name.substr(0, name.find("::"));
+  auto [it, fresh] = libraries->try_emplace(ns, nullptr);
+  if (fresh) it->second = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  std::string n = name.substr(ns.size() + 2);
+  if (!op.operator_name().overload_name.empty()) n += "." + op.operator_name().overload_name;
+  it->second->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());
 }
 
 }  // namespace dtp

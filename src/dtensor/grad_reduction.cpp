@@ -6,6 +6,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/grad_reduction.h"
 #include "dtensor/redistribute.h"
+#include "dtp/comm_counter.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
@@ -65,6 +66,10 @@ class GradBucket {
   void flush() {
     open_ = false;
     at::NoGradGuard no_grad;
+    // CommCounter files these under their own name, not the last module.
+    static const std::string kLabel = "(gradient reduction)";
+    const std::string* module = CommCounter::current_module();
+    CommCounter::set_current_module(&kLabel);
     std::stable_sort(pending_.begin(), pending_.end(),
                      [](const PendingGrad& a, const PendingGrad& b) { return a.order < b.order; });
     std::vector<bool> done(pending_.size(), false);
@@ -91,6 +96,7 @@ class GradBucket {
       }
     }
     pending_.clear();
+    CommCounter::set_current_module(module);
   }
 
  private:

@@ -38,6 +38,7 @@ RuleRegistry& RuleRegistry::get() {
     registerFactoryRules(*r);
     registerIndexingRules(*r);
     registerNnOpRules(*r);
+    registerAttentionRules(*r);
     registerRandomRules(*r);
     registerLossRules(*r);
     registerLossParallelRules(*r);
@@ -62,7 +63,21 @@ c10::OperatorName parseName(const std::string& op) {
 
 void RuleRegistry::add(const std::string& op, StrategyFn strategy, ShapeFn shape,
                        LocalFn local) {
-  rules_[parseName(op)] = Rule{std::move(strategy), std::move(shape), local};
+  rules_[parseName(op)] = std::make_shared<const Rule>(Rule{std::move(strategy), std::move(shape), local});
+}
+
+std::atomic<uint64_t> g_rules_version{0};
+
+void RuleRegistry::add_user(const c10::OperatorName& name, Rule rule, bool replace) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  const bool exists = rules_.count(name) > 0 || handlers_.count(name) > 0;
+  TORCH_CHECK(!exists || replace, "dtp::register_sharding: ",
+              name.overload_name.empty() ? name.name : name.name + "." + name.overload_name,
+              " already has a sharding rule (dtp's own or an earlier register_sharding). Pass "
+              "RegisterShardingOptions().override_existing(true) to replace it.");
+  handlers_.erase(name);
+  rules_[name] = std::make_shared<const Rule>(std::move(rule));
+  g_rules_version.fetch_add(1, std::memory_order_relaxed);
 }
 
 void RuleRegistry::add_handler(const std::string& op, Handler handler) {
@@ -78,17 +93,20 @@ std::string RuleRegistry::hint(const c10::OperatorName& name) const {
   return it == hints_.end() ? std::string() : " " + it->second;
 }
 
-const Rule* RuleRegistry::find(const c10::OperatorName& name) const {
+std::shared_ptr<const Rule> RuleRegistry::find(const c10::OperatorName& name) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   auto it = rules_.find(name);
-  return it == rules_.end() ? nullptr : &it->second;
+  return it == rules_.end() ? nullptr : it->second;
 }
 
 Handler RuleRegistry::find_handler(const c10::OperatorName& name) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   auto it = handlers_.find(name);
   return it == handlers_.end() ? nullptr : it->second;
 }
 
 std::vector<std::string> RuleRegistry::names() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   std::vector<std::string> out;
   auto full = [](const c10::OperatorName& n) {
     return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;

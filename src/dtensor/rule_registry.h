@@ -15,8 +15,11 @@
 #include <ATen/core/stack.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 
@@ -91,7 +94,11 @@ class RuleRegistry {
   // A hint appended to errors about `op` (a mix of plain and DTensor
   // arguments, no valid sharding): how the feature that owns the op is used.
   void add_hint(const std::string& op, std::string hint);
-  const Rule* find(const c10::OperatorName& name) const;
+  // A rule added while programs run (dtp::register_sharding): replaces the
+  // op's rule and handler when `replace`, else an existing one is an error.
+  // Bumps rules_version(), which drops the decisions threads have cached.
+  void add_user(const c10::OperatorName& name, Rule rule, bool replace);
+  std::shared_ptr<const Rule> find(const c10::OperatorName& name) const;
   Handler find_handler(const c10::OperatorName& name) const;
   // " <hint>" for errors about `name`, or "".
   std::string hint(const c10::OperatorName& name) const;
@@ -99,10 +106,17 @@ class RuleRegistry {
   std::vector<std::string> names() const;
 
  private:
-  std::unordered_map<c10::OperatorName, Rule> rules_;
+  // Written by add_user after start-up; read on cache misses.
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<c10::OperatorName, std::shared_ptr<const Rule>> rules_;
   std::unordered_map<c10::OperatorName, Handler> handlers_;
   std::unordered_map<c10::OperatorName, std::string> hints_;
 };
+
+// Changes whenever a rule is added after start-up: per-thread caches of
+// decisions and op facts compare it (one relaxed load per op).
+extern std::atomic<uint64_t> g_rules_version;
+inline uint64_t rules_version() { return g_rules_version.load(std::memory_order_relaxed); }
 
 // Registration of every rule family, called once from one place.
 void registerPointwiseRules(RuleRegistry& r);
@@ -112,6 +126,7 @@ void registerReductionRules(RuleRegistry& r);
 void registerFactoryRules(RuleRegistry& r);
 void registerIndexingRules(RuleRegistry& r);
 void registerNnOpRules(RuleRegistry& r);
+void registerAttentionRules(RuleRegistry& r);
 void registerRandomRules(RuleRegistry& r);
 void registerLossRules(RuleRegistry& r);
 void registerLossParallelRules(RuleRegistry& r);

@@ -116,6 +116,8 @@ std::string describeInputs(const OpCall& call) {
 // Output shapes and dtypes from running the op on meta tensors of the global
 // shapes. Runs on cache misses only.
 OutputMeta runOnMeta(const OpCall& call) {
+  // Shapes only: no autograd (which a user op on meta tensors lacks in 1.13).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   torch::jit::Stack stack(call.args.begin(), call.args.end());
   map_tensor_args(stack.data(), stack.size(), [](const at::Tensor& t) -> at::Tensor {
     if (auto* impl = maybeGetDTensorImpl(t)) {
@@ -146,7 +148,7 @@ bool isWrittenSlot(const OpCall& call, size_t slot) {
 }
 
 Decision compute(const OpCall& call) {
-  const Rule* rule = RuleRegistry::get().find(call.op.operator_name());
+  const std::shared_ptr<const Rule> rule = RuleRegistry::get().find(call.op.operator_name());
   TORCH_CHECK(rule != nullptr, "dtp: no sharding rule for ", op_name(call.op), " (inputs: ",
               describeInputs(call),
               "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
@@ -163,7 +165,8 @@ Decision compute(const OpCall& call) {
     } catch (const c10::Error& e) {
       TORCH_CHECK(rule->shape, "dtp: cannot infer the output shape of ", op_name(call.op),
                   " on meta tensors (inputs: ", describeInputs(call),
-                  "): ", e.what_without_backtrace(), "\nNYI: give its rule a shape function.");
+                  "): ", e.what_without_backtrace(), "\nRegister a Meta kernel for the op, or give its rule a "
+                  "shape function (dtp::RegisterShardingOptions::shape).");
       meta = rule->shape(call);
       TORCH_INTERNAL_ASSERT(!meta.shapes.empty() && meta.shapes.size() == meta.dtypes.size(), "the shape function of ",
                             op_name(call.op), "'s rule returned ", meta.shapes.size(), " shapes and ", meta.dtypes.size(),
@@ -248,6 +251,11 @@ PropagationCacheStats propagation_cache_stats() {
 }
 
 const Decision& propagate(const OpCall& call) {
+  thread_local uint64_t version = 0;
+  if (rules_version() != version) {  // a rule was added: earlier decisions may be stale
+    cache.clear();
+    version = rules_version();
+  }
   thread_local Signature sig;
   sig.clear();
   const auto& schema = call.op.schema();

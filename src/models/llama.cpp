@@ -3,6 +3,8 @@
 // Colwise projections return local shards), so head counts come from -1.
 #include "dtp/models/llama.h"
 
+#include "comm/compat.h"
+
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/parallel/loss_parallel.h"
@@ -134,10 +136,15 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
+#if DTP_HAS_SDPA
+  // libtorch picks its fused kernel (flash on CPU) where the inputs allow.
+  at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
   const at::Tensor future = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);  // on q's device
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   at::Tensor out = at::matmul(at::softmax(scores, -1), v);
+#endif
   return out.transpose(1, 2).reshape({batch, seq, -1});
 }
 

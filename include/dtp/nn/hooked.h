@@ -96,17 +96,29 @@ class ModuleScope {
 
 namespace detail {
 
+// NOTE: [Module tracking]: while a CommDebugMode is alive, a module with an
+// FQN marks its inputs and its output with identity autograd nodes; the
+// output's backward enters the module's backward (CommCounter attributes
+// collectives to it), its inputs' backward leaves it (src/nn/module_tracker.cpp).
+int64_t nextModuleToken();
+at::Tensor markBackwardLeave(const at::Tensor& input, int64_t token);
+at::Tensor markBackwardEnter(const at::Tensor& output, int64_t token, const std::string& fqn);
+
 // m.forward with the tensor arguments taken from `tensors`, hooks around it.
 template <class M, class... Args>
 auto runHooks(M& m, std::vector<at::Tensor> tensors, Args&&... args) {
   HookHost& host = m;
   ModuleScope scope(&host.fqn);
+  const int64_t token = CommCounter::tracking_modules() && !host.fqn.empty() ? nextModuleToken() : 0;
+  if (token != 0)
+    for (auto& t : tensors) t = markBackwardLeave(t, token);
   for (auto& hook : host.pre_hooks) hook(tensors);
   auto out = detail::callWith(m, std::forward_as_tuple(std::forward<Args>(args)...), tensors,
                               std::index_sequence_for<Args...>{},
                               static_cast<std::tuple<Args...>*>(nullptr));
   if constexpr (std::is_same_v<decltype(out), at::Tensor>) {
     for (auto& hook : host.post_hooks) hook(out);
+    if (token != 0) out = markBackwardEnter(out, token, host.fqn);
   } else {
     TORCH_CHECK(host.post_hooks.empty(), "Hooked: module '", host.fqn,
                 "' has output hooks but its forward does not return one at::Tensor. NYI: hooks "
@@ -127,7 +139,8 @@ at::Tensor runSaved(M& m, const std::vector<at::Tensor>& inputs, Tuple& saved, s
 template <class M, class... Args>
 auto run_hooked(M& m, Args&&... args) {
   HookHost& host = m;
-  if (host.pre_hooks.empty() && host.post_hooks.empty() && host.wrappers.empty())
+  if (host.pre_hooks.empty() && host.post_hooks.empty() && host.wrappers.empty() &&
+      (host.fqn.empty() || !CommCounter::tracking_modules()))
     return m.forward(std::forward<Args>(args)...);
   std::vector<at::Tensor> tensors;
   (

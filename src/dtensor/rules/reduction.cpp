@@ -1,5 +1,6 @@
 // Reductions and softmax: a shard on a reduced dim becomes a Partial of the
 // matching op; a shard on a kept dim stays (shifted when the dim is dropped).
+#include "comm/compat.h"
 #include "dtensor/rules/common.h"
 
 #include <set>
@@ -167,6 +168,9 @@ void registerReductionRules(RuleRegistry& r) {
   r.add("aten::norm.ScalarOpt_dim", reduction(Reduce::Norm, 2, 3));
   r.add("aten::_softmax", alongDim(1));
   r.add("aten::_log_softmax", alongDim(1));
+#if DTP_HAS_SAFE_SOFTMAX
+  r.add("aten::_safe_softmax", alongDim(1), rules::selfShape);  // scaled_dot_product_attention's math path (no Meta kernel)
+#endif
   r.add("aten::_softmax_backward_data", alongDim(2));
   r.add("aten::_log_softmax_backward_data", alongDim(2));
 }

@@ -1,0 +1,89 @@
+#include "dtp/explicit_redistribute.h"
+
+#include "dtensor/explicit_redistribute.h"
+#include "dtensor/op_args.h"
+#include "dtensor/redistribute.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_set>
+
+namespace dtp {
+namespace {
+
+ExplicitRedistributeMode fromEnvironment() {
+  const char* v = std::getenv("DTP_EXPLICIT_REDISTRIBUTE");
+  if (v == nullptr || std::strcmp(v, "") == 0 || std::strcmp(v, "0") == 0) return ExplicitRedistributeMode::Off;
+  if (std::strcmp(v, "1") == 0) return ExplicitRedistributeMode::Error;
+  if (std::strcmp(v, "warn") == 0) return ExplicitRedistributeMode::Warn;
+  TORCH_CHECK(false, "DTP_EXPLICIT_REDISTRIBUTE=", v, " is not understood. Use 1 (implicit redistributions are "
+              "errors), warn (warnings, once per op and input specs) or 0 (off).");
+  return ExplicitRedistributeMode::Off;
+}
+
+ExplicitRedistributeMode environmentMode() {
+  static const ExplicitRedistributeMode mode = fromEnvironment();
+  return mode;
+}
+
+thread_local bool guard_set = false;
+thread_local ExplicitRedistributeMode guard_mode = ExplicitRedistributeMode::Off;
+
+// The collective a one-dim transition costs, or nullptr when it is local.
+const char* collectiveFor(const Placement& from, const Placement& to, int64_t group_size) {
+  if (from == to || group_size == 1 || from.is_replicate()) return nullptr;  // R -> S, R -> P: local
+  if (from.is_shard()) return to.is_shard() ? "all_to_all" : "all_gather";
+  return to.is_shard() ? "reduce_scatter" : "all_reduce";  // from P
+}
+
+}  // namespace
+
+ExplicitRedistributeGuard::ExplicitRedistributeGuard(ExplicitRedistributeMode mode)
+    : prev_(guard_mode), prev_set_(guard_set) {
+  guard_mode = mode;
+  guard_set = true;
+}
+
+ExplicitRedistributeGuard::~ExplicitRedistributeGuard() {
+  guard_mode = prev_;
+  guard_set = prev_set_;
+}
+
+ExplicitRedistributeMode ExplicitRedistributeGuard::mode() { return guard_set ? guard_mode : environmentMode(); }
+
+bool explicit_redistribute_active() { return ExplicitRedistributeGuard::mode() != ExplicitRedistributeMode::Off; }
+
+void check_implicit_redistribution(const OpCall& call, const Decision& d) {
+  std::ostringstream what;
+  bool found = false;
+  for (size_t s = 0; s < call.specs.size(); ++s) {
+    const DTensorSpec& spec = call.spec(s);
+    if (spec.placements == d.in[s]) continue;
+    std::vector<std::string> collectives;
+    for (const auto& step : plan_redistribute(spec, d.in[s])) {
+      if (const char* c = collectiveFor(step.from, step.to, spec.mesh.size(step.mesh_dim)))
+        collectives.push_back(std::string(c) + " on mesh dim " + std::to_string(step.mesh_dim));
+    }
+    if (collectives.empty()) continue;
+    what << (found ? "; " : "") << "input " << s << " " << spec.str() << " to " << to_string(d.in[s]) << " (";
+    for (size_t i = 0; i < collectives.size(); ++i) what << (i ? ", " : "") << collectives[i];
+    what << ", " << spec.numel() * static_cast<int64_t>(c10::elementSize(spec.dtype)) << " B global)";
+    found = true;
+  }
+  if (!found) return;
+  const std::string msg = "dtp: " + op_name(call.op) + " would redistribute implicitly (explicit-redistribution "
+                          "mode): " + what.str() + ". Redistribute explicitly with dtp::redistribute (or a style's "
+                          "layouts) before the op, or place the tensors where its rule wants them.";
+  if (ExplicitRedistributeGuard::mode() == ExplicitRedistributeMode::Error) TORCH_CHECK(false, msg);
+  static std::mutex mutex;
+  static std::unordered_set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (warned.insert(msg).second) TORCH_WARN(msg);
+}
+
+}  // namespace dtp
