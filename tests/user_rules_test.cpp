@@ -12,6 +12,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdio>
+
 using namespace dtp;
 using dtp::test::data;
 using dtp::test::expect_error;
@@ -215,6 +218,17 @@ TEST_P(UserRules, LocalMapChecksAndRedistributesInputs) {
     // Without DTensor inputs the function runs as it is.
     EXPECT_FALSE(is_dtensor(local_map(rowNorms, out, in)({x0})[0]));
   });
+}
+
+// supported_ops() lists dtp's rules and handlers and the users' rules.
+TEST(UserRulesErrors, SupportedOpsListsUserRules) {
+  registerRmsRows();
+  const auto ops = supported_ops();
+  const auto own = std::count_if(ops.begin(), ops.end(), [](const std::string& op) { return op.rfind("dtptest::", 0) != 0; });
+  std::printf("supported_ops(): %td overloads with dtp's own rules or handlers\n", own);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "dtptest::rms_rows"), 1);
+  for (const char* op : {"aten::convolution", "aten::convolution_backward", "aten::index_select", "aten::mm"})
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), op), 1) << op;
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, UserRules, dtp::test::mesh_shapes(), dtp::test::mesh_name);

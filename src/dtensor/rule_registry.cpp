@@ -39,6 +39,7 @@ RuleRegistry& RuleRegistry::get() {
     registerIndexingRules(*r);
     registerNnOpRules(*r);
     registerAttentionRules(*r);
+    registerConvolutionRules(*r);
     registerRandomRules(*r);
     registerLossRules(*r);
     registerLossParallelRules(*r);

@@ -127,6 +127,7 @@ void registerFactoryRules(RuleRegistry& r);
 void registerIndexingRules(RuleRegistry& r);
 void registerNnOpRules(RuleRegistry& r);
 void registerAttentionRules(RuleRegistry& r);
+void registerConvolutionRules(RuleRegistry& r);
 void registerRandomRules(RuleRegistry& r);
 void registerLossRules(RuleRegistry& r);
 void registerLossParallelRules(RuleRegistry& r);
