@@ -113,6 +113,21 @@ class CommCounter {
   std::map<std::vector<int>, Tally> per_group_;
 };
 
+// Files the collectives of this scope (on this thread) under `fqn`, then
+// restores the previous name: hooked modules' forwards, gradient reduction.
+class CommModuleScope {
+ public:
+  explicit CommModuleScope(const std::string* fqn) : prev_(CommCounter::current_module()) {
+    CommCounter::set_current_module(fqn);
+  }
+  ~CommModuleScope() { CommCounter::set_current_module(prev_); }
+  CommModuleScope(const CommModuleScope&) = delete;
+  CommModuleScope& operator=(const CommModuleScope&) = delete;
+
+ private:
+  const std::string* prev_;
+};
+
 // A CommCounter that also attributes backward collectives to modules (the
 // counterpart of PyTorch's CommDebugMode): for debugging, not for every step.
 class CommDebugMode : public CommCounter {

@@ -34,13 +34,6 @@ ExplicitRedistributeMode environmentMode() {
 thread_local bool guard_set = false;
 thread_local ExplicitRedistributeMode guard_mode = ExplicitRedistributeMode::Off;
 
-// The collective a one-dim transition costs, or nullptr when it is local.
-const char* collectiveFor(const Placement& from, const Placement& to, int64_t group_size) {
-  if (from == to || group_size == 1 || from.is_replicate()) return nullptr;  // R -> S, R -> P: local
-  if (from.is_shard()) return to.is_shard() ? "all_to_all" : "all_gather";
-  return to.is_shard() ? "reduce_scatter" : "all_reduce";  // from P
-}
-
 }  // namespace
 
 ExplicitRedistributeGuard::ExplicitRedistributeGuard(ExplicitRedistributeMode mode)
@@ -66,8 +59,8 @@ void check_implicit_redistribution(const OpCall& call, const Decision& d) {
     if (spec.placements == d.in[s]) continue;
     std::vector<std::string> collectives;
     for (const auto& step : plan_redistribute(spec, d.in[s])) {
-      if (const char* c = collectiveFor(step.from, step.to, spec.mesh.size(step.mesh_dim)))
-        collectives.push_back(std::string(c) + " on mesh dim " + std::to_string(step.mesh_dim));
+      if (const auto c = transition_collective(step.from, step.to, spec.mesh.size(step.mesh_dim)))
+        collectives.push_back(std::string(to_string(*c)) + " on mesh dim " + std::to_string(step.mesh_dim));
     }
     if (collectives.empty()) continue;
     what << (found ? "; " : "") << "input " << s << " " << spec.str() << " to " << to_string(d.in[s]) << " (";

@@ -68,8 +68,7 @@ class GradBucket {
     at::NoGradGuard no_grad;
     // CommCounter files these under their own name, not the last module.
     static const std::string kLabel = "(gradient reduction)";
-    const std::string* module = CommCounter::current_module();
-    CommCounter::set_current_module(&kLabel);
+    const CommModuleScope scope(&kLabel);
     std::stable_sort(pending_.begin(), pending_.end(),
                      [](const PendingGrad& a, const PendingGrad& b) { return a.order < b.order; });
     std::vector<bool> done(pending_.size(), false);
@@ -96,7 +95,6 @@ class GradBucket {
       }
     }
     pending_.clear();
-    CommCounter::set_current_module(module);
   }
 
  private:

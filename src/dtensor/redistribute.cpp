@@ -4,6 +4,12 @@
 
 namespace dtp {
 
+std::optional<CollectiveType> transition_collective(const Placement& from, const Placement& to, int64_t group_size) {
+  if (from == to || from.is_replicate() || group_size == 1) return std::nullopt;
+  if (from.is_shard()) return to.is_shard() ? CollectiveType::AllToAll : CollectiveType::AllGather;
+  return to.is_shard() ? CollectiveType::ReduceScatter : CollectiveType::AllReduce;
+}
+
 // NOTE: [Redistribute order]
 // Shards nest in mesh order: with S(0)S(0) on a (2,2) mesh, mesh dim 0 chunks
 // the rows and mesh dim 1 chunks each half again. A mesh dimension's shard

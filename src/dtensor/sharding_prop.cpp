@@ -1,6 +1,7 @@
 #include "dtensor/sharding_prop.h"
 
 #include "dtensor/op_args.h"
+#include "dtensor/redistribute.h"
 
 #include <ATen/ATen.h>
 
@@ -14,15 +15,15 @@ double transition_cost(const Placement& from, const Placement& to, double bytes,
                        int64_t group_size) {
   if (from == to) return 0;
   const double w = static_cast<double>(group_size);
+  const auto collective = transition_collective(from, to, group_size);
   // A local chunk or zeroing; on a one-rank dim every change is local (no
   // communication) but still work, so keeping the placement wins there.
-  if (from.is_replicate() || group_size == 1) return bytes * 1e-3;
-  if (from.is_shard()) {
-    if (to.is_shard()) return bytes * (w - 1) / w;  // all_to_all
-    return bytes * (w - 1);                         // all_gather (then zeroing for P)
+  if (!collective) return bytes * 1e-3;
+  switch (*collective) {
+    case CollectiveType::AllGather: return bytes * (w - 1);  // (then zeroing for P)
+    case CollectiveType::AllReduce: return 2 * bytes * (w - 1) / w;
+    default: return bytes * (w - 1) / w;  // all_to_all, reduce_scatter
   }
-  if (to.is_shard()) return bytes * (w - 1) / w;  // reduce_scatter
-  return 2 * bytes * (w - 1) / w;                 // all_reduce
 }
 
 namespace {

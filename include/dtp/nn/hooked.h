@@ -81,17 +81,6 @@ auto callWith(M& m, Tuple&& args, std::vector<at::Tensor>& tensors, std::index_s
   return m.forward(pick<idx[Is]>(std::get<Is>(std::forward<Tuple>(args)), tensors)...);
 }
 
-class ModuleScope {
- public:
-  explicit ModuleScope(const std::string* fqn) : prev_(CommCounter::current_module()) {
-    CommCounter::set_current_module(fqn);
-  }
-  ~ModuleScope() { CommCounter::set_current_module(prev_); }
-
- private:
-  const std::string* prev_;
-};
-
 }  // namespace detail
 
 namespace detail {
@@ -108,7 +97,7 @@ at::Tensor markBackwardEnter(const at::Tensor& output, int64_t token, const std:
 template <class M, class... Args>
 auto runHooks(M& m, std::vector<at::Tensor> tensors, Args&&... args) {
   HookHost& host = m;
-  ModuleScope scope(&host.fqn);
+  CommModuleScope scope(&host.fqn);
   const int64_t token = CommCounter::tracking_modules() && !host.fqn.empty() ? nextModuleToken() : 0;
   if (token != 0)
     for (auto& t : tensors) t = markBackwardLeave(t, token);

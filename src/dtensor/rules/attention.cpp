@@ -18,9 +18,9 @@ using rules::replicateRow;
 
 #if DTP_HAS_SDPA
 
-// Rows for calls whose first `heads_like` slots are [B, H, ...] tensors that
-// shard together (the attention tensors), and whose mask (the slot of the
-// argument named attn_mask, if a DTensor) follows when it has that dim.
+// Rows where every slot but the mask is a [B, H, ...] attention tensor and
+// shards with the others; the mask (the argument named attn_mask, if a
+// DTensor) shards along when it has that dim in full.
 std::vector<Row> attentionRows(const OpCall& call, int64_t) {
   std::vector<Row> rows{replicateRow(call)};
   int mask = -1;

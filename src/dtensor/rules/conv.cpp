@@ -19,7 +19,8 @@ namespace {
 
 using rules::replicateRow;
 
-// Argument positions shared by both ops after their tensors.
+// Whether channels may shard: not transposed, one group (the arguments'
+// positions differ between the two ops).
 bool channelShardable(const OpCall& call, int transposed_arg, int groups_arg) {
   return !call.args[transposed_arg].toBool() && call.args[groups_arg].toInt() == 1;
 }
