@@ -6,6 +6,10 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+#include <functional>
+#include <thread>
+
 using dtp::CollectiveType;
 using dtp::ReduceOp;
 using dtp::test::chunk_sizes;
@@ -215,6 +219,66 @@ TEST_P(CommTest, AsyncWorkCompletesOnWait) {
   });
 }
 
+// Point-to-point (NOTE: [Point-to-point]): a ring of uneven messages, each
+// rank's tensor of r+1 rows sent right and received from the left, float64
+// values checked exactly; counted as one send and one recv with their bytes.
+TEST_P(CommTest, SendRecvRingOfUnevenMessages) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    auto message = [](int r) { return at::arange((r + 1) * 3, at::kDouble).view({r + 1, 3}) * 0.1 + r; };
+    const int right = (rank + 1) % w, left = (rank + w - 1) % w;
+    dtp::CommCounter comm;
+    dtp::Work sent = pg.isend(message(rank), right, /*tag=*/7);
+    at::Tensor got = at::empty({left + 1, 3}, at::kDouble);
+    pg.irecv(got, left, /*tag=*/7).wait();
+    sent.wait();
+    EXPECT_TRUE(got.equal(message(left)));
+    EXPECT_EQ(comm.count(CollectiveType::Send), 1);
+    EXPECT_EQ(comm.count(CollectiveType::Recv), 1);
+    EXPECT_EQ(comm.bytes(CollectiveType::Send), (rank + 1) * 3 * 8);
+    EXPECT_EQ(comm.bytes(CollectiveType::Recv), (left + 1) * 3 * 8);
+    EXPECT_EQ(comm.total_count(), 2) << comm.str();
+    // Blocking, in an order that matches: even ranks send first.
+    at::Tensor back = at::empty({rank + 1, 3}, at::kDouble);
+    if (rank % 2 == 0) {
+      pg.send(got * 2, left);
+      pg.recv(back, right);
+    } else {
+      pg.recv(back, right);
+      pg.send(got * 2, left);
+    }
+    EXPECT_TRUE(back.equal(message(rank) * 2));
+  });
+}
+
+// Both neighbours at once in one batch (no deadlock whatever the order),
+// with tags telling two messages between the same pair apart, a bf16
+// message, a non-contiguous target and an empty message.
+TEST_P(CommTest, BatchIsendIrecvBothNeighbours) {
+  const int w = GetParam();
+  run_ranks(w, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    const int right = (rank + 1) % w, left = (rank + w - 1) % w;
+    auto value = [](int from, int tag) { return at::arange(6, at::kFloat).view({2, 3}) + 100 * from + tag; };
+    at::Tensor from_left = at::empty({2, 3}), from_right_t = at::empty({3, 2}).t();  // non-contiguous [2, 3]
+    at::Tensor half = at::empty({4}, at::kBFloat16), none = at::empty({0, 3});
+    std::vector<dtp::P2POp> ops{{dtp::P2POp::Recv, from_left, left, 1},
+                                {dtp::P2POp::Recv, from_right_t, right, 2},
+                                {dtp::P2POp::Send, value(rank, 1), right, 1},
+                                {dtp::P2POp::Send, value(rank, 2), left, 2},
+                                {dtp::P2POp::Send, at::full({4}, rank + 0.5, at::kBFloat16), right, 3},
+                                {dtp::P2POp::Recv, half, left, 3},
+                                {dtp::P2POp::Send, at::empty({0, 3}), right, 4},
+                                {dtp::P2POp::Recv, none, left, 4}};
+    for (auto& work : pg.batch_isend_irecv(ops)) work.wait();
+    // On 2 ranks left == right: only the tags keep the two messages apart.
+    EXPECT_TRUE(from_left.equal(value(left, 1)));
+    EXPECT_TRUE(from_right_t.equal(value(right, 2)));
+    EXPECT_TRUE(half.equal(at::full({4}, left + 0.5, at::kBFloat16)));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CommTest, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
@@ -244,6 +308,48 @@ TEST(CommErrors, WrongPerRankSizesAreRejected) {
     EXPECT_THROW(pg.all_gather(at::ones({2}), 0, {2}), c10::Error);       // one size, two ranks
     EXPECT_THROW(pg.all_gather(at::ones({2}), 0, {3, 3}), c10::Error);    // local has 2
     EXPECT_THROW(pg.reduce_scatter(at::ones({5}), 0, {2, 2}), c10::Error);  // sums to 4
+  });
+}
+
+// A peer that never sends: the receiver's error names it, as for
+// collectives (NOTE: [Who did not arrive]), and says what to check.
+TEST(CommErrors, RecvFromAPeerThatNeverSendsNamesIt) {
+  std::atomic<bool> reported{false};
+  run_ranks(2, [&](int rank) {
+    if (rank == 1) {  // alive, but never sends
+      while (!reported) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return;
+    }
+    try {
+      dtp::default_process_group().recv(at::empty({4}), 1, /*tag=*/5);
+      ADD_FAILURE() << "recv without a sender should fail";
+    } catch (const c10::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("recv of message #1 from global rank 1 to global rank 0 (tag 5) failed on global rank 0: "
+                         "global rank 1 did not reach it; nothing came within DTP_TIMEOUT_S=2 s"),
+                std::string::npos) << msg;
+      EXPECT_EQ(msg.find("Exception raised from"), std::string::npos) << msg;
+    }
+    reported = true;
+  }, std::chrono::seconds(2));
+}
+
+TEST(CommErrors, PointToPointBadPeersAreNamedErrors) {
+  run_ranks(2, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    auto expectError = [](const std::function<void()>& f, const std::string& part) {
+      try {
+        f();
+        ADD_FAILURE() << "expected an error containing: " << part;
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      }
+    };
+    expectError([&] { pg.send(at::ones({2}), rank); }, "names itself as the peer");
+    expectError([&] { pg.send(at::ones({2}), 2); }, "peer 2 is not a rank of this size-2 group");
+    expectError([&] { pg.recv(at::Tensor(), 1 - rank); }, "the tensor is undefined");
+    // Nothing was sent: the groups are still usable.
+    EXPECT_TRUE(pg.all_reduce(at::ones({1})).wait().equal(at::full({1}, 2.0f)));
   });
 }
 

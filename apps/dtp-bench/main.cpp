@@ -22,6 +22,7 @@
 #include "decode.h"
 #include "device.h"
 #include "profile.h"
+#include "soak.h"
 #include "two_d.h"
 #include "memory.h"
 
@@ -386,6 +387,11 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "Run the dtp vs plain libtorch table on this device instead (cuda: GPU LOCAL_RANK); with --decode, "
                  "the device the decode table runs on")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  int64_t soak_steps = 0;
+  app.add_option("--soak", soak_steps,
+                 "Run this many training steps, then decode steps, of a small Llama under TP; report memory, the "
+                 "decision cache's size and the step time at intervals; fail when one grows")
+      ->check(dtp::apps::kPositive);
   std::string profile_dir;
   app.add_option("--profile", profile_dir,
                  "With --device: also profile one step of each variant (libtorch 2.x's Kineto): Chrome traces in this "
@@ -400,6 +406,12 @@ int main(int argc, char** argv) {
   try {
     if (!profile_dir.empty()) std::filesystem::create_directories(profile_dir);
     ProcessGroup world = init_process_group();
+    if (soak_steps > 0) {
+      const bool ok = bench::run_soak(soak_steps, world);
+      if (world.rank() == 0) std::printf(ok ? "\ndtp-bench --soak: flat\n" : "\ndtp-bench --soak: GREW (see above)\n");
+      std::fflush(stdout);
+      return ok ? 0 : 1;
+    }
     if (collectives) {
       if (app.count("--reps") > 0) coll.reps = o.reps;
       const bool ok = bench::run_collectives(coll, world);

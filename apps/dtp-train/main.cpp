@@ -3,6 +3,7 @@
 // Run it under the launcher: `dtprun -n 4 dtp-train --dp 2 --tp 2`.
 #include "../common/corpus.h"
 #include "../common/model_flags.h"
+#include "metrics.h"
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
@@ -14,6 +15,7 @@
 #include "dtp/optim/adamw.h"
 #include "dtp/optim/clip_grad.h"
 #include "dtp/random.h"
+#include "dtp/trace.h"
 
 #include <CLI/CLI.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 
@@ -40,8 +43,8 @@ struct Options {
   std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
   bool no_sp = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
-  std::string save, resume, mp, device = "cpu", init_from_hf, save_hf, comm_debug;
-  int64_t save_every = 0;
+  std::string save, resume, mp, device = "cpu", init_from_hf, save_hf, comm_debug, metrics, profile;
+  int64_t save_every = 0, profile_steps = 3;
 };
 
 // One JSON object per rank, in rank order, to `path` (rank 0 writes it): the
@@ -195,12 +198,30 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
   CommCounter comm;
   auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
+  // --metrics: figures per logged step, over the steps since the previous one.
+  std::optional<TraceRecorder> trace;
+  if (log && !o.profile.empty()) std::filesystem::create_directories(o.profile);
+  apps::MetricsWriter metrics(log && world.rank() == 0 ? o.metrics : "");
+  auto last_log = t0;
+  int64_t last_step = first, last_count = 0, last_bytes = 0;
+  // Collectives of logging and metrics (the rss maximum, the gradient norm
+  // without clipping) are left out of the per-step figures.
+  int64_t log_count = 0, log_bytes = 0;
+  auto notCounted = [&](const std::function<void()>& fn) {
+    const int64_t count = comm.total_count(), bytes = comm.total_bytes();
+    fn();
+    log_count += comm.total_count() - count;
+    log_bytes += comm.total_bytes() - bytes;
+  };
   for (int64_t step = first; step < o.steps; ++step) {
     at::Tensor b = apps::corpus_batch(corpus, o.batch, o.seq, o.seed, step).to(model->config.device);
     if (dp.valid()) b = b.narrow(0, dp.rank() * o.batch / dp.size(), o.batch / dp.size());
     // --comm-debug: the first step's collectives per module, pass and op.
     std::optional<CommDebugMode> debug;
     if (!o.comm_debug.empty() && step == first) debug.emplace();
+    // --profile: a trace of o.profile_steps steps after the first (warm-up).
+    const int64_t traced = std::min(first + 1, o.steps - 1);
+    if (log && !o.profile.empty() && step == traced) trace.emplace(TraceOptions{o.device == "cuda"});
     at::Tensor loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
     opt.zero_grad();
     loss.backward();
@@ -208,27 +229,61 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
       writeCommDebug(*debug, o.comm_debug, world);
       debug.reset();
     }
-    if (o.clip > 0) clip_grad_norm_(model->unique_parameters(), o.clip);
+    const bool logged = log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps);
+    at::Tensor grad_norm;
+    if (o.clip > 0) {
+      grad_norm = clip_grad_norm_(model->unique_parameters(), o.clip);
+    } else if (logged && !o.metrics.empty()) {
+      notCounted([&] { grad_norm = clip_grad_norm_(model->unique_parameters(), INFINITY); });  // scales by 1: exact
+    }
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(learningRate(o, step));
     opt.step();
     at::Tensor reported = (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).reshape({1});
     if (dp.valid()) dp.all_reduce(reported, ReduceOp::Avg);
     run.losses.push_back(reported.item<double>());
+    if (trace && (step + 1 == traced + o.profile_steps || step + 1 == o.steps)) {
+      const std::string path = o.profile + "/rank" + std::to_string(world.rank()) + ".json";
+      trace->export_chrome_trace(path);
+      trace.reset();
+      if (world.rank() == 0)
+        std::printf("profile: steps %lld to %lld traced (%s profiler) in %s/rank*.json: open in ui.perfetto.dev or "
+                    "chrome://tracing\n", static_cast<long long>(traced + 1), static_cast<long long>(step + 1),
+                    TraceRecorder::backend(), o.profile.c_str());
+    }
     tokens += o.batch * o.seq;
     if (saver && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
       saver->save(stateAt(step + 1), o.save);
       if (log && world.rank() == 0) std::printf("step %5lld  saving to %s in the background\n", static_cast<long long>(step + 1), o.save.c_str());
     }
-    if (log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (logged) {
+      const auto now = std::chrono::steady_clock::now();
+      const double s = std::chrono::duration<double>(now - t0).count();
+      const int64_t count = comm.total_count() - log_count, bytes = comm.total_bytes() - log_bytes;
       at::Tensor rss = at::full({1}, peakRssMiB(), at::kDouble);
-      if (world.size() > 1) world.all_reduce(rss, ReduceOp::Max);
+      if (world.size() > 1) notCounted([&] { world.all_reduce(rss, ReduceOp::Max); });
       if (world.rank() == 0) {
         std::printf("step %5lld  loss %.4f  %8.0f tok/s  peak rss %.0f MiB/rank (max)  comm %.2f MiB/rank\n",
                     static_cast<long long>(step + 1), run.losses.back(), tokens / s, rss.item<double>(),
-                    comm.total_bytes() / 1048576.0);
+                    bytes / 1048576.0);
         std::fflush(stdout);
       }
+      const double steps = static_cast<double>(step + 1 - last_step),
+                   interval = std::chrono::duration<double>(now - last_log).count();
+      apps::StepMetrics m;
+      m.step = step + 1;
+      m.loss = run.losses.back();
+      m.tokens_per_s = steps * o.batch * o.seq / interval;
+      m.step_ms = 1e3 * interval / steps;
+      m.peak_rss_mib = rss.item<double>();
+      m.collectives_per_step = (count - last_count) / steps;
+      m.comm_bytes_per_step = (bytes - last_bytes) / steps;
+      m.grad_norm = grad_norm.defined() ? grad_norm.item<double>() : std::nan("");
+      m.lr = learningRate(o, step);
+      metrics.write(m);
+      last_log = now;
+      last_step = step + 1;
+      last_count = count;
+      last_bytes = bytes;
     }
   }
   if (saver) saver->wait();
@@ -372,6 +427,13 @@ int main(int argc, char** argv) {
   app.add_option("--comm-debug", o.comm_debug,
                  "Write the first step's collectives per module (forward and backward), op and type, per rank, "
                  "as JSON to this file (CommDebugMode)");
+  app.add_option("--metrics", o.metrics,
+                 "Write one JSON line per logged step to this file: loss, tokens/s, step ms, peak memory, "
+                 "collectives and bytes per step, gradient norm, learning rate (plot it with scripts/plot.sh)");
+  app.add_option("--profile", o.profile,
+                 "Write a Chrome/Perfetto trace per rank (DIR/rankR.json) of --profile-steps steps after the first, "
+                 "through libtorch's profiler: DTensor ops with placements, redistributions, collectives with bytes");
+  app.add_option("--profile-steps", o.profile_steps, "Steps --profile traces")->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--save-hf", o.save_hf, "Also export the trained model as a Hugging Face folder here");
   CLI11_PARSE(app, argc, argv);
   try {

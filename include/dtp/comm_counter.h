@@ -32,9 +32,9 @@
 namespace dtp {
 
 enum class CollectiveType : uint8_t {
-  AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Scatter, Barrier
+  AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Scatter, Barrier, Send, Recv
 };
-constexpr size_t kNumCollectiveTypes = 7;
+constexpr size_t kNumCollectiveTypes = 9;
 const char* to_string(CollectiveType type);
 
 enum class Pass : uint8_t { Forward, Backward };

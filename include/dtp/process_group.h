@@ -38,6 +38,15 @@ class Work {
   bool done_ = false;
 };
 
+// One message of ProcessGroup::batch_isend_irecv (torch.distributed.P2POp).
+struct P2POp {
+  enum Kind : uint8_t { Send, Recv };
+  Kind kind;
+  at::Tensor tensor;  // sent, or received into (in place)
+  int peer;           // group rank
+  int tag = 0;
+};
+
 struct ProcessGroupOptions {
   // Every group uses Gloo for CPU tensors; for CUDA tensors NCCL with "nccl",
   // or with "auto" when dtp was built with NCCL and CUDA is usable; "gloo":
@@ -105,6 +114,21 @@ class ProcessGroup {
   Work scatter(at::Tensor output, const std::vector<at::Tensor>& chunks, int src,
                bool async_op = false) const;
   void barrier() const;
+
+  // Point-to-point between group ranks, as torch.distributed's send, recv,
+  // isend, irecv and batch_isend_irecv. The receiver's `tensor` must have the
+  // sender's dtype and number of elements; a send and a recv match when they
+  // name each other and the same tag, in the order issued. A failure (a peer
+  // that never sends, exits or mismatches) names the peer and whether it
+  // reached the message, as collectives do. Counted by CommCounter as
+  // send/recv with their bytes. See NOTE: [Point-to-point] in src/comm/p2p.cpp.
+  void send(const at::Tensor& tensor, int dst, int tag = 0) const;
+  void recv(at::Tensor tensor, int src, int tag = 0) const;
+  Work isend(const at::Tensor& tensor, int dst, int tag = 0) const;
+  Work irecv(at::Tensor tensor, int src, int tag = 0) const;
+  // Starts every message at once (so exchanges in both directions cannot
+  // deadlock) and returns their Works, in order.
+  std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& ops) const;
 
   bool operator==(const ProcessGroup& other) const { return impl_ == other.impl_; }
 

@@ -53,6 +53,8 @@ const char* to_string(CollectiveType type) {
     case CollectiveType::Broadcast: return "broadcast";
     case CollectiveType::Scatter: return "scatter";
     case CollectiveType::Barrier: return "barrier";
+    case CollectiveType::Send: return "send";
+    case CollectiveType::Recv: return "recv";
   }
   return "?";
 }

@@ -5,6 +5,7 @@
 #include "comm/local_device.h"
 #include "comm/error_text.h"
 #include "comm/gloo.h"
+#include "comm/trace_span.h"
 #include "dtp/comm_counter.h"
 
 #include <ATen/ATen.h>
@@ -105,13 +106,6 @@ void connect(ProcessGroup::Impl& g, bool nccl) {
 }
 
 // The backend for a collective on `t` (NOTE: [Backends per device]).
-compat::Backend& backendFor(const ProcessGroup::Impl& g, const at::Tensor& t) {
-  if (!t.is_cuda()) return *g.backend;
-  TORCH_CHECK(g.cuda_backend, "dtp: a CUDA tensor in a collective of a group without a CUDA backend (",
-              g.backend_name, "): dtp was built without NCCL, or the group was made with backend \"gloo\". "
-              "Rebuild with -DDTP_WITH_NCCL=ON against a CUDA libtorch, or keep the tensors on the CPU.");
-  return *g.cuda_backend;
-}
 
 std::vector<int64_t> chunkShape(const at::Tensor& like, int64_t dim, int64_t size_at_dim) {
   auto shape = like.sizes().vec();
@@ -129,7 +123,22 @@ std::string shapeText(const at::Tensor& t) {
 }
 std::string listText(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
 
+// Counts a collective (CommCounter) and names it for profilers until the
+// caller returns (NOTE: [Trace spans]).
+detail::TraceSpan counted(CollectiveType type, int64_t bytes, const std::vector<int>& ranks) {
+  CommCounter::record(type, bytes, ranks);
+  return detail::TraceSpan([&] { return c10::str(to_string(type), " ", bytes, " B over ranks ", c10::ArrayRef<int>(ranks)); });
+}
+
 }  // namespace
+
+compat::Backend& backend_for(const ProcessGroup::Impl& g, const at::Tensor& t) {
+  if (!t.is_cuda()) return *g.backend;
+  TORCH_CHECK(g.cuda_backend, "dtp: a CUDA tensor in a collective of a group without a CUDA backend (",
+              g.backend_name, "): dtp was built without NCCL, or the group was made with backend \"gloo\". "
+              "Rebuild with -DDTP_WITH_NCCL=ON against a CUDA libtorch, or keep the tensors on the CPU.");
+  return *g.cuda_backend;
+}
 
 std::string to_string(ReduceOp op) {
   switch (op) {
@@ -340,7 +349,7 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
   TORCH_CHECK(tensor.scalar_type() != at::kBool || op == ReduceOp::Max || op == ReduceOp::Min,
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
-  CommCounter::record(CollectiveType::AllReduce, nbytes(tensor), impl().global_ranks);
+  const detail::TraceSpan span = counted(CollectiveType::AllReduce, nbytes(tensor), impl().global_ranks);
   if (auto* shm = shmFor(impl(), tensor, tensor.numel() * (widened(tensor) ? 4 : tensor.element_size()))) {
     return viaShm(impl_, "all_reduce", [&] {
       at::Tensor buf = widened(tensor) ? tensor.to(at::kFloat) : tensor.contiguous();
@@ -356,7 +365,7 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toC10d(op);
-  auto work = backendFor(impl(), buf).allreduce(bufs, opts);
+  auto work = backend_for(impl(), buf).allreduce(bufs, opts);
   const int size = impl().size;
   return finish(impl_, "all_reduce", work, [tensor, buf, op, size]() mutable {
     if (op == ReduceOp::Avg) buf.div_(size);
@@ -385,7 +394,7 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
                             std::vector<int64_t>(impl().size, max_numel)});
   const int64_t gathered = numelOf(chunkShape(local, dim, total));
   if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
-  CommCounter::record(CollectiveType::AllGather, gathered * local.element_size(), impl().global_ranks);
+  const detail::TraceSpan span = counted(CollectiveType::AllGather, gathered * local.element_size(), impl().global_ranks);
   if (auto* shm = shmFor(impl(), local, max_numel * local.element_size())) {
     return viaShm(impl_, "all_gather", [&] {
       at::Tensor out = at::empty({gathered}, local.options());
@@ -408,7 +417,7 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < impl().size; ++r) outs[0].push_back(wire(out[r]));
   std::vector<at::Tensor> ins{wire(in)};
-  auto work = backendFor(impl(), in).allgather(outs, ins);
+  auto work = backend_for(impl(), in).allgather(outs, ins);
   const bool even = std::all_of(numels.begin(), numels.end(),
                                 [&](int64_t n) { return n == max_numel; });
   return finish(impl_, "all_gather", work, [=] {
@@ -434,7 +443,7 @@ c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, const c
                                              std::vector<int64_t> in_counts) {
   check_collective(g, {what, call, in.scalar_type(), in_counts, out_counts});
   at::Tensor out_wire = wire(out), in_wire = wire(in);
-  return backendFor(g, in).alltoall_base(out_wire, in_wire, out_counts, in_counts);
+  return backend_for(g, in).alltoall_base(out_wire, in_wire, out_counts, in_counts);
 }
 
 // Shape of `t` with `dim` moved to the front and resized.
@@ -465,7 +474,7 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
     shape[dim] = sizes[impl().rank];
     return Work::ready(at::empty(shape, input.options()));
   }
-  CommCounter::record(CollectiveType::ReduceScatter, nbytes(input), impl().global_ranks);
+  const detail::TraceSpan span = counted(CollectiveType::ReduceScatter, nbytes(input), impl().global_ranks);
 
   const int me = impl().rank, W = impl().size;
   at::Tensor in = input.movedim(dim, 0).contiguous().view({-1});
@@ -528,7 +537,7 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
     shape[cat_dim] = cat_total;
     return Work::ready(at::empty(shape, input.options()));
   }
-  CommCounter::record(CollectiveType::AllToAll, nbytes(input), impl().global_ranks);
+  const detail::TraceSpan span = counted(CollectiveType::AllToAll, nbytes(input), impl().global_ranks);
 
   at::Tensor in = input.movedim(split_dim, 0).contiguous().view({-1});
   const int64_t in_inner = numelOf(frontShape(input, split_dim, 1));
@@ -567,7 +576,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   check_collective(impl(), {"broadcast", c10::str("broadcast of ", shapeText(tensor), " from rank ", src),
                             tensor.scalar_type(), send, recv});
   if (tensor.numel() == 0) return Work::ready(tensor);
-  CommCounter::record(CollectiveType::Broadcast, nbytes(tensor), impl().global_ranks);
+  const detail::TraceSpan span = counted(CollectiveType::Broadcast, nbytes(tensor), impl().global_ranks);
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
   if (auto* shm = shmFor(impl(), tensor, nbytes(tensor))) {
     return viaShm(impl_, "broadcast", [&] {
@@ -580,7 +589,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
-  auto work = backendFor(impl(), buf).broadcast(bufs, opts);
+  auto work = backend_for(impl(), buf).broadcast(bufs, opts);
   return finish(impl_, "broadcast", work, [tensor, buf]() mutable {
     if (!buf.is_same(tensor)) tensor.copy_(buf);
     return tensor;
@@ -605,7 +614,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
   }
   int64_t sent = 0;
   for (const auto& c : chunks) sent += nbytes(c);
-  CommCounter::record(CollectiveType::Scatter, me == src ? sent : 0, impl().global_ranks);
+  const detail::TraceSpan span = counted(CollectiveType::Scatter, me == src ? sent : 0, impl().global_ranks);
   // Scatter as an all_to_all in which only `src` sends: exact sizes, no padding.
   std::vector<int64_t> in_counts(W, 0), out_counts(W, 0);
   out_counts[src] = output.numel();
@@ -634,7 +643,7 @@ Work ProcessGroup::scatter(at::Tensor output, const std::vector<at::Tensor>& chu
 void ProcessGroup::barrier() const {
   if (auto* tape = detail::active_tape(); tape != nullptr && tape->replaying()) return;
   if (impl().size == 1) return;
-  CommCounter::record(CollectiveType::Barrier, 0, impl().global_ranks);
+  const detail::TraceSpan span = counted(CollectiveType::Barrier, 0, impl().global_ranks);
   if (impl().shm) {
     viaShm(impl_, "barrier", [&] {
       impl().shm->barrier();

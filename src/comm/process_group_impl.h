@@ -6,6 +6,8 @@
 #include "dtp/process_group.h"
 
 #include <exception>
+#include <map>
+#include <tuple>
 #include <string>
 
 namespace dtp {
@@ -24,12 +26,23 @@ struct ProcessGroup::Impl {
   std::string backend_name;
   mutable int64_t next_group_id = 0;
   mutable int64_t collectives = 0;  // issued on this group, the same count on every member
+  // Point-to-point messages per (source, destination, tag), counted alike by
+  // both ends: the n-th send from a to b with tag t matches b's n-th recv.
+  mutable std::map<std::tuple<int, int, int>, int64_t> p2p_messages;
 };
+
+// The backend that carries `t`: Gloo for CPU tensors, NCCL for CUDA ones
+// (a named error when the group has none).
+compat::Backend& backend_for(const ProcessGroup::Impl& g, const at::Tensor& t);
 
 // Throws the one-line error of a failed collective: `what` #n (the group's
 // collective count) on `g`, the ranks that did not reach it and why.
 // See NOTE: [Who did not arrive] in collective_failure.cpp.
 [[noreturn]] void explain_failure(const ProcessGroup::Impl& g, const std::string& what, int64_t n,
                                   const std::exception& e);
+// The same for point-to-point message `n` between group ranks `src` and
+// `dst` with `tag`: whether the peer reached it.
+[[noreturn]] void explain_p2p_failure(const ProcessGroup::Impl& g, const std::string& what, int src, int dst,
+                                      int tag, int64_t n, const std::exception& e);
 
 }  // namespace dtp

@@ -1,6 +1,7 @@
 #include "dtensor/dispatch.h"
 
 #include "comm/collective_tape.h"
+#include "comm/trace_span.h"
 #include "dtensor/explicit_redistribute.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
@@ -149,6 +150,16 @@ class CurrentOp {
   std::pair<const std::string*, const std::string*> prev_;
 };
 
+// "DTensor aten::mm (S(0), R) -> (S(0))": the op's span in traces, with its
+// inputs' placements as they come and its outputs' (NOTE: [Trace spans]).
+std::string opSpanName(const OpCall& call, const Decision& d) {
+  std::string name = "DTensor " + call.op.schema().name() + " (";
+  for (size_t i = 0; i < call.specs.size(); ++i) name += (i ? ", " : "") + to_string(call.spec(i).placements);
+  name += ") -> (";
+  for (size_t o = 0; o < d.out.size(); ++o) name += (o ? ", " : "") + (d.out[o] ? to_string(d.out[o]->placements) : "in place");
+  return name + ")";
+}
+
 // The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
 //  - Ops with a handler (random ops, scalar reads...) are handed over whole
 //    when the handler takes them.
@@ -183,6 +194,7 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const Decision& d = propagate(call);
   if (explicit_redistribute_active()) check_implicit_redistribution(call, d);
+  const detail::TraceSpan span([&] { return opSpanName(call, d); });
 
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
   c10::SmallVector<c10::IValue, 4> originals;  // the DTensors written returns give back

@@ -1,5 +1,7 @@
 #include "dtensor/redistribute.h"
 
+#include "comm/trace_span.h"
+
 #include <ATen/ATen.h>
 
 namespace dtp {
@@ -93,6 +95,7 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const Placements& dst, bool backward, bool consume) {
   const auto steps = plan_redistribute(src, dst);
   if (steps.empty()) return local;
+  const detail::TraceSpan span([&] { return c10::str("redistribute ", src.str(), " -> (", to_string(dst), ")"); });
   const auto coord = src.mesh.get_coordinate();
   Placements cur = src.placements;
   at::Tensor t = local;

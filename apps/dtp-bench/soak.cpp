@@ -1,0 +1,168 @@
+#include "soak.h"
+
+#include "stats.h"
+
+#include "dtensor/sharding_prop.h"
+#include "dtp/device_mesh.h"
+#include "dtp/models/generate.h"
+#include "dtp/models/kv_cache.h"
+#include "dtp/models/llama.h"
+#include "dtp/optim/adamw.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dtp::bench {
+
+namespace {
+
+using namespace dtp::models;
+
+// This process's resident memory now (VmRSS), MiB.
+double rssMiB() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      double kb = 0;
+      in >> kb;
+      return kb / 1024.0;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return 0.0;
+}
+
+struct Sample {
+  int64_t done = 0;  // steps or tokens so far
+  double rss = 0, ms = 0;
+  int64_t cache = 0;
+};
+
+// NOTE: [Soak bounds]
+// After the first interval (allocator pools, caches and lazily built state
+// fill there), over the remaining 90% of the run:
+//  - the decision cache must not grow at all: every step runs the same ops on
+//    the same shapes, so a new entry per step is a key that drifts (a step
+//    counter, a pointer) and an unbounded cache;
+//  - resident memory may grow by at most 8 MiB: the run is deterministic,
+//    so growth is a leak or fragmentation; a leak of one [32, 64] float32
+//    tensor (8 KiB) per step shows as 14 MiB over 1800 steps (2000: 1800
+//    after warm-up), and glibc's arenas level off well within the first
+//    interval here;
+//  - the step time of the last interval may be at most 2x the second's,
+//    each interval's taken as its 10th percentile: other processes on the
+//    machine (a parallel build, other tests) slow many steps down but
+//    rarely the fastest tenth, and a median tripled under such load here.
+//    Coarse on purpose, it catches work that grows with the steps done (a
+//    list walked per op growing per step), which raises every step's time
+//    many-fold by the end, not a regression of a few percent (dtp-bench's
+//    tables measure those).
+constexpr double kRssGrowthMiB = 8.0, kTimeGrowth = 2.0;
+
+// Runs `work` (one step or token batch; returns how many it did) until
+// `total`, sampling at ten intervals; prints the table and checks the bounds
+// on rank 0's view (every rank checks its own; all agree via the all_reduce).
+bool soak(const char* what, const char* unit, int64_t total, const std::function<int64_t()>& work,
+          const ProcessGroup& world) {
+  const int64_t interval = std::max<int64_t>(1, total / 10);
+  std::vector<Sample> samples;
+  std::vector<double> times;
+  int64_t done = 0, next = interval;
+  while (done < total) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t n = work();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (int64_t i = 0; i < n; ++i) times.push_back(ms / static_cast<double>(n));
+    done += n;
+    if (done >= next || done >= total) {
+      std::sort(times.begin(), times.end());
+      samples.push_back({done, rssMiB(), times[times.size() / 10], propagation_cache_stats().size});
+      times.clear();
+      next += interval;
+    }
+  }
+  const Sample &warm = samples.front(), &second = samples.size() > 1 ? samples[1] : samples.front(), &last = samples.back();
+  const bool cache_ok = last.cache <= warm.cache, rss_ok = last.rss - warm.rss <= kRssGrowthMiB,
+             time_ok = last.ms <= kTimeGrowth * second.ms;
+  at::Tensor bad = at::full({1}, cache_ok && rss_ok && time_ok ? 0 : 1, at::kInt);
+  world.all_reduce(bad, ReduceOp::Max);
+  if (world.rank() == 0) {
+    std::printf("\nsoak: %s (rank 0)\n| %s | rss MiB | decision cache entries | ms per %s (10th percentile) |\n|---:|---:|---:|---:|\n",
+                what, unit, unit);
+    for (const Sample& s : samples)
+      std::printf("| %lld | %.1f | %lld | %.3f |\n", static_cast<long long>(s.done), s.rss,
+                  static_cast<long long>(s.cache), s.ms);
+    std::printf("after the first interval: rss %+.1f MiB (bound %.0f), cache %+lld entries (bound 0), "
+                "time %.2fx the second interval's (bound %.1fx): %s\n",
+                last.rss - warm.rss, kRssGrowthMiB, static_cast<long long>(last.cache - warm.cache),
+                last.ms / second.ms, kTimeGrowth, bad.item<int>() == 0 ? "flat" : "GREW");
+    std::fflush(stdout);
+  }
+  return bad.item<int>() == 0;
+}
+
+LlamaConfig soakConfig() {
+  LlamaConfig c;
+  c.vocab_size = 256;
+  c.dim = 64;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.max_seq_len = 128;
+  c.seed = 1;
+  return c;
+}
+
+}  // namespace
+
+bool run_soak(int64_t steps, const ProcessGroup& world) {
+  const DeviceMesh mesh = init_device_mesh("cpu", {world.size()}, {"tp"});
+  const int64_t batch = 4, seq = 32;
+  bool ok = true;
+  {
+    Llama model(soakConfig());
+    apply_tensor_parallel(model, mesh, TensorParallelOptions{true, seq});
+    dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-3));
+    at::Generator gen = at::detail::createCPUGenerator(7);
+    ok &= soak(c10::str(steps, " training steps of a d64 Llama (2 layers, batch ", batch, ", seq ", seq, ") under TP=",
+                        world.size(), " with sequence parallelism, AdamW").c_str(),
+               "step", steps,
+               [&] {
+                 at::Tensor tokens = at::randint(256, {batch, seq + 1}, gen, at::kLong);
+                 at::Tensor loss = llama_loss(model(tokens.narrow(1, 0, seq)), tokens.narrow(1, 1, seq));
+                 opt.zero_grad();
+                 loss.backward();
+                 opt.step();
+                 return int64_t{1};
+               },
+               world);
+  }
+  {
+    Llama model(soakConfig());
+    apply_tensor_parallel_for_inference(model, mesh);
+    const int64_t new_tokens = 64;
+    KVCache cache(2, 128);
+    GenerateOptions g;
+    g.max_new_tokens = new_tokens;
+    const std::vector<std::vector<int64_t>> prompts{{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11}};
+    ok &= soak(c10::str(steps, " decode steps (", new_tokens, " per generate call with its prefill, batch 2, greedy) under TP=",
+                        world.size(), ", the inference plan, one KV cache reused").c_str(),
+               "decode step", steps,
+               [&] {
+                 generate(model, cache, prompts, g);
+                 return new_tokens;
+               },
+               world);
+  }
+  return ok;
+}
+
+}  // namespace dtp::bench

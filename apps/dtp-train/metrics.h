@@ -1,0 +1,38 @@
+// dtp-train --metrics FILE: one JSON object per logged step, one per line
+// (JSON Lines), written by rank 0 and flushed as it goes, so a plot of a run
+// still in progress reads what is there (scripts/plot.sh FILE).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace dtp::apps {
+
+// What one logged step reports. Rates and per-step figures are over the steps
+// since the previous logged step.
+struct StepMetrics {
+  int64_t step = 0;                  // optimizer steps done
+  double loss = 0;                   // this step's loss (averaged over dp)
+  double tokens_per_s = 0;           // tokens trained per second, all ranks together
+  double step_ms = 0;                // wall time per step
+  double peak_rss_mib = 0;           // peak resident memory, max over ranks
+  double collectives_per_step = 0;   // this rank's collectives per step
+  double comm_bytes_per_step = 0;    // this rank's collective bytes per step
+  double grad_norm = 0;              // total gradient norm (before clipping)
+  double lr = 0;                     // learning rate of this step
+};
+
+class MetricsWriter {
+ public:
+  // No file when `path` is empty: write() does nothing.
+  explicit MetricsWriter(const std::string& path);
+  bool enabled() const { return out_.is_open(); }
+  void write(const StepMetrics& m);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace dtp::apps

@@ -1,0 +1,87 @@
+// Point-to-point: send, recv, isend, irecv, batch_isend_irecv.
+#include "comm/collective_tape.h"
+#include "comm/process_group_impl.h"
+#include "comm/trace_span.h"
+#include "dtp/comm_counter.h"
+#include "dtp/process_group.h"
+
+#include <ATen/ATen.h>
+
+namespace dtp {
+
+namespace {
+
+// NOTE: [Point-to-point]
+// Messages go straight to the group's backend (Gloo for CPU tensors, NCCL
+// for CUDA ones): no shared-memory path and no cross-rank check (two ranks
+// take part; a mismatch fails in the backend and is explained). Both ends
+// number the messages per (source, destination, tag), so that on a failure
+// each finds the same message in the store and tells whether the peer
+// reached it (NOTE: [Who did not arrive]). A message with no elements is
+// skipped at both ends (each knows its own size; were the sizes to differ,
+// the end with elements fails, naming the other).
+Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
+  const ProcessGroup::Impl& g = *impl;
+  const bool send = op.kind == P2POp::Send;
+  const char* what = send ? "send" : "recv";
+  TORCH_CHECK(op.peer >= 0 && op.peer < g.size, "ProcessGroup::", what, ": peer ", op.peer,
+              " is not a rank of this size-", g.size, " group. Name a group rank in [0, ", g.size, ").");
+  TORCH_CHECK(op.peer != g.rank, "ProcessGroup::", what, ": group rank ", g.rank,
+              " names itself as the peer. Copy the tensor instead.");
+  TORCH_CHECK(op.tensor.defined(), "ProcessGroup::", what, ": the tensor is undefined. Pass the tensor to ",
+              send ? "send." : "receive into (preallocated with the sender's shape and dtype).");
+  TORCH_CHECK(detail::active_tape() == nullptr, "ProcessGroup::", what,
+              ": NYI: point-to-point inside an activation-checkpointed region (its recomputation would send "
+              "again). Send and receive outside checkpointed modules.");
+  const int src = send ? g.rank : op.peer, dst = send ? op.peer : g.rank, tag = op.tag;
+  const int64_t n = ++g.p2p_messages[{src, dst, tag}];
+  const int64_t bytes = op.tensor.numel() * static_cast<int64_t>(op.tensor.element_size());
+  const std::vector<int> pair{g.global_ranks[src], g.global_ranks[dst]};
+  CommCounter::record(send ? CollectiveType::Send : CollectiveType::Recv, bytes, pair);
+  const detail::TraceSpan span([&] { return c10::str(what, " ", bytes, " B from rank ", pair[0], " to ", pair[1]); });
+  if (op.tensor.numel() == 0) return Work::ready(op.tensor);
+  at::Tensor buf = op.tensor.is_contiguous() ? op.tensor : op.tensor.contiguous();
+  std::vector<at::Tensor> bufs{buf};
+  compat::Backend& backend = backend_for(g, buf);
+  c10::intrusive_ptr<c10d::Work> work = send ? backend.send(bufs, dst, tag) : backend.recv(bufs, src, tag);
+  at::Tensor target = op.tensor;
+  // Holds the group: the Work may outlive the caller's handle.
+  return Work([impl, what, src, dst, tag, n, work = std::move(work), buf, target]() mutable {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      explain_p2p_failure(*impl, what, src, dst, tag, n, e);
+    }
+    if (!buf.is_same(target)) target.copy_(buf);  // received into a non-contiguous tensor
+    return target;
+  });
+}
+
+}  // namespace
+
+Work ProcessGroup::isend(const at::Tensor& tensor, int dst, int tag) const {
+  impl();  // a named error on an invalid group
+  return start(impl_, {P2POp::Send, tensor, dst, tag});
+}
+
+Work ProcessGroup::irecv(at::Tensor tensor, int src, int tag) const {
+  impl();
+  return start(impl_, {P2POp::Recv, std::move(tensor), src, tag});
+}
+
+void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) const { isend(tensor, dst, tag).wait(); }
+
+void ProcessGroup::recv(at::Tensor tensor, int src, int tag) const { irecv(std::move(tensor), src, tag).wait(); }
+
+std::vector<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) const {
+  impl();
+  for (const auto& op : ops)
+    TORCH_CHECK(!op.tensor.defined() || !op.tensor.is_cuda(), "ProcessGroup::batch_isend_irecv: NYI on CUDA tensors "
+                "(NCCL needs the messages grouped). Issue isend/irecv in an order that matches on both ends.");
+  std::vector<Work> works;
+  works.reserve(ops.size());
+  for (const auto& op : ops) works.push_back(start(impl_, op));
+  return works;
+}
+
+}  // namespace dtp

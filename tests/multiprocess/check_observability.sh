@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# dtp-train's observability on 2 ranks: --metrics writes one JSON line per
+# logged step with every field; --profile writes a Chrome trace per rank with
+# dtp's spans (NOTE: [Trace spans]): DTensor ops with placements,
+# redistributions, collectives with bytes; scripts/plot.sh draws the metrics
+# (where gnuplot is installed).
+#   check_observability.sh DTPRUN DTP_TRAIN WORKDIR
+set -euo pipefail
+dtprun=$1 train=$2 dir=$3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+rm -rf "$dir" && mkdir -p "$dir"
+fail() { echo "check_observability: FAILED: $*" >&2; exit 1; }
+
+"$dtprun" -n 2 "$train" --steps 6 --log-every 2 --dim 64 --layers 1 --batch 4 --seq 16 \
+  --metrics "$dir/metrics.jsonl" --profile "$dir/trace" --profile-steps 2
+
+lines=$(wc -l < "$dir/metrics.jsonl")
+[ "$lines" -eq 3 ] || fail "metrics.jsonl has $lines lines, expected 3 (steps 2, 4, 6)"
+for key in step loss tokens_per_s step_ms peak_rss_mib collectives_per_step comm_bytes_per_step grad_norm lr; do
+  n=$(grep -c "\"$key\": [0-9.e+-]*[,}]" "$dir/metrics.jsonl" || true)
+  [ "$n" -eq 3 ] || fail "\"$key\" is a number on $n of 3 metrics lines"
+done
+# TP=2 with sequence parallelism: collectives in every step, the same count each step.
+per_step=$(grep -o '"collectives_per_step": [0-9.]*' "$dir/metrics.jsonl" | awk '{print $2}' | sort -u)
+[ "$(echo "$per_step" | wc -l)" -eq 1 ] && [ "${per_step%.*}" -gt 0 ] ||
+  fail "collectives_per_step should be one positive figure over the run, got: $per_step"
+echo "metrics: 3 lines, every field a number, $per_step collectives per step"
+
+for rank in 0 1; do
+  trace="$dir/trace/rank$rank.json"
+  [ -s "$trace" ] || fail "$trace is missing"
+  grep -q 'DTensor aten::mm (' "$trace" || fail "no DTensor aten::mm span in $trace"
+  grep -q 'DTensor aten::[a-z_.]* (S(1)' "$trace" || fail "no DTensor op span with an S(1) input in $trace"
+  grep -q 'redistribute f32\[' "$trace" || fail "no redistribute span in $trace"
+  grep -q 'all_gather [0-9]* B over ranks \[0, 1\]' "$trace" || fail "no all_gather span with bytes in $trace"
+  grep -q 'reduce_scatter [0-9]* B over ranks \[0, 1\]' "$trace" || fail "no reduce_scatter span with bytes in $trace"
+done
+echo "trace: per rank, DTensor op spans with placements, redistributions, collectives with bytes"
+grep -o '"DTensor aten::mm ([^"]*"' "$dir/trace/rank0.json" | sort | uniq -c | head -3
+
+if command -v gnuplot >/dev/null; then
+  "$here/../../scripts/plot.sh" "$dir/metrics.jsonl" "$dir/metrics.png"
+  [ -s "$dir/metrics.png" ] || fail "plot.sh wrote no PNG"
+  echo "plot: $(stat -c %s "$dir/metrics.png") bytes"
+else
+  echo "plot: not checked here (no gnuplot; scripts/plot.sh installs it when run)"
+fi
+echo "observability ok"

@@ -1,0 +1,226 @@
+// Pipeline parallelism (include/dtp/pp/pipeline.h) on ranks as threads: the
+// reference Llama cut into stages, GPipe, 1F1B and interleaved 1F1B over 4
+// and 8 microbatches on 2 and 4 ranks; losses and parameters after AdamW
+// steps equal one device on the whole batch, in float64; the messages per
+// step meet the closed form; the errors name the fix.
+#include "dist.h"
+#include "dtp/comm_counter.h"
+#include "dtp/models/llama_pipeline.h"
+#include "dtp/pp/pipeline.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+using dtp::pp::Pipeline;
+using dtp::pp::PipelineStage;
+using dtp::pp::Schedule;
+using namespace dtp::models;
+
+namespace {
+
+constexpr int64_t kBatch = 8, kSeq = 8;
+constexpr int kSteps = 3;
+
+LlamaConfig config(int64_t layers) {
+  LlamaConfig c;
+  c.vocab_size = 67;
+  c.dim = 32;
+  c.n_layers = layers;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_hidden = 40;
+  c.max_seq_len = 16;
+  c.seed = 11;
+  c.dtype = at::kDouble;
+  return c;
+}
+
+at::Tensor batch(int64_t vocab, int step) {
+  return at::remainder(at::arange(kBatch * (kSeq + 1), at::kLong) * 13 + step * 7, vocab).view({kBatch, kSeq + 1});
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> params;  // by the whole model's names
+};
+
+Run oneDevice(const LlamaConfig& c) {
+  Llama model(c);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  Run run;
+  for (int step = 0; step < kSteps; ++step) {
+    at::Tensor b = batch(c.vocab_size, step);
+    at::Tensor loss = llama_loss(model(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    run.losses.push_back(loss.item<double>());
+  }
+  for (const auto& item : model->named_parameters()) run.params[item.key()] = item.value().detach().clone();
+  return run;
+}
+
+// NOTE: float64 parity bound. The pipeline sums the microbatches' gradients
+// (each of a loss divided by m) where one device takes the mean over the
+// whole batch at once: the same terms in another order, float64 rounding
+// apart (~1e-16 relative). AdamW moves a weight by at most lr per step
+// whatever the gradient, and amplifies a gradient change d to at most
+// lr * d / eps: over 3 steps at lr 1e-2, eps 1e-8 and d <= 1e-15 that is
+// 3e-9 in the worst case; measured differences are far smaller.
+constexpr double kLossTol = 1e-12, kParamTol = 1e-9;
+
+enum class Kind { GPipe, OneFOneB, Interleaved };
+
+Schedule makeSchedule(Kind kind, int ranks, int microbatches) {
+  switch (kind) {
+    case Kind::GPipe: return Schedule::gpipe(ranks, microbatches);
+    case Kind::OneFOneB: return Schedule::one_f_one_b(ranks, microbatches);
+    case Kind::Interleaved: return Schedule::interleaved_1f1b(ranks, 2, microbatches);
+  }
+  return Schedule::gpipe(ranks, microbatches);
+}
+
+// Trains kSteps on `ranks` ranks and compares with one device; prints the
+// largest differences and the measured bubble (the share of the last step
+// each rank spent waiting for messages, averaged) beside the schedule's.
+void expectEqualsOneDevice(Kind kind, int ranks, int microbatches) {
+  const Schedule schedule = makeSchedule(kind, ranks, microbatches);
+  const LlamaConfig c = config(4);
+  const Run ref = oneDevice(c);
+  std::atomic<double> wait_sum{0.0};
+  std::mutex mu;
+  double max_loss = 0, max_param = 0;
+  dtp::test::run_ranks(ranks, [&](int rank) {
+    Llama full(c);  // every rank builds the same model and keeps its stages
+    std::vector<PipelineStage> stages;
+    std::vector<Llama> parts;
+    std::set<const void*> mine;
+    for (int s = 0; s < schedule.stages(); ++s) {
+      if (schedule.rank_of(s) != rank) continue;
+      parts.push_back(llama_pipeline_stage(full, s, schedule.stages()));
+      Llama part = parts.back();
+      std::vector<int64_t> input_shape;
+      if (s > 0) input_shape = {kBatch / microbatches, kSeq, c.dim};
+      stages.push_back({s, [part](const at::Tensor& x) mutable { return part->forward(x); }, input_shape});
+    }
+    std::vector<at::Tensor> params;
+    for (auto& part : parts)
+      for (auto& p : part->parameters()) {
+        if (mine.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+      }
+    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
+    Pipeline pipe(schedule, stages, dtp::default_process_group(),
+                  [](const at::Tensor& logits, const at::Tensor& targets) { return llama_loss(logits, targets); });
+    const bool last = schedule.rank_of(schedule.stages() - 1) == rank;
+    for (int step = 0; step < kSteps; ++step) {
+      at::Tensor b = batch(c.vocab_size, step);
+      opt.zero_grad();
+      dtp::CommCounter comm;
+      at::Tensor loss = pipe.step(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
+      opt.step();
+      ASSERT_EQ(loss.defined(), last);
+      if (last) {
+        EXPECT_NEAR(loss.item<double>(), ref.losses[step], kLossTol) << schedule.name() << " step " << step;
+        std::lock_guard<std::mutex> lock(mu);
+        max_loss = std::max(max_loss, std::abs(loss.item<double>() - ref.losses[step]));
+      }
+      if (step > 0) {  // after the first step's shape messages: m activations and m gradients per boundary
+        int64_t sends = 0, recvs = 0;
+        for (int s = 0; s < schedule.stages(); ++s) {
+          if (schedule.rank_of(s) != rank) continue;
+          if (s + 1 < schedule.stages()) sends += microbatches, recvs += microbatches;  // activations out, gradients in
+          if (s > 0) recvs += microbatches, sends += microbatches;                    // activations in, gradients out
+        }
+        EXPECT_EQ(comm.count(dtp::CollectiveType::Send), sends) << comm.str();
+        EXPECT_EQ(comm.count(dtp::CollectiveType::Recv), recvs) << comm.str();
+        EXPECT_EQ(comm.total_count(), sends + recvs) << "nothing but point-to-point: " << comm.str();
+        const int64_t message = kBatch / microbatches * kSeq * c.dim * 8;
+        EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), sends * message);
+      }
+    }
+    const auto& stats = pipe.last_stats();
+    double expected = wait_sum.load();
+    while (!wait_sum.compare_exchange_weak(expected, expected + stats.wait_seconds / stats.seconds)) {}
+    int compared = 0;
+    for (const auto& item : full->named_parameters()) {
+      if (!mine.count(item.value().unsafeGetTensorImpl())) continue;
+      const double d = (item.value().detach() - ref.params.at(item.key())).abs().max().item<double>();
+      EXPECT_LE(d, kParamTol) << item.key();
+      std::lock_guard<std::mutex> lock(mu);
+      max_param = std::max(max_param, d);
+      ++compared;
+    }
+    EXPECT_GT(compared, 0);
+  });
+  const int p = ranks, m = microbatches;
+  std::printf("%s p=%d m=%d: vs one device over %d AdamW steps, max |loss diff| %.2g, max |param diff| %.2g; "
+              "measured bubble (wait share of the step, rank mean; ranks are threads sharing the CPUs) %.2f, the "
+              "schedule's %.2f\n", schedule.name().c_str(), p, m, kSteps, max_loss, max_param,
+              wait_sum.load() / ranks, schedule.simulate().bubble);
+}
+
+TEST(PipelineTest, GPipeEqualsOneDevice) {
+  expectEqualsOneDevice(Kind::GPipe, 2, 4);
+  expectEqualsOneDevice(Kind::GPipe, 4, 4);
+}
+
+TEST(PipelineTest, OneFOneBEqualsOneDevice) {
+  expectEqualsOneDevice(Kind::OneFOneB, 2, 4);
+  expectEqualsOneDevice(Kind::OneFOneB, 4, 8);
+}
+
+TEST(PipelineTest, InterleavedEqualsOneDevice) {
+  expectEqualsOneDevice(Kind::Interleaved, 2, 4);  // 4 stages of one layer on 2 ranks
+}
+
+void expectError(const std::function<void()>& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error containing: " << part;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(PipelineTest, BadSplitsAndStagesAreNamedErrors) {
+  Llama full(config(3));
+  expectError([&] { llama_pipeline_stage(full, 0, 2); }, "3 layers do not divide evenly across 2 stages");
+  EXPECT_EQ(llama_pipeline_stage(full, 1, 2, {0, 2})->layers->size(), 1u);  // a user split
+  expectError([&] { Schedule::one_f_one_b(4, 2); }, "1F1B needs at least as many microbatches as stages");
+  dtp::test::run_ranks(2, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    auto loss = [](const at::Tensor& y, const at::Tensor&) { return y.sum(); };
+    expectError([&] { Pipeline(Schedule::gpipe(4, 4), {}, pg, loss); }, "the pp group has 2");
+    expectError([&] { Pipeline(Schedule::gpipe(2, 4), {{1 - rank, [](const at::Tensor& x) { return x; }, {}}}, pg, loss); },
+                "runs on pp rank");
+    // Stage 1 expects [1, 3] per microbatch; stage 0 sends [1, 4].
+    std::vector<PipelineStage> st;
+    if (rank == 0) st.push_back({0, [](const at::Tensor& x) { return x * 2; }, {}});
+    else st.push_back({1, [](const at::Tensor& x) { return x * 3; }, {1, 3}});
+    Pipeline pipe(Schedule::gpipe(2, 2), st, pg, loss);
+    at::Tensor in = at::ones({2, 4}, at::kDouble).requires_grad_(false);
+    if (rank == 1) {
+      expectError([&] { pipe.step(in, in); }, "stage 1 expects inputs of [1, 3] per microbatch, but stage 0 (pp rank 0) "
+                                              "sends [1, 4]");
+    } else {
+      try {  // rank 0 is left waiting for a gradient that never comes: a named p2p failure
+        pipe.step(in, in);
+        ADD_FAILURE() << "stage 0 should fail without its gradient";
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("recv of message #1 from global rank 1 to global rank 0"), std::string::npos)
+            << e.what();
+      }
+    }
+    expectError([&] { Pipeline(Schedule::gpipe(2, 3), st, pg, loss).step(in, in); },
+                "cannot be split into 3 equal microbatches");
+  }, std::chrono::seconds(3));
+}
+
+}  // namespace
