@@ -115,6 +115,7 @@ std::vector<std::string> RuleRegistry::names() const {
   for (const auto& kv : rules_) out.push_back(full(kv.first));
   for (const auto& kv : handlers_) out.push_back(full(kv.first));
   std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());  // an op with a rule and a handler (norm) once
   return out;
 }
 

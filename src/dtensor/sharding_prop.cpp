@@ -107,6 +107,17 @@ std::string describeInputs(const OpCall& call) {
       if (v.isTensorList()) os << "...";
     } else if (v.isTensor()) {
       os << (v.toTensor().defined() ? "tensor" : "None");
+    } else if (v.isList()) {  // Tensor?[] (index_put's indices): never print a DTensor's data
+      os << "[";
+      const auto& l = v.toListRef();
+      for (size_t k = 0; k < l.size(); ++k) {
+        os << (k ? ", " : "");
+        const auto* impl = l[k].isTensor() ? maybeGetDTensorImpl(l[k].toTensor()) : nullptr;
+        if (impl != nullptr) os << impl->spec().str();
+        else if (l[k].isTensor()) os << "tensor";
+        else os << l[k];
+      }
+      os << "]";
     } else {
       os << v;
     }
@@ -184,6 +195,16 @@ Decision compute(const OpCall& call) {
     }
   }
 
+  // An in-place or out= op returns the argument it writes, whose placement
+  // stays: a row giving that output another one (mul_ of an R self by a
+  // P(sum) other -> P(sum)) would leave a partial value under R.
+  std::vector<int> written_slot(all_inplace ? returns.size() : 0, -1);
+  const auto& schema_args = call.op.schema().arguments();
+  for (size_t r = 0; r < written_slot.size(); ++r)
+    for (size_t i = 0; i < schema_args.size(); ++i)
+      if (schema_args[i].alias_info() != nullptr && *schema_args[i].alias_info() == *returns[r].alias_info())
+        written_slot[r] = call.slot_of_arg(static_cast<int>(i));
+
   Decision d;
   d.local = rule->local;
   const int64_t ndim = call.mesh().ndim();
@@ -209,6 +230,9 @@ Decision compute(const OpCall& call) {
         cost += transition_cost(cur, row.in[s], static_cast<double>(call.spec(s).numel()),
                                 call.mesh().size(m));
       }
+      for (size_t o = 0; o < written_slot.size(); ++o)
+        if (written_slot[o] >= 0 && row.out[o] != call.spec(written_slot[o]).placements[m])
+          cost = std::numeric_limits<double>::infinity();
       if (cost < best_cost) {
         best_cost = cost;
         best = &row;

@@ -19,6 +19,22 @@ inline Placement linearPartial(const OpCall& call, int64_t m) {
   return Partial(ReduceOp::Sum);
 }
 
+// Into how many pieces tensor dim `d` of `slot` may be cut if mesh dim `m`
+// shards it. A 2-D mesh can shard one dim twice (f64[2,3,4](S(1)S(1)) on
+// (2,2): rows 2,1 then 1,1 and 1,0), and each mesh dim picks its row alone,
+// so evenness over m's size is not enough. If m shards `d` now, the mesh
+// dims that shard it now; else any mesh dim may move to it as m does, so
+// all of them.
+inline int64_t shardCount(const OpCall& call, size_t slot, int64_t d, int64_t m) {
+  const auto& pl = call.spec(slot).placements;
+  int64_t k = 1;
+  for (size_t i = 0; i < pl.size(); ++i) {
+    const bool mi = static_cast<int64_t>(i) == m;
+    if (mi || pl[i].is_shard(d) || !pl[m].is_shard(d)) k *= call.mesh().size(static_cast<int64_t>(i));
+  }
+  return k;
+}
+
 // How a pointwise op treats Partial inputs.
 enum class Linearity {
   None,         // exp, relu...: Partial inputs must be reduced first

@@ -23,10 +23,17 @@ std::vector<Row> likeRows(const OpCall& c, int64_t m) { return anyInput(c, m, tr
 // new_zeros(size) & co.: a full-size replicated tensor whatever the input.
 std::vector<Row> newRows(const OpCall& c, int64_t m) { return anyInput(c, m, false); }
 
-// copy_(self, src): src takes self's placement (self is written, never moved).
+// copy_(self, src): src takes self's placement (self is written, never
+// moved), on its own aligned dim when it broadcasts (f64[5,7](S(1)) from
+// f64[7]: src S(0)); a src dim it lacks or broadcasts (size 1) is replicated.
 std::vector<Row> copyRows(const OpCall& c, int64_t m) {
   const Placement cur = c.spec(0).placements[m];
-  return {Row{Placements(c.specs.size(), cur), {cur}}};
+  Row r{Placements(c.specs.size(), cur), {cur}};
+  if (cur.is_shard() && c.specs.size() == 2) {
+    const int64_t d = cur.dim - (c.spec(0).ndim() - c.spec(1).ndim());
+    r.in[1] = d >= 0 && c.spec(1).shape[d] == c.spec(0).shape[cur.dim] ? Shard(d) : Replicate();
+  }
+  return {r};
 }
 
 // item(): the value of the whole (replicated) tensor.

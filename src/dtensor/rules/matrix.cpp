@@ -85,12 +85,15 @@ StrategyFn withBias(const std::string& spec) {
   };
 }
 
+// dot has no Meta kernel in libtorch 1.13: a 0-dim output.
+OutputMeta scalarShape(const OpCall& call) { return OutputMeta{{{}}, {call.spec(0).dtype}}; }
+
 }  // namespace
 
 void registerMatrixRules(RuleRegistry& r) {
   r.add("aten::mm", einsum("mk,kn->mn"));
   r.add("aten::bmm", einsum("bmk,bkn->bmn"));
-  r.add("aten::dot", einsum("k,k->"));
+  r.add("aten::dot", einsum("k,k->"), scalarShape);
   r.add("aten::mv", einsum("mk,k->m"));
   r.add("aten::addmm", withBias("mk,kn->mn"));
   r.add("aten::baddbmm", withBias("bmk,bkn->bmn"));

@@ -96,6 +96,30 @@ std::vector<Row> maskedFillRows(const OpCall& call, int64_t m) {
   return rules::pointwiseRows(call, m, zero ? rules::Linearity::FirstArg : rules::Linearity::None);
 }
 
+// addcmul(self, t1, t2, value) = self + value·t1·t2 is affine, not
+// multilinear: a Partial self alone would add t1·t2 once per rank. It is
+// linear in (self, t1) with t2 fixed, and in (self, t2) with t1 fixed:
+// (s0 + v·a0·t2) + (s1 + v·a1·t2) = s + v·(a0+a1)·t2.
+std::vector<Row> addcmulRows(const OpCall& call, int64_t m) {
+  auto rows = rules::pointwiseRows(call, m, rules::Linearity::None);
+  if (call.specs.size() == 3) {
+    const Placement p = rules::linearPartial(call, m);
+    rows.push_back(Row{{p, p, Replicate()}, {p}});
+    rows.push_back(Row{{p, Replicate(), p}, {p}});
+  }
+  return rows;
+}
+
+// addcdiv(self, t1, t2, value) = self + value·t1/t2: linear in (self, t1).
+std::vector<Row> addcdivRows(const OpCall& call, int64_t m) {
+  auto rows = rules::pointwiseRows(call, m, rules::Linearity::None);
+  if (call.specs.size() == 3) {
+    const Placement p = rules::linearPartial(call, m);
+    rows.push_back(Row{{p, p, Replicate()}, {p}});
+  }
+  return rows;
+}
+
 }  // namespace
 
 void registerPointwiseRules(RuleRegistry& r) {
@@ -108,10 +132,10 @@ void registerPointwiseRules(RuleRegistry& r) {
              "aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Scalar", "aten::div_.Scalar",
              "aten::zero_"},
          Linearity::Linear);
-  addAll(r, {"aten::mul.Tensor", "aten::mul_.Tensor", "aten::addcmul", "aten::addcmul_"},
-         Linearity::Multilinear);
-  addAll(r, {"aten::div.Tensor", "aten::div_.Tensor", "aten::addcdiv", "aten::addcdiv_"},
-         Linearity::FirstArg);
+  addAll(r, {"aten::mul.Tensor", "aten::mul_.Tensor"}, Linearity::Multilinear);
+  addAll(r, {"aten::div.Tensor", "aten::div_.Tensor"}, Linearity::FirstArg);
+  for (const char* op : {"aten::addcmul", "aten::addcmul_"}) r.add(op, addcmulRows, pointwiseShape);
+  for (const char* op : {"aten::addcdiv", "aten::addcdiv_"}) r.add(op, addcdivRows, pointwiseShape);
   addAll(r,
          {"aten::exp", "aten::exp_", "aten::log", "aten::sqrt", "aten::sqrt_", "aten::rsqrt",
           "aten::pow.Tensor_Scalar", "aten::pow_.Scalar", "aten::pow.Tensor_Tensor",
@@ -132,7 +156,8 @@ void registerPointwiseRules(RuleRegistry& r) {
           "aten::gt.Tensor", "aten::lt.Tensor", "aten::ge.Tensor", "aten::le.Tensor", "aten::ne.Tensor",
           "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::logical_or", "aten::logical_xor",
           "aten::logical_and_", "aten::logical_or_", "aten::logical_xor_",
-          "aten::bitwise_or.Tensor", "aten::clamp.Tensor"},
+          "aten::bitwise_or.Tensor", "aten::clamp.Tensor", "aten::masked_fill.Tensor",
+          "aten::masked_fill_.Tensor"},
          Linearity::None);
 }
 

@@ -44,9 +44,9 @@ StrategyFn reduction(Reduce kind, int dim_arg, int keepdim_arg) {
     const auto dims = reducedDims(c, dim_arg);
     const bool keepdim = keepdimOf(c, keepdim_arg);
     const auto& shape = c.spec(0).shape;
-    const int64_t w = c.mesh().size(m);
     for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
       if (dims.count(d)) {
+        const int64_t w = rules::shardCount(c, 0, d, m);
         Placement out;
         switch (kind) {
           case Reduce::Sum: out = Partial(ReduceOp::Sum); break;
@@ -161,8 +161,9 @@ void registerReductionRules(RuleRegistry& r) {
   r.add("aten::mean.dim", reduction(Reduce::Mean, 1, 2));
   r.add("aten::amax", reduction(Reduce::Max, 1, 2));
   r.add("aten::amin", reduction(Reduce::Min, 1, 2));
-  r.add("aten::max", reduction(Reduce::Max, -1, -1));
-  r.add("aten::min", reduction(Reduce::Min, -1, -1));
+  // No Meta kernel for max() and min() in libtorch 1.13: 0-dim outputs.
+  r.add("aten::max", reduction(Reduce::Max, -1, -1), reducedShape(-1, -1));
+  r.add("aten::min", reduction(Reduce::Min, -1, -1), reducedShape(-1, -1));
   r.add("aten::linalg_vector_norm", reduction(Reduce::Norm, 2, 3));
   r.add("aten::norm.Scalar", reduction(Reduce::Norm, -1, -1));
   r.add("aten::norm.ScalarOpt_dim", reduction(Reduce::Norm, 2, 3));

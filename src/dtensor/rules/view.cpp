@@ -43,13 +43,13 @@ StrategyFn dimMap(std::function<std::vector<int64_t>(const OpCall&)> fn) {
 
 // view/reshape: dims are grouped where the products of sizes agree
 // ([4,6] -> [2,2,6]: {0}->{0,1}, {1}->{2}). A shard survives on the first dim
-// of a group when the group is 1:1, or when both first dims divide evenly by
-// the mesh dim (else chunk boundaries would move: f32[5,2] S(0) on 2 ranks is
-// rows 3,2 = 6,4 elements, but chunking the 10 flat elements gives 5,5).
+// of a group when the group is 1:1, or when both first dims divide evenly
+// into the pieces the dim may be cut into (rules::shardCount; else chunk
+// boundaries would move: f32[5,2] S(0) on 2 ranks is rows 3,2 = 6,4
+// elements, but chunking the 10 flat elements gives 5,5).
 std::vector<Row> viewRows(const OpCall& call, int64_t m) {
   const auto& a = call.spec(0).shape;
   const auto& b = call.out_shapes[0];
-  const int64_t w = call.mesh().size(m);
   std::vector<int64_t> map(a.size(), -1);
   size_t i = 0, j = 0;
   while (i < a.size() || j < b.size()) {
@@ -71,12 +71,16 @@ std::vector<Row> viewRows(const OpCall& call, int64_t m) {
         return std::count_if(s.begin() + from, s.begin() + to, [](int64_t x) { return x != 1; });
       };
       const bool one_to_one = nonOne(a, i0, i) == 1 && nonOne(b, j0, j) == 1;
+      const int64_t w = rules::shardCount(call, 0, static_cast<int64_t>(fi), m);
       if (one_to_one || (a[fi] % w == 0 && b[fj] % w == 0)) map[fi] = static_cast<int64_t>(fj);
     }
   }
   return dimMapRows(call, m, map);
 }
 
+// Also squeeze's: it drops the dims of size 1 in the global shape, never a
+// shard's dim that happens to hold one row (f64[5,1,7](S(0)) on 4 ranks:
+// local rows 2,2,1,0, and squeeze() on the third shard would drop two dims).
 void runReshapeLocal(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
   const size_t nargs = op.schema().arguments().size();
   at::Tensor x = (*stack)[stack->size() - nargs].toTensor();
@@ -146,12 +150,12 @@ void registerViewRules(RuleRegistry& r) {
       drop[d] = a[d] == 1;
     }
     return squeezeMap(c, drop);
-  }));
+  }), nullptr, runReshapeLocal);
   r.add("aten::squeeze", dimMap([squeezeMap](const OpCall& c) {
     std::vector<bool> drop;
     for (int64_t s : c.spec(0).shape) drop.push_back(s == 1);
     return squeezeMap(c, drop);
-  }));
+  }), nullptr, runReshapeLocal);
   // Ops indexing along `dim` keep shards on the other dims only.
   auto exceptDim = [](int64_t dim_arg, bool removes_dim) {
     return dimMap([=](const OpCall& c) {
