@@ -422,8 +422,13 @@ inline void nnSamples(Table& t) {
   t.add("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v});
   t.add("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v, 0.0, true});
   auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v);
+  // The backward's six tensors untied would be 5^5·4 = 12500 combinations
+  // per mesh: grad_out, q, k, v and out share one placement, as the
+  // forward's rule gives them (logsumexp takes each of its own).
+  Opts attn_bwd;
+  attn_bwd.tied = {{0, 1, 2, 3, 4}};
   t.add("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-        {T({2, 3, 5, 4}, 3), q, k, v, o, lse, 0.0, false});
+        {T({2, 3, 5, 4}, 3), q, k, v, o, lse, 0.0, false}, attn_bwd);
 #endif
 }
 
