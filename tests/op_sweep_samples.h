@@ -419,8 +419,11 @@ inline void nnSamples(Table& t) {
 #if DTP_HAS_SDPA
   // Fused CPU attention, [batch, heads, seq, head_dim].
   const at::Tensor q = T({2, 3, 5, 4}), k = T({2, 3, 5, 4}, 1), v = T({2, 3, 5, 4}, 2);
+  // Every combination of q, k, v (5^3) once; causal with them sharded alike.
+  Opts qkv;
+  qkv.tied = {{0, 1, 2}};
   t.add("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v});
-  t.add("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v, 0.0, true});
+  t.add("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v, 0.0, true}, qkv);
   auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v);
   // The backward's six tensors untied would be 5^5·4 = 12500 combinations
   // per mesh: grad_out, q, k, v and out share one placement, as the
