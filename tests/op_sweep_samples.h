@@ -30,6 +30,9 @@ struct Opts {
   // gives them (layer norm's mean and rstd; weight and bias): the first of
   // a group takes every candidate, the others follow it.
   std::vector<std::vector<int>> tied;
+  // The outputs backward starts from (empty: every floating one), e.g. not
+  // group norm's saved statistics, which callers never differentiate.
+  std::vector<size_t> seeds;
 };
 
 struct Sample {
@@ -388,6 +391,19 @@ inline void nnSamples(Table& t) {
         ln_bwd);
   t.add("aten::native_layer_norm_backward", {T({5, 7}, 3), x, L({7}), mean, rstd, w, b, Bools({true, false, false})},
         ln_bwd);
+  // Group norm, [N, C, HxW] with 2 groups: batch-sharded or replicated.
+  const at::Tensor gx = T({5, 4, 3}), gw = Pos({4}, 1), gb = T({4}, 2);
+  Opts gn;
+  gn.seeds = {0};  // the output; with mean and rstd too libtorch takes a double-backward path
+  t.add("aten::native_group_norm", {gx, gw, gb, 5, 4, 3, 2, 1e-5}, gn);
+  t.add("aten::native_group_norm", {T({3, 4, 2, 2}), IV(), IV(), 3, 4, 4, 4, 1e-5}, gn);
+  auto [gy, gmean, grstd] = at::native_group_norm(gx, gw, gb, 5, 4, 3, 2, 1e-5);
+  Opts gn_bwd = NoGrad();
+  gn_bwd.tied = {{0, 1}, {2, 3}};  // (grad_out, input), (mean, rstd)
+  t.add("aten::native_group_norm_backward",
+        {T({5, 4, 3}, 3), gx, gmean, grstd, gw, 5, 4, 3, 2, Bools({true, true, true})}, gn_bwd);
+  t.add("aten::native_group_norm_backward",
+        {T({5, 4, 3}, 3), gx, gmean, grstd, gw, 5, 4, 3, 2, Bools({true, false, true})}, gn_bwd);
   // Convolutions (conv1d and conv2d; tests/conv_test.cpp has more).
   const at::Tensor x1 = T({4, 3, 7}), w1 = T({5, 3, 3}, 1), b1 = T({5}, 2);
   t.add("aten::convolution", {x1, w1, b1, L({1}), L({0}), L({1}), false, L({0}), 1});

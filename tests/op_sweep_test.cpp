@@ -170,6 +170,7 @@ Reference referenceOnce(const c10::OperatorHandle& op, const Sample& s, bool& ba
   std::vector<at::Tensor> outs;
   for (size_t i = 0; i < ref.outs.size(); ++i) {
     if (!ref.outs[i].isTensor() || !ref.outs[i].toTensor().requires_grad()) continue;
+    if (!s.opts.seeds.empty() && std::find(s.opts.seeds.begin(), s.opts.seeds.end(), i) == s.opts.seeds.end()) continue;
     const at::Tensor& o = ref.outs[i].toTensor();
     ref.grad_outs.push_back(i);
     ref.grad_seeds.push_back(dtp::test::data(o.sizes().vec(), 0.5 + static_cast<double>(i)));

@@ -1,5 +1,6 @@
 // Neural-network ops with rules of their own: embedding (row-, column- and
-// batch-sharded) and its backward, layer norm and its backward.
+// batch-sharded) and its backward, layer norm and group norm and their
+// backwards.
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rules/common.h"
@@ -190,6 +191,56 @@ std::vector<Row> layerNormBackwardRows(const OpCall& c, int64_t) {
   return rows;
 }
 
+// native_group_norm(input [N, C, *], weight?, bias?, N, C, HxW, group, eps)
+// -> (out, mean [N, group], rstd [N, group]): batch-sharded (each sample is
+// normalized alone), or replicated.
+std::vector<Row> groupNormRows(const OpCall& c, int64_t) {
+  Row r = rules::replicateRow(c);
+  r.in[0] = Shard(0);
+  r.out.assign(c.num_outputs, Shard(0));
+  return {rules::replicateRow(c), r};
+}
+
+OutputMeta groupNormShape(const OpCall& c) {
+  const auto& in = c.spec(0);
+  const std::vector<int64_t> stat{in.shape[0], c.arg_int(6)};
+  return OutputMeta{{in.shape, stat, stat}, {in.dtype, in.dtype, in.dtype}};
+}
+
+// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C,
+// HxW, group, mask) -> (grad_input, grad_weight [C], grad_bias [C]): with
+// the batch sharded, the parameter gradients are sums over local samples:
+// P(sum).
+std::vector<Row> groupNormBackwardRows(const OpCall& c, int64_t) {
+  Row r = rules::replicateRow(c);
+  for (int a : {0, 1, 2, 3}) {
+    const int s = c.slot_of_arg(a);
+    if (s >= 0) r.in[s] = Shard(0);
+  }
+  r.out = {Shard(0), Partial(), Partial()};
+  return {rules::replicateRow(c), r};
+}
+
+OutputMeta groupNormBackwardShape(const OpCall& c) {
+  const auto mask = c.args[9].toBoolList();
+  const auto& in = c.spec(c.slot_of_arg(1));
+  const std::vector<int64_t> param{in.shape[1]};
+  OutputMeta m;
+  for (size_t o = 0; o < 3; ++o) {
+    m.shapes.push_back(!mask.get(o) ? std::vector<int64_t>{} : o == 0 ? in.shape : param);
+    m.dtypes.push_back(mask.get(o) ? in.dtype : c10::ScalarType::Undefined);
+  }
+  return m;
+}
+
+// Group norm's N argument is the global batch: a shard runs with its own.
+template <int kInput, int kN>
+void withLocalBatch(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision&) {
+  c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
+  args[kN] = args[kInput].toTensor().size(0);
+  op.callBoxed(stack);
+}
+
 }  // namespace
 
 void registerNnOpRules(RuleRegistry& r) {
@@ -198,6 +249,8 @@ void registerNnOpRules(RuleRegistry& r) {
   r.add_handler("aten::embedding_dense_backward", vocabShardedEmbeddingBackward);
   r.add("aten::native_layer_norm", layerNormRows, layerNormShape);
   r.add("aten::native_layer_norm_backward", layerNormBackwardRows, layerNormBackwardShape);
+  r.add("aten::native_group_norm", groupNormRows, groupNormShape, withLocalBatch<0, 3>);
+  r.add("aten::native_group_norm_backward", groupNormBackwardRows, groupNormBackwardShape, withLocalBatch<1, 5>);
 }
 
 }  // namespace dtp
