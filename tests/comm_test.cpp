@@ -337,17 +337,9 @@ TEST(CommErrors, RecvFromAPeerThatNeverSendsNamesIt) {
 TEST(CommErrors, PointToPointBadPeersAreNamedErrors) {
   run_ranks(2, [&](int rank) {
     auto pg = dtp::default_process_group();
-    auto expectError = [](const std::function<void()>& f, const std::string& part) {
-      try {
-        f();
-        ADD_FAILURE() << "expected an error containing: " << part;
-      } catch (const c10::Error& e) {
-        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-      }
-    };
-    expectError([&] { pg.send(at::ones({2}), rank); }, "names itself as the peer");
-    expectError([&] { pg.send(at::ones({2}), 2); }, "peer 2 is not a rank of this size-2 group");
-    expectError([&] { pg.recv(at::Tensor(), 1 - rank); }, "the tensor is undefined");
+    dtp::test::expect_error([&] { pg.send(at::ones({2}), rank); }, "names itself as the peer");
+    dtp::test::expect_error([&] { pg.send(at::ones({2}), 2); }, "peer 2 is not a rank of this size-2 group");
+    dtp::test::expect_error([&] { pg.recv(at::Tensor(), 1 - rank); }, "the tensor is undefined");
     // Nothing was sent: the groups are still usable.
     EXPECT_TRUE(pg.all_reduce(at::ones({1})).wait().equal(at::full({1}, 2.0f)));
   });

@@ -78,5 +78,6 @@ inline void expect_error(const std::function<void()>& f, const std::vector<std::
   const std::string msg = error_of(f);
   for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
 }
+inline void expect_error(const std::function<void()>& f, const char* part) { expect_error(f, std::vector<std::string>{part}); }
 
 }  // namespace dtp::test

@@ -1,27 +1,19 @@
 // Pipeline schedules as data (include/dtp/pp/schedule.h): the actions per
 // rank against their closed forms, the simulated bubble against
 // (p-1)/(m+p-1), and the errors for schedules that cannot run.
+#include "dist.h"
 #include "dtp/pp/schedule.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 
 using dtp::pp::Action;
 using dtp::pp::Schedule;
+using dtp::test::expect_error;
 
 namespace {
-
-void expectError(const std::function<void()>& f, const std::string& part) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing: " << part;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 // The most microbatches whose activations a rank holds at once: forwards
 // run minus backwards run, at its peak.
@@ -87,25 +79,25 @@ TEST(PipelineSchedule, InterleavedCutsTheBubble) {
 }
 
 TEST(PipelineSchedule, SchedulesThatCannotRunAreNamedErrors) {
-  expectError([] { Schedule::one_f_one_b(4, 2); },
+  expect_error([] { Schedule::one_f_one_b(4, 2); },
               "1F1B: 2 microbatches for 4 stages: 1F1B needs at least as many microbatches as stages");
-  expectError([] { Schedule::interleaved_1f1b(4, 2, 6); }, "Use a multiple of 4 microbatches");
-  expectError([] { Schedule::gpipe(0, 4); }, "Use at least one of each");
+  expect_error([] { Schedule::interleaved_1f1b(4, 2, 6); }, "Use a multiple of 4 microbatches");
+  expect_error([] { Schedule::gpipe(0, 4); }, "Use at least one of each");
   using A = Action;
   auto custom = [](std::vector<std::vector<Action>> actions) { Schedule("custom", 2, 2, std::move(actions)); };
   const std::vector<Action> rank1{{A::Forward, 1, 0}, {A::Backward, 1, 0}, {A::Forward, 1, 1}, {A::Backward, 1, 1}};
-  expectError([&] { custom({{{A::Forward, 0, 0}, {A::Backward, 0, 0}, {A::Forward, 0, 1}}, rank1}); },
+  expect_error([&] { custom({{{A::Forward, 0, 0}, {A::Backward, 0, 0}, {A::Forward, 0, 1}}, rank1}); },
               "stage 0 never runs the backward of microbatch 1");
-  expectError([&] { custom({{{A::Forward, 0, 0}, {A::Forward, 0, 0}}, rank1}); }, "0F0 appears twice on rank 0");
-  expectError([&] { custom({{{A::Forward, 1, 0}}, rank1}); }, "action 1F0 is on rank 0, but stage 1 runs on rank 1");
-  expectError([&] { custom({{{A::Backward, 0, 0}, {A::Forward, 0, 0}, {A::Forward, 0, 1}, {A::Backward, 0, 1}}, rank1}); },
+  expect_error([&] { custom({{{A::Forward, 0, 0}, {A::Forward, 0, 0}}, rank1}); }, "0F0 appears twice on rank 0");
+  expect_error([&] { custom({{{A::Forward, 1, 0}}, rank1}); }, "action 1F0 is on rank 0, but stage 1 runs on rank 1");
+  expect_error([&] { custom({{{A::Backward, 0, 0}, {A::Forward, 0, 0}, {A::Forward, 0, 1}, {A::Backward, 0, 1}}, rank1}); },
               "0B0 comes before 0F0");
   // Rank 0 waits for 1B0, which rank 1 runs after 1F1, which needs 0F1,
   // which rank 0 runs after 0B0.
   const Schedule deadlock("custom", 2, 2,
                           {{{A::Forward, 0, 0}, {A::Backward, 0, 0}, {A::Forward, 0, 1}, {A::Backward, 0, 1}},
                            {{A::Forward, 1, 0}, {A::Forward, 1, 1}, {A::Backward, 1, 0}, {A::Backward, 1, 1}}});
-  expectError([&] { deadlock.simulate(); }, "the ranks would deadlock: rank 0 at 0B0, rank 1 at 1F1");
+  expect_error([&] { deadlock.simulate(); }, "the ranks would deadlock: rank 0 at 0B0, rank 1 at 1F1");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ using dtp::pp::Pipeline;
 using dtp::pp::PipelineStage;
 using dtp::pp::Schedule;
 using namespace dtp::models;
+using dtp::test::expect_error;
 
 namespace {
 
@@ -180,25 +181,16 @@ TEST(PipelineTest, InterleavedEqualsOneDevice) {
   expectEqualsOneDevice(Kind::Interleaved, 2, 4);  // 4 stages of one layer on 2 ranks
 }
 
-void expectError(const std::function<void()>& f, const std::string& part) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing: " << part;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
-
 TEST(PipelineTest, BadSplitsAndStagesAreNamedErrors) {
   Llama full(config(3));
-  expectError([&] { llama_pipeline_stage(full, 0, 2); }, "3 layers do not divide evenly across 2 stages");
+  expect_error([&] { llama_pipeline_stage(full, 0, 2); }, "3 layers do not divide evenly across 2 stages");
   EXPECT_EQ(llama_pipeline_stage(full, 1, 2, {0, 2})->layers->size(), 1u);  // a user split
-  expectError([&] { Schedule::one_f_one_b(4, 2); }, "1F1B needs at least as many microbatches as stages");
+  expect_error([&] { Schedule::one_f_one_b(4, 2); }, "1F1B needs at least as many microbatches as stages");
   dtp::test::run_ranks(2, [&](int rank) {
     auto pg = dtp::default_process_group();
     auto loss = [](const at::Tensor& y, const at::Tensor&) { return y.sum(); };
-    expectError([&] { Pipeline(Schedule::gpipe(4, 4), {}, pg, loss); }, "the pp group has 2");
-    expectError([&] { Pipeline(Schedule::gpipe(2, 4), {{1 - rank, [](const at::Tensor& x) { return x; }, {}}}, pg, loss); },
+    expect_error([&] { Pipeline(Schedule::gpipe(4, 4), {}, pg, loss); }, "the pp group has 2");
+    expect_error([&] { Pipeline(Schedule::gpipe(2, 4), {{1 - rank, [](const at::Tensor& x) { return x; }, {}}}, pg, loss); },
                 "runs on pp rank");
     // Stage 1 expects [1, 3] per microbatch; stage 0 sends [1, 4].
     std::vector<PipelineStage> st;
@@ -207,7 +199,7 @@ TEST(PipelineTest, BadSplitsAndStagesAreNamedErrors) {
     Pipeline pipe(Schedule::gpipe(2, 2), st, pg, loss);
     at::Tensor in = at::ones({2, 4}, at::kDouble).requires_grad_(false);
     if (rank == 1) {
-      expectError([&] { pipe.step(in, in); }, "stage 1 expects inputs of [1, 3] per microbatch, but stage 0 (pp rank 0) "
+      expect_error([&] { pipe.step(in, in); }, "stage 1 expects inputs of [1, 3] per microbatch, but stage 0 (pp rank 0) "
                                               "sends [1, 4]");
     } else {
       try {  // rank 0 is left waiting for a gradient that never comes: a named p2p failure
@@ -218,7 +210,7 @@ TEST(PipelineTest, BadSplitsAndStagesAreNamedErrors) {
             << e.what();
       }
     }
-    expectError([&] { Pipeline(Schedule::gpipe(2, 3), st, pg, loss).step(in, in); },
+    expect_error([&] { Pipeline(Schedule::gpipe(2, 3), st, pg, loss).step(in, in); },
                 "cannot be split into 3 equal microbatches");
   }, std::chrono::seconds(3));
 }

@@ -105,8 +105,6 @@ void connect(ProcessGroup::Impl& g, bool nccl) {
 #endif
 }
 
-// The backend for a collective on `t` (NOTE: [Backends per device]).
-
 std::vector<int64_t> chunkShape(const at::Tensor& like, int64_t dim, int64_t size_at_dim) {
   auto shape = like.sizes().vec();
   shape[dim] = size_at_dim;
@@ -132,6 +130,7 @@ detail::TraceSpan counted(CollectiveType type, int64_t bytes, const std::vector<
 
 }  // namespace
 
+// See NOTE: [Backends per device].
 compat::Backend& backend_for(const ProcessGroup::Impl& g, const at::Tensor& t) {
   if (!t.is_cuda()) return *g.backend;
   TORCH_CHECK(g.cuda_backend, "dtp: a CUDA tensor in a collective of a group without a CUDA backend (",

@@ -23,12 +23,12 @@ std::string shapeText(c10::IntArrayRef shape, c10::ScalarType dtype) {
   return c10::str(shape, " (", c10::toString(dtype), ")");
 }
 
-}  // namespace
-
 // What each (stage, microbatch) keeps between its forward and backward.
 struct Saved {
   at::Tensor input, output;  // output: the loss on the last stage
 };
+
+}  // namespace
 
 Pipeline::Pipeline(Schedule schedule, std::vector<PipelineStage> stages, ProcessGroup pp, LossFn loss)
     : schedule_(std::move(schedule)), stages_(std::move(stages)), pp_(std::move(pp)), loss_(std::move(loss)) {
