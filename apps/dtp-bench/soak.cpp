@@ -2,6 +2,8 @@
 
 #include "stats.h"
 
+#include "../common/proc_status.h"
+
 #include "dtensor/sharding_prop.h"
 #include "dtp/device_mesh.h"
 #include "dtp/models/generate.h"
@@ -14,7 +16,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,19 +27,7 @@ namespace {
 using namespace dtp::models;
 
 // This process's resident memory now (VmRSS), MiB.
-double rssMiB() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      double kb = 0;
-      in >> kb;
-      return kb / 1024.0;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return 0.0;
-}
+double rssMiB() { return apps::proc_field_kb("/proc/self/status", "VmRSS:") / 1024.0; }
 
 struct Sample {
   int64_t done = 0;  // steps or tokens so far

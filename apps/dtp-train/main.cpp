@@ -3,6 +3,7 @@
 // Run it under the launcher: `dtprun -n 4 dtp-train --dp 2 --tp 2`.
 #include "../common/corpus.h"
 #include "../common/model_flags.h"
+#include "../common/proc_status.h"
 #include "metrics.h"
 
 #include "dtp/comm_counter.h"
@@ -82,23 +83,8 @@ FullyShardOptions fsdpOptions(const Options& o) {
   return f;
 }
 
-// A "Key: value kB" field of a /proc file (0 when missing), in kB.
-double procFieldKb(const char* file, const std::string& field) {
-  std::ifstream in(file);
-  std::string key;
-  while (in >> key) {
-    if (key == field) {
-      double kb = 0;
-      in >> kb;
-      return kb;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return 0.0;
-}
-
 // Peak resident memory of this process (VmHWM), MiB.
-double peakRssMiB() { return procFieldKb("/proc/self/status", "VmHWM:") / 1024.0; }
+double peakRssMiB() { return apps::proc_field_kb("/proc/self/status", "VmHWM:") / 1024.0; }
 
 // The model flags' config, or with --init-from-hf the folder's (fine-tuning).
 LlamaConfig configOf(const Options& o) {
@@ -130,7 +116,7 @@ int64_t startFrom(const Options& o, Llama& model, torch::optim::AdamW& opt) {
 double availableBytesPerRank(int64_t world) {
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t ranks = local != nullptr && std::atoll(local) > 0 ? std::atoll(local) : world;
-  return procFieldKb("/proc/meminfo", "MemAvailable:") * 1024.0 / static_cast<double>(ranks);
+  return apps::proc_field_kb("/proc/meminfo", "MemAvailable:") * 1024.0 / static_cast<double>(ranks);
 }
 
 // A rough lower estimate of one rank's peak memory for a training step:
