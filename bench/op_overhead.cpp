@@ -187,7 +187,22 @@ void registerBenchmarks() {
   // (4) in-place: relu_ on S(0), local [8,8]; returns the input DTensor itself.
   pair("Relu_", [](bool d) { return Inputs{make(d, {16, 8}, Shard(0))}; },
        [](const Inputs& in) { return in[0].relu_(); });
-  // (5) Linear forward + backward. The DTensor runs of (5) and (6) are
+  // (5) decode, under NoGradGuard as generate() runs: the replicated [1, 1, 64]
+  // residual stream through a column-wise linear as libtorch's Linear computes
+  // it, x.matmul(w.t()) (local [1, 1, 64] x [32, 64]^T; two DTensor ops, NOTE:
+  // [Fused ops without autograd]), and through RMS norm's six ops.
+  pair("DecodeLinear",
+       [](bool d) { return Inputs{make(d, {1, 1, 64}, Replicate()), make(d, {64, 64}, Shard(0))}; },
+       [](const Inputs& in) {
+         at::NoGradGuard no_grad;
+         return in[0].matmul(in[1].t());
+       });
+  pair("DecodeRmsNorm", [](bool d) { return Inputs{make(d, {1, 1, 64}, Replicate()), make(d, {64}, Replicate())}; },
+       [](const Inputs& in) {
+         at::NoGradGuard no_grad;
+         return in[0] * at::rsqrt(in[0].pow(2).mean(-1, true) + 1e-5) * in[1];
+       });
+  // (6) Linear forward + backward. The DTensor runs of (6) and (7) are
   // labelled with the number of ATen ops that reach dtp per step, to turn the
   // total into a per-op cost.
   for (bool dtensor : {false, true}) {
@@ -206,7 +221,7 @@ void registerBenchmarks() {
         ->Unit(benchmark::kMicrosecond);
   }
 
-  // (6) one AdamW step on that Linear's parameters (gradients fixed). Its
+  // (7) one AdamW step on that Linear's parameters (gradients fixed). Its
   // scalars (the bias-corrected step size) change every step, and scalars are
   // part of the propagation cache key: this shows what that costs.
   for (bool dtensor : {false, true}) {
@@ -227,7 +242,7 @@ void registerBenchmarks() {
         ->Unit(benchmark::kMicrosecond);
   }
 
-  // (7) cache misses: the same ops with a never-seen alpha each iteration.
+  // (8) cache misses: the same ops with a never-seen alpha each iteration.
   // Last, because every miss adds a cache entry for good: run earlier, the
   // grown cache and heap would slow the benchmarks after them.
   pair("CacheMissAdd",

@@ -217,6 +217,21 @@ inline void matrixSamples(Table& t) {
   t.add("aten::addmm", {T({3}, 2), T({5, 7}), T({7, 3}, 1)});
   t.add("aten::addmm", {T({5, 3}, 2), T({5, 7}), T({7, 3}, 1), 0.5, 2.0});
   t.add("aten::baddbmm", {T({2, 5, 3}, 2), T({2, 5, 7}), T({2, 7, 3}, 1)});
+  // CompositeImplicitAutograd: with gradients they decompose into the ops
+  // above; without, one DTensor op through their rule, for a 2-D weight or
+  // right operand (NOTE: [Fused ops without autograd]), else the decomposition.
+  Opts partial_forward = P();
+  partial_forward.backward = false;
+  t.add("aten::linear", {T({2, 5, 7}), T({3, 7}, 1)}, P());
+  t.add("aten::linear", {T({2, 5, 7}), T({3, 7}, 1)}, partial_forward);
+  t.add("aten::linear", {T({5, 7}), T({3, 7}, 1), T({3}, 2)}, NoGrad());
+  t.add("aten::linear", {T({7}), T({3, 7}, 1), T({3}, 2)}, NoGrad());
+  t.add("aten::linear", {T({5, 7}), T({7}, 1)}, NoGrad());
+  t.add("aten::matmul", {T({2, 5, 7}), T({7, 3}, 1)}, P());
+  t.add("aten::matmul", {T({2, 5, 7}), T({7, 3}, 1)}, partial_forward);
+  t.add("aten::matmul", {T({5, 7}), T({7, 0}, 1)}, NoGrad());
+  t.add("aten::matmul", {T({7}), T({7, 3}, 1)}, NoGrad());
+  t.add("aten::matmul", {T({2, 5, 7}), T({2, 7, 3}, 1)}, NoGrad());
 }
 
 inline void viewSamples(Table& t) {

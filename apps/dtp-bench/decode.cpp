@@ -3,6 +3,7 @@
 #include "groups.h"
 #include "stats.h"
 
+#include "dtensor/sharding_prop.h"
 #include "dtp/comm_counter.h"
 #include "dtp/device_mesh.h"
 #include "dtp/dtensor.h"
@@ -13,15 +14,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 
 namespace dtp::bench {
 namespace {
@@ -53,47 +51,19 @@ LlamaConfig configOf(const DecodeSize& s, int64_t max_seq) {
 }
 
 // Counts the ATen ops that reach dtp's DTensor fallback on this thread while
-// alive: ops with a DTensor argument, less the CompositeImplicitAutograd ones
-// (linear, matmul...), which decompose above the fallback into ops counted
-// themselves. The ops the fallback runs on local shards are plain: not counted.
+// alive: each asks the sharding propagator once (linear and matmul without
+// autograd are one op there, NOTE: [Fused ops without autograd]). The ops the
+// fallback runs on local shards are plain: not counted.
 class DTensorOpCounter {
  public:
-  DTensorOpCounter() {
-    count() = 0;
-    handle_ = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(&onStart).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
-  }
-  ~DTensorOpCounter() { at::removeCallback(handle_); }
-  DTensorOpCounter(const DTensorOpCounter&) = delete;
-  DTensorOpCounter& operator=(const DTensorOpCounter&) = delete;
-  int64_t ops() const { return count(); }
+  int64_t ops() const { return calls() - start_; }
 
  private:
-  static int64_t& count() {
-    thread_local int64_t n = 0;
-    return n;
+  static int64_t calls() {
+    const PropagationCacheStats s = propagation_cache_stats();
+    return s.hits + s.misses;
   }
-  static bool decomposes(const c10::OperatorName& name) {
-    thread_local std::unordered_map<c10::OperatorName, bool> known;
-    auto [it, fresh] = known.try_emplace(name, false);
-    if (fresh) {
-      auto op = c10::Dispatcher::singleton().findOp(name);
-      it->second = op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-    }
-    return it->second;
-  }
-  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
-    bool dtensor = false;
-    for (const auto& v : fn.inputs()) {
-      if (v.isTensor()) dtensor = dtensor || is_dtensor(v.toTensor());
-      else if (v.isTensorList())
-        for (const at::Tensor& t : v.toTensorVector()) dtensor = dtensor || is_dtensor(t);
-    }
-    const auto name = fn.operator_name();
-    if (dtensor && name && !decomposes(*name)) ++count();
-    return nullptr;
-  }
-  at::CallbackHandle handle_;
+  int64_t start_ = calls();
 };
 
 // One way to decode: the prefill of [B, P] prompts, then one token per step.

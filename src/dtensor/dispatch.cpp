@@ -227,6 +227,8 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 }  // namespace
 
+void detail::dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { dtensorFallback(op, stack); }
+
 ImplicitReplicationGuard::ImplicitReplicationGuard() : prev_(implicit_replication) {
   implicit_replication = true;
 }
@@ -268,6 +270,7 @@ void ensure_dtensor_dispatch() {
       if (!name.overload_name.empty()) n += "." + name.overload_name;
       lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());
     }
+    detail::register_fused_ops();
     static auto* fallback = new torch::Library(torch::Library::IMPL, "_",
                                                c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());

@@ -1,6 +1,7 @@
 // The one way into dtp for ATen ops on DTensors.
 #pragma once
 
+#include <ATen/core/stack.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 namespace dtp {
@@ -14,5 +15,13 @@ void ensure_dtensor_dispatch();
 // ensure_dtensor_dispatch does for ATen's. Ops with backend kernels reach it
 // already.
 void route_to_dtensor_fallback(const c10::OperatorHandle& op);
+
+namespace detail {
+// The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
+void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Gives aten::linear and aten::matmul their DTensor kernels (NOTE: [Fused ops
+// without autograd], fused_ops.cpp). Called by ensure_dtensor_dispatch.
+void register_fused_ops();
+}  // namespace detail
 
 }  // namespace dtp

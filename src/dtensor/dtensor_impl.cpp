@@ -1,6 +1,7 @@
 #include "dtensor/dtensor_impl.h"
 
 #include <c10/core/DispatchKeySet.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
@@ -111,6 +112,13 @@ at::Tensor makeDTensor(at::Tensor local, SpecPtr spec) {
                         "makeDTensor: local shard ", local.sizes(), " does not match ",
                         spec->str(), " whose local shape here is ",
                         c10::IntArrayRef(spec->local_sizes));
+  // A DTensor is an inference tensor iff its shard is: a view of a normal
+  // DTensor taken under InferenceMode stays normal, as a plain view does
+  // (autograd's view tracking refuses an inference view of a normal base).
+  if (c10::InferenceMode::is_enabled() && !local.is_inference()) {
+    const c10::InferenceMode normal(/*enabled=*/false);
+    return at::detail::make_tensor<DTensorImpl>(std::move(local), std::move(spec));
+  }
   return at::detail::make_tensor<DTensorImpl>(std::move(local), std::move(spec));
 }
 

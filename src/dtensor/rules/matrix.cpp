@@ -85,6 +85,28 @@ StrategyFn withBias(const std::string& spec) {
   };
 }
 
+// An n-D operand times a matrix, "<batch>k,kn-><batch>n" (matmul) or, with
+// the matrix transposed, "<batch>k,nk-><batch>n" (linear, whose bias, the
+// third slot, follows the output's last dim as addmm's does). Reached without
+// autograd only, for these shapes (NOTE: [Fused ops without autograd]).
+StrategyFn byMatrix(bool transposed) {
+  return [transposed](const OpCall& call, int64_t m) {
+    const int64_t n = call.spec(0).ndim();
+    std::string batch;
+    for (int64_t i = 0; i + 1 < n; ++i) batch += static_cast<char>('A' + i);
+    const Einsum e{{batch + "k", transposed ? "nk" : "kn"}, batch + "n"};
+    auto rows = einsumRows(e, call.specs.size(), 0, rules::linearPartial(call, m));
+    if (call.specs.size() < 3) return rows;
+    const auto& bias = call.spec(2).shape;
+    const bool aligned = bias.size() == 1 && bias[0] == call.spec(1).shape[0];
+    for (auto& r : rows) {
+      const Placement& o = r.out[0];
+      r.in[2] = !o.is_shard() ? o : o.dim == n - 1 && aligned ? Shard(0) : Replicate();
+    }
+    return rows;
+  };
+}
+
 // dot has no Meta kernel in libtorch 1.13: a 0-dim output.
 OutputMeta scalarShape(const OpCall& call) { return OutputMeta{{{}}, {call.spec(0).dtype}}; }
 
@@ -97,6 +119,8 @@ void registerMatrixRules(RuleRegistry& r) {
   r.add("aten::mv", einsum("mk,k->m"));
   r.add("aten::addmm", withBias("mk,kn->mn"));
   r.add("aten::baddbmm", withBias("bmk,bkn->bmn"));
+  r.add("aten::linear", byMatrix(/*transposed=*/true));
+  r.add("aten::matmul", byMatrix(/*transposed=*/false));
 }
 
 }  // namespace dtp

@@ -1,0 +1,113 @@
+// linear and matmul on DTensors without autograd (NOTE: [Fused ops without
+// autograd], src/dtensor/fused_ops.cpp): one DTensor op instead of the
+// decomposition, equal to the decomposition bit for bit and to one device in
+// float64, on meshes (2), (4) and (2,2); the decomposition wherever a graph is
+// recorded, a checkpoint tape is active or the shapes are not the rule's.
+// (The op sweep checks the values under every placement.)
+#include "mesh_test.h"
+#include "parity.h"
+
+#include "comm/collective_tape.h"
+#include "dtensor/sharding_prop.h"
+#include "dtp/module_utils.h"
+#include "dtp/nn/modules.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+using namespace dtp;
+using dtp::test::data;
+
+namespace {
+
+using FusedOps = dtp::test::MeshTest;
+
+// DTensor ops through the fallback while `f` runs (each asks the propagator once).
+int64_t dtensorOps(const std::function<void()>& f) {
+  const auto before = propagation_cache_stats();
+  f();
+  const auto after = propagation_cache_stats();
+  return (after.hits + after.misses) - (before.hits + before.misses);
+}
+
+TEST_P(FusedOps, OneDTensorOpWithoutAGraph) {
+  run([&](const DeviceMesh& mesh, int64_t) {
+    const at::Tensor x = data({2, 5, 7}, 0.1), w = data({3, 7}, 0.2), b = data({3}, 0.3);
+    const at::Tensor ref_linear = at::linear(x, w, b), ref_matmul = at::matmul(x, w.t());
+    for (auto px : {Shard(0), Shard(1), Shard(2), Replicate()}) {
+      for (auto pw : {Shard(0), Shard(1), Replicate()}) {
+        SCOPED_TRACE(px.str() + " x " + pw.str());
+        const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, px));
+        const at::Tensor dw = distribute_tensor(w, mesh, on(mesh, pw));
+        const at::Tensor dwt = distribute_tensor(w.t().contiguous(), mesh, on(mesh, pw));
+        const at::Tensor db = distribute_tensor(b, mesh, on(mesh, pw.is_shard() && pw.dim == 0 ? pw : Replicate()));
+        at::Tensor fused_linear, fused_matmul, decomposed_linear, decomposed_matmul;
+        {
+          at::NoGradGuard no_grad;
+          EXPECT_EQ(dtensorOps([&] { fused_linear = at::linear(dx, dw, db); }), 1);
+          EXPECT_EQ(dtensorOps([&] { fused_matmul = at::matmul(dx, dwt); }), 1);
+        }
+        // With a graph: the decomposition (several DTensor ops), as before.
+        const at::Tensor gx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, px));
+        EXPECT_GT(dtensorOps([&] { decomposed_linear = at::linear(gx, dw, db); }), 1);
+        EXPECT_GT(dtensorOps([&] { decomposed_matmul = at::matmul(gx, dwt); }), 1);
+        EXPECT_TRUE(full_tensor(fused_linear).allclose(ref_linear, 1e-12, 1e-12));
+        EXPECT_TRUE(full_tensor(fused_matmul).allclose(ref_matmul, 1e-12, 1e-12));
+        // Where both keep the placements, the local ops are the same ones.
+        if (placements(fused_matmul) == placements(decomposed_matmul))
+          EXPECT_TRUE(to_local(fused_matmul).equal(to_local(decomposed_matmul).detach()));
+      }
+    }
+  });
+}
+
+TEST_P(FusedOps, ModulesAndInferenceMode) {
+  run([&](const DeviceMesh& mesh, int64_t) {
+    nn::Linear lin(torch::nn::LinearOptions(7, 4).bias(false));
+    const at::Tensor x = data({2, 5, 7}, 0.4), w = data({4, 7}, 0.9), ref = at::matmul(x, w.t());
+    set_parameter(*lin, "weight", distribute_tensor(w, mesh, on(mesh, Shard(0))));
+    const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, Replicate()));
+    at::Tensor out;
+    {
+      // libtorch's Linear computes input.matmul(weight.t()): t and one matmul.
+      at::NoGradGuard no_grad;
+      EXPECT_EQ(dtensorOps([&] { out = lin(dx); }), 2);
+    }
+    EXPECT_EQ(placements(out), on(mesh, Shard(2)));
+    EXPECT_TRUE(full_tensor(out).allclose(ref, 1e-12, 1e-12));
+    {
+      c10::InferenceMode inference;  // no autograd keys: straight to the DTensor kernel
+      EXPECT_EQ(dtensorOps([&] { out = lin(dx); }), 2);
+      EXPECT_TRUE(full_tensor(out).allclose(ref, 1e-12, 1e-12));
+    }
+  });
+}
+
+TEST_P(FusedOps, OtherShapesAndTapesDecompose) {
+  run([&](const DeviceMesh& mesh, int64_t) {
+    const at::Tensor v = data({7}, 0.5), m = data({7, 3}, 0.6), x = data({2, 5, 7}, 0.7), y = data({2, 7, 3}, 0.8);
+    const at::Tensor dm = distribute_tensor(m, mesh, on(mesh, Shard(1)));
+    const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, Shard(0)));
+    const at::Tensor dy = distribute_tensor(y, mesh, on(mesh, Replicate()));
+    const at::Tensor dv = distribute_tensor(v, mesh, on(mesh, Replicate()));
+    at::NoGradGuard no_grad;
+    at::Tensor out;
+    // A batched right operand or a vector weight: not the rule's shapes, ATen's decomposition.
+    EXPECT_GT(dtensorOps([&] { out = at::matmul(dx, dy); }), 1);
+    EXPECT_TRUE(full_tensor(out).allclose(at::matmul(x, y), 1e-12, 1e-12));
+    EXPECT_GT(dtensorOps([&] { out = at::linear(dx, dv); }), 1);
+    EXPECT_TRUE(full_tensor(out).allclose(at::linear(x, v), 1e-12, 1e-12));
+    {
+      // Selective activation checkpointing's first pass runs without a graph
+      // but records for a recomputation that has one: the same ops both times.
+      dtp::detail::CollectiveTape tape;
+      dtp::detail::TapeScope scope(&tape, dtp::detail::TapeKind::MatrixProducts);
+      EXPECT_GT(dtensorOps([&] { out = at::matmul(dx, dm); }), 1);
+    }
+    EXPECT_EQ(dtensorOps([&] { out = at::matmul(dx, dm); }), 1);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, FusedOps, dtp::test::mesh_shapes(), dtp::test::mesh_name);
+
+}  // namespace
