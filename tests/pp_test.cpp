@@ -4,6 +4,7 @@
 // steps equal one device on the whole batch, in float64; the messages per
 // step meet the closed form; the errors name the fix.
 #include "dist.h"
+#include "llama_util.h"
 #include "dtp/comm_counter.h"
 #include "dtp/models/llama_pipeline.h"
 #include "dtp/pp/pipeline.h"
@@ -29,15 +30,10 @@ namespace {
 constexpr int64_t kBatch = 8, kSeq = 8;
 constexpr int kSteps = 3;
 
+// The tests' small Llama (uneven vocabulary), `layers` deep, in float64.
 LlamaConfig config(int64_t layers) {
-  LlamaConfig c;
-  c.vocab_size = 67;
-  c.dim = 32;
+  LlamaConfig c = dtp::test::small_llama_config();
   c.n_layers = layers;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_hidden = 40;
-  c.max_seq_len = 16;
   c.seed = 11;
   c.dtype = at::kDouble;
   return c;

@@ -98,16 +98,6 @@ at::Tensor localFor(const at::Tensor& t, const Placements& target) {
   return redistribute_local(impl->local(), impl->spec(), target);
 }
 
-// The argument that a write-aliased return refers to (e.g. `self` of add_).
-int writtenArgFor(const c10::FunctionSchema& schema, const c10::Argument& ret) {
-  const auto& args = schema.arguments();
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].alias_info() && *args[i].alias_info() == *ret.alias_info()) return static_cast<int>(i);
-  }
-  TORCH_INTERNAL_ASSERT(false, "no argument aliases return of ", schema.name());
-  return -1;
-}
-
 // What the fallback needs to know of an op beyond its arguments, found once
 // per op and thread (no lock, no hashing of operator names per call).
 struct OpInfo {
@@ -210,7 +200,9 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t r = 0; r < returns.size(); ++r, ++ret) {
     const auto& info = returns[r].alias_info();
     if (info != nullptr && info->isWrite()) {
-      *ret = originals[writtenArgFor(schema, returns[r])];
+      const int written = written_arg(schema, returns[r]);
+      TORCH_INTERNAL_ASSERT(written >= 0, "no argument aliases return ", r, " of ", schema.name());
+      *ret = originals[written];
       ++out;
     } else if (ret->isTensor()) {
       const auto& spec = d.out[out++];

@@ -16,6 +16,15 @@ inline std::string op_name(const c10::OperatorHandle& op) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
+// The argument a write-aliased return refers to (`self` of add_, `out` of
+// an out= op), or -1.
+inline int written_arg(const c10::FunctionSchema& schema, const c10::Argument& ret) {
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].alias_info() != nullptr && *args[i].alias_info() == *ret.alias_info()) return static_cast<int>(i);
+  return -1;
+}
+
 // Calls f(arg_index, tensor) for every Tensor argument and every element of
 // a TensorList argument, in schema order.
 template <class F>

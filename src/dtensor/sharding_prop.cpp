@@ -199,11 +199,10 @@ Decision compute(const OpCall& call) {
   // stays: a row giving that output another one (mul_ of an R self by a
   // P(sum) other -> P(sum)) would leave a partial value under R.
   std::vector<int> written_slot(all_inplace ? returns.size() : 0, -1);
-  const auto& schema_args = call.op.schema().arguments();
-  for (size_t r = 0; r < written_slot.size(); ++r)
-    for (size_t i = 0; i < schema_args.size(); ++i)
-      if (schema_args[i].alias_info() != nullptr && *schema_args[i].alias_info() == *returns[r].alias_info())
-        written_slot[r] = call.slot_of_arg(static_cast<int>(i));
+  for (size_t r = 0; r < written_slot.size(); ++r) {
+    const int arg = written_arg(call.op.schema(), returns[r]);
+    if (arg >= 0) written_slot[r] = call.slot_of_arg(arg);
+  }
 
   Decision d;
   d.local = rule->local;
