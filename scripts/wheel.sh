@@ -46,10 +46,20 @@ elif command -v apt-get >/dev/null; then
   DTP_TORCH=wheel scripts/setup.sh  # the other packages only
 fi
 
+# nccl.h, which ProcessGroupNCCL.hpp includes: the wheel has it in its
+# nvidia-nccl package, not among torch's headers.
+nccl=()
+site=${prefix%/torch/share/cmake}
+nccl_h=$(find "$site/nvidia" -name nccl.h -path "*include*" 2>/dev/null | head -1) || true
+if [ -n "$nccl_h" ]; then
+  nccl=(-DDTP_NCCL_INCLUDE_DIR="$(dirname "$nccl_h")")
+  echo "wheel: $nccl_h"
+fi
+
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDTP_WITH_NCCL=ON \
-  -DCMAKE_PREFIX_PATH="$prefix${deps[*]:+;${deps[*]}}" -DDTP_GLOO_INCLUDE_DIR="$gloo_include" "${corpus[@]}"
+  -DCMAKE_PREFIX_PATH="$prefix${deps[*]:+;${deps[*]}}" -DDTP_GLOO_INCLUDE_DIR="$gloo_include" "${corpus[@]}" "${nccl[@]}"
 cmake --build "$build" -j "$(nproc)"
 
 if [ "${1:-}" = test ]; then
