@@ -98,15 +98,17 @@ suite() {
   [ -f "$logs/suite$1.log" ] && say "  run $1: $(grep -c " Passed " "$logs/suite$1.log") tests passed before it ended"
 }
 suite 1
-# A backtrace of the first test that crashed (no gdb there: cuda-gdb debugs host code too), and the
-# libraries the test program binds first (the std::filesystem crash of the wheel, pytorch#133437).
-crashed=$(grep -m1 -oE "Test +#[0-9]+: [A-Za-z0-9_./]+ \.+\*\*\*Exception: SegFault" "$logs/suite1.log" 2>/dev/null | awk '{print $3}')
-if [ -n "$crashed" ]; then
-  say "== backtrace of $crashed"
-  (cd build-wheel/tests && timeout 90 cuda-gdb -batch -ex run -ex bt --args ./dtp_tests --gtest_filter="$crashed") \
-    >"$logs/backtrace.log" 2>&1
-  grep -E "^#[0-9]+" "$logs/backtrace.log" | head -25 | tee -a "$summary"
-  readelf -d build-wheel/tests/dtp_tests | grep NEEDED | head -8 | tee -a "$summary"
-fi
+# Backtraces of up to 6 tests that crashed (no gdb there: cuda-gdb debugs host code too), each run from
+# its own test program, and the libraries dtp_tests binds first (std:: symbols must come from
+# libstdc++, not from libtorch.so's copies: pytorch#133437, NOTE: [libstdc++ before libtorch] in CMakeLists.txt).
+grep -oE "Test +#[0-9]+: [A-Za-z0-9_./]+ \.+\*\*\*Exception: (SegFault|Numerical|Illegal)" "$logs/suite1.log" 2>/dev/null |
+  awk '{print $3}' | head -6 >"$logs/crashed.txt"
+while read -r t; do
+  cmdline=$(cd build-wheel && ctest -N -V -R "^$t( |\$)" | sed -n 's/^.*Test command: //p' | head -1)
+  say "== backtrace of $t ($cmdline)"
+  (cd build-wheel/tests && eval "timeout 60 cuda-gdb -batch -ex run -ex bt --args $cmdline") >"$logs/bt-${t//\//_}.log" 2>&1
+  grep -E "^#[0-9]+|signal" "$logs/bt-${t//\//_}.log" | head -16 | cut -c1-240 | tee -a "$summary"
+done <"$logs/crashed.txt"
+[ -s "$logs/crashed.txt" ] && readelf -d build-wheel/tests/dtp_tests | grep -m3 NEEDED | tee -a "$summary"
 suite 2
 suite 3

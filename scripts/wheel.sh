@@ -4,8 +4,9 @@
 # (the `cuda` label included). For GPU machines that have the wheel rather
 # than Debian's libtorch:
 #
-#   scripts/wheel.sh          # configure and build
-#   scripts/wheel.sh test     # and run ctest
+#   scripts/wheel.sh            # configure and build
+#   scripts/wheel.sh test       # and run ctest
+#   scripts/wheel.sh configure  # configure only
 #
 # - libtorch: CMAKE_PREFIX_PATH from python3's torch.utils.cmake_prefix_path.
 # - gloo's headers, which the wheel lacks (NOTE: [Gloo headers] in
@@ -60,6 +61,7 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDTP_WITH_NCCL=ON \
   -DCMAKE_PREFIX_PATH="$prefix${deps[*]:+;${deps[*]}}" -DDTP_GLOO_INCLUDE_DIR="$gloo_include" "${corpus[@]}" "${nccl[@]}"
+[ "${1:-}" = configure ] && exit 0
 cmake --build "$build" -j "$(nproc)"
 
 if [ "${1:-}" = test ]; then
