@@ -1,5 +1,6 @@
 // Random-op handlers: draw the global tensor, keep the shard. See dtp/random.h.
 #include "dtp/random.h"
+#include "dtensor/dtensor_impl.h"
 #include "dtensor/random_state.h"
 
 #include "dtensor/redistribute.h"
@@ -122,16 +123,24 @@ bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 // The keep-mask one device's native_dropout draws for `shape` (keep with
-// probability p1m). CPU: bernoulli(p1m), as ATen's CPU dropout. CUDA: ATen's
-// fused dropout kernel, whose Philox use differs from bernoulli_'s and which
-// takes no generator: it runs on ones of the input's dtype (its kernel choice
-// depends on the dtype) with `gen`'s state lent to the device's default
-// generator and taken back after.
-at::Tensor dropoutMask(std::vector<int64_t> shape, double p1m, const at::TensorOptions& like, at::Generator gen) {
+// probability p1m). CPU: bernoulli(p1m) on a contiguous mask, as ATen's CPU
+// dropout. CUDA: ATen's fused dropout kernel, whose Philox use differs from
+// bernoulli_'s and which takes no generator: it runs on ones of the input's
+// dtype (its kernel choice depends on the dtype) with `gen`'s state lent to
+// the device's default generator and taken back after. That kernel gives
+// each thread elements in memory order (vectorized, for a dense input): the
+// ones are laid out as the input (`layout`: the DTensor's strides, those of
+// a dense global tensor, NOTE: [DTensor strides]), so that a transposed
+// input draws the mask one GPU draws for it.
+at::Tensor dropoutMask(std::vector<int64_t> shape, c10::IntArrayRef layout, double p1m, const at::TensorOptions& like,
+                       at::Generator gen) {
   if (!like.device().is_cuda())
     return at::empty(shape, like.dtype(at::kBool)).bernoulli_(p1m, gen);
   at::Generator device_default = at::globalContext().defaultGenerator(like.device());
-  auto draw = [&] { return std::get<1>(at::native_dropout(at::ones(shape, like), 1. - p1m, true)); };
+  auto draw = [&] {
+    const at::Tensor ones = at::empty_strided(shape, dense_strides_like(shape, layout), like).fill_(1);
+    return std::get<1>(at::native_dropout(ones, 1. - p1m, true));
+  };
   if (device_default.unsafeGetGeneratorImpl() == gen.unsafeGetGeneratorImpl()) return draw();
   at::Tensor saved;
   {
@@ -163,7 +172,8 @@ bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
-  at::Tensor mask_full = dropoutMask(drawShape(spec), p1m, local.options(), syncedGenerator(spec.mesh, local.device()));
+  at::Tensor mask_full = dropoutMask(drawShape(spec), input.strides(), p1m, local.options(),
+                                       syncedGenerator(spec.mesh, local.device()));
   at::Tensor mask = shardOf(mask_full, spec).contiguous();
   // Dropout is linear in its input: a Partial input stays Partial.
   stack->emplace_back(makeDTensor(local.mul(mask).mul_(scale), impl->spec_ptr()));
