@@ -25,6 +25,12 @@ namespace {
 
 // Each row divided by its root mean square: independent rows.
 at::Tensor rmsRows(const at::Tensor& x, double eps) { return x * at::rsqrt(x.pow(2).mean({-1}, true) + eps); }
+// The op's CPU kernel: refuses an empty input, which a rank holding an empty
+// shard must never hand it (NOTE: [Empty shards run no kernel]).
+at::Tensor rmsRowsKernel(const at::Tensor& x, double eps) {
+  TORCH_CHECK(x.numel() > 0, "dtptest::rms_rows ran on an empty shard");
+  return rmsRows(x, eps);
+}
 // Each row's sum: a Shard of the summed dim gives partial sums.
 at::Tensor rowSums(const at::Tensor& x) { return x.sum(-1); }
 
@@ -37,7 +43,7 @@ TORCH_LIBRARY(dtptest, m) {
   m.def("bad_rule(Tensor x) -> Tensor");  // given a malformed rule
 }
 TORCH_LIBRARY_IMPL(dtptest, CPU, m) {
-  m.impl("rms_rows", rmsRows);
+  m.impl("rms_rows", rmsRowsKernel);
   m.impl("row_sums", rowSums);
   m.impl("no_rule", rowSums);
   m.impl("bad_rule", rowSums);

@@ -191,8 +191,14 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (info.writes) originals.assign(args, args + nargs);
   size_t slot = 0;
   map_tensor_args(args, nargs, [&](const at::Tensor& t) { return isDTensor(t) ? localFor(t, d.in[slot++]) : t; });
-  if (d.local) d.local(op, stack, d);
-  else op.callBoxed(stack);
+  if (d.local) {
+    d.local(op, stack, d);
+  } else if (d.empty_outputs) {  // NOTE: [Empty shards run no kernel]
+    torch::jit::drop(*stack, nargs);
+    for (const auto& o : d.out) stack->emplace_back(at::empty(o->local_sizes, at::TensorOptions(o->dtype).device(call.mesh().device())));
+  } else {
+    op.callBoxed(stack);
+  }
 
   const auto& returns = schema.returns();
   auto ret = stack->end() - static_cast<std::ptrdiff_t>(returns.size());

@@ -76,6 +76,7 @@ struct Decision {
   std::vector<SpecPtr> in_specs;  // per slot, after redistribution
   std::vector<SpecPtr> out;    // per tensor output (null for in-place: the input's)
   LocalFn local = nullptr;     // the rule's, if any
+  bool empty_outputs = false;  // NOTE: [Empty shards run no kernel]
 };
 
 struct Rule {

@@ -257,6 +257,21 @@ Decision compute(const OpCall& call) {
                           : make_spec(call.mesh(), out[o], meta.shapes[o], dtype));
     }
   }
+  // NOTE: [Empty shards run no kernel]
+  // Where every output of a functional op is empty on this rank (uneven
+  // sharding left it no rows), the rank makes them with at::empty and runs
+  // no kernel: libtorch 2.x kernels divide by an empty dim's size (the CPU
+  // flash attention with no heads raises SIGFPE, pytorch#141219), and
+  // nothing is lost. Ops that alias or write an argument, return a list, or
+  // compute their outputs themselves (a rule's LocalFn) run as usual.
+  d.empty_outputs = !all_inplace && d.local == nullptr && !d.out.empty() &&
+                    std::all_of(returns.begin(), returns.end(), [](const c10::Argument& r) {
+                      return r.alias_info() == nullptr && r.type()->kind() == c10::TypeKind::TensorType;
+                    }) &&
+                    std::all_of(d.out.begin(), d.out.end(), [](const SpecPtr& o) {
+                      return o != nullptr && std::find(o->local_sizes.begin(), o->local_sizes.end(), 0) !=
+                                                 o->local_sizes.end();
+                    });
   return d;
 }
 
