@@ -58,13 +58,19 @@ struct ClassSharding {
   Placements rows;  // per-row tensors (targets, losses): Shard(0) on batch dims
 };
 
+// A mesh dim of one rank shards nothing: the class dim is whole there, and
+// the op's own fused kernel (under its ordinary rule) serves it.
 std::optional<ClassSharding> classSharding(const DTensorSpec& s, int64_t class_dim) {
   ClassSharding cs;
   for (size_t m = 0; m < s.placements.size(); ++m) {
     const Placement& p = s.placements[m];
-    if (p.is_shard() && p.dim == class_dim) cs.class_dims.push_back(m);
-    else if (p.is_shard() && p.dim == 0 && class_dim == 1) cs.batch_dims.push_back(m);
-    else if (!p.is_replicate()) return std::nullopt;
+    if (p.is_shard() && p.dim == class_dim) {
+      if (s.mesh.size(static_cast<int64_t>(m)) > 1) cs.class_dims.push_back(m);
+    } else if (p.is_shard() && p.dim == 0 && class_dim == 1) {
+      cs.batch_dims.push_back(m);
+    } else if (!p.is_replicate()) {
+      return std::nullopt;
+    }
     cs.rows.push_back(p.is_shard() && p.dim == 0 && class_dim == 1 ? Shard(0) : Replicate());
   }
   if (cs.class_dims.empty()) return std::nullopt;

@@ -76,6 +76,10 @@ void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   for (const auto& p : wspec.placements) rows_only &= p.is_shard(0) || p.is_replicate();
   if (rows_only) rememberVocabLookup(indices, d.in_specs[0]);
   const int64_t start = wspec.local_offset()[0], rows = wspec.local_sizes[0];
+  if (rows == wspec.shape[0]) {  // every row here (mesh dims of one rank): nothing to mask
+    op.callBoxed(stack);
+    return;
+  }
   auto [local_idx, outside] = localRowIndices(indices, start, rows, 0);
   at::Tensor out = at::embedding(weight, local_idx);
   out.masked_fill_(outside.unsqueeze(-1), 0);
