@@ -1,4 +1,4 @@
-// linear and matmul on DTensors without autograd (NOTE: [Fused ops without
+// linear, matmul and dtp::nn::rms_norm on DTensors without autograd (NOTE: [Fused ops without
 // autograd], src/dtensor/fused_ops.cpp): one DTensor op instead of the
 // decomposition, equal to the decomposition bit for bit and to one device in
 // float64, on meshes (2), (4) and (2,2); the decomposition wherever a graph is
@@ -105,6 +105,50 @@ TEST_P(FusedOps, OtherShapesAndTapesDecompose) {
       EXPECT_GT(dtensorOps([&] { out = at::matmul(dx, dm); }), 1);
     }
     EXPECT_EQ(dtensorOps([&] { out = at::matmul(dx, dm); }), 1);
+  });
+}
+
+// dtp::nn::rms_norm: no DTensor op without a graph where the rows are whole
+// on each rank, the same local values as the decomposition, equal to one
+// device; the decomposition with a graph, a tape, a sharded last dim, a
+// Partial input or a sharded weight (the values equal either way).
+TEST_P(FusedOps, RmsNormNormalizesEachRanksRows) {
+  run([&](const DeviceMesh& mesh, int64_t ranks) {
+    const at::Tensor x = data({3, 5, 8}, 0.3), w = data({8}, 0.2) + 1;
+    const at::Tensor ref = x * at::rsqrt(x.pow(2).mean({-1}, true) + 1e-6) * w;
+    const at::Tensor dw = distribute_tensor(w, mesh, on(mesh, Replicate()));
+    for (auto px : {Shard(0), Shard(1), Shard(2), Replicate()}) {
+      SCOPED_TRACE(px.str());
+      const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, px));
+      at::Tensor fused, decomposed;
+      {
+        at::NoGradGuard no_grad;
+        EXPECT_EQ(dtensorOps([&] { fused = nn::rms_norm(dx, dw, 1e-6); }), px.is_shard() && px.dim == 2 ? 6 : 0);
+      }
+      const at::Tensor gx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, px));
+      EXPECT_EQ(dtensorOps([&] { decomposed = nn::rms_norm(gx, dw, 1e-6); }), 6);
+      EXPECT_EQ(placements(fused), placements(decomposed));
+      EXPECT_TRUE(to_local(fused).equal(to_local(decomposed).detach()));
+      EXPECT_LE((full_tensor(fused) - ref).abs().max().item<double>(), 1e-15);
+      decomposed.sum().backward();  // the graph is the decomposition's: gradients as before
+      at::Tensor xr = x.clone().requires_grad_();
+      (xr * at::rsqrt(xr.pow(2).mean({-1}, true) + 1e-6) * w).sum().backward();
+      EXPECT_LE((full_tensor(gx.grad()) - xr.grad()).abs().max().item<double>(), 1e-14);
+    }
+    at::NoGradGuard no_grad;
+    const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, Shard(0)));
+    {
+      dtp::detail::CollectiveTape tape;  // activation checkpointing's first pass
+      dtp::detail::TapeScope scope(&tape, dtp::detail::TapeKind::Collectives);
+      EXPECT_EQ(dtensorOps([&] { (void)nn::rms_norm(dx, dw, 1e-6); }), 6);
+    }
+    const at::Tensor partial = from_local(x / static_cast<double>(ranks), mesh, on(mesh, Partial()), false, x.sizes().vec());
+    at::Tensor out;
+    EXPECT_GT(dtensorOps([&] { out = nn::rms_norm(partial, dw, 1e-6); }), 0);
+    EXPECT_LE((full_tensor(out) - ref).abs().max().item<double>(), 1e-14);
+    const at::Tensor sharded_w = distribute_tensor(w, mesh, on(mesh, Shard(0)));
+    EXPECT_GT(dtensorOps([&] { out = nn::rms_norm(dx, sharded_w, 1e-6); }), 0);
+    EXPECT_LE((full_tensor(out) - ref).abs().max().item<double>(), 1e-15);
   });
 }
 

@@ -16,7 +16,15 @@
 //    decomposition.
 // The fallback runs ATen's op on the local shards, i.e. the same local ops
 // as the decomposition: the values are the same bit for bit.
+// dtp::nn::rms_norm (six DTensor ops: pow, mean, add, rsqrt, mul, mul) is
+// fused the same way, without an ATen op of its own: with no graph and no
+// tape, an input sharded on any dim but the normalized last one (or
+// replicated) and a replicated weight, each rank normalizes its own rows:
+// the same local ops, no DTensor op at all (fused_rms_norm).
+#include "dtensor/fused_ops.h"
+
 #include "dtensor/dispatch.h"
+#include "dtensor/dtensor_impl.h"
 
 #include "comm/collective_tape.h"
 
@@ -70,6 +78,23 @@ void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, LocalRmsNorm local) {
+  const DTensorImpl* xi = maybeGetDTensorImpl(x);
+  const DTensorImpl* wi = maybeGetDTensorImpl(weight);
+  if (xi == nullptr || wi == nullptr || x.dim() == 0 || weight.dim() != 1 || weight.size(0) != x.size(-1) ||
+      recordsGraph({&x, &weight}) || taped())
+    return {};
+  const DTensorSpec& xs = xi->spec();
+  if (!(xs.mesh == wi->spec().mesh)) return {};
+  for (const Placement& p : xs.placements)
+    if (p.is_partial() || (p.is_shard() && p.dim == x.dim() - 1)) return {};
+  for (const Placement& p : wi->spec().placements)
+    if (!p.is_replicate()) return {};
+  at::Tensor out = local(xi->local(), wi->local(), eps);
+  const auto dtype = out.scalar_type();
+  return makeDTensor(std::move(out), make_spec(xs.mesh, xs.placements, xs.shape, dtype));
+}
 
 void register_fused_ops() {
   static auto* autograd = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,

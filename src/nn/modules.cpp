@@ -1,5 +1,7 @@
 #include "dtp/nn/modules.h"
 
+#include "dtensor/fused_ops.h"
+
 #include <ATen/ATen.h>
 
 namespace dtp::nn {
@@ -8,8 +10,17 @@ RMSNormImpl::RMSNormImpl(int64_t dim_, double eps_) : dim(dim_), eps(eps_) { res
 
 void RMSNormImpl::reset() { weight = register_parameter("weight", at::ones({dim})); }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+namespace {
+
+at::Tensor plainRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * weight;
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor fused = dtp::detail::fused_rms_norm(x, weight, eps, plainRmsNorm);
+  return fused.defined() ? fused : plainRmsNorm(x, weight, eps);
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
