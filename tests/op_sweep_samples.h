@@ -197,8 +197,49 @@ inline void pointwiseSamples(Table& t) {
   for (const char* op : {"aten::logical_and", "aten::logical_or", "aten::logical_xor", "aten::logical_and_",
                          "aten::logical_or_", "aten::logical_xor_", "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor"})
     t.add(op, {Mask(s), Mask(s, 0.5)});
+  t.add("aten::logical_not_", {Mask(s)});
   t.add("aten::fill_.Scalar", {T(s), 2.0}, P());
+  // Elementwise math and rounding on [-1, 1] (T(s)[0] = 0), activations, in-place forms.
+  for (const char* op : {"aten::sinh", "aten::cosh", "aten::asinh", "aten::atan", "aten::erfc", "aten::floor",
+                         "aten::ceil", "aten::round", "aten::trunc", "aten::frac", "aten::hardsigmoid", "aten::hardswish",
+                         "aten::elu", "aten::softplus", "aten::mish", "aten::sin_", "aten::cos_", "aten::tanh_",
+                         "aten::sigmoid_", "aten::abs_", "aten::floor_", "aten::ceil_", "aten::round_", "aten::trunc_",
+                         "aten::erf_"}) {
+    t.add(op, {T(s) * 3.5}, P());  // past hardswish's and hardsigmoid's knees at +-3
+    t.add(op, {T(z)});
+  }
+  for (const char* op : {"aten::asin", "aten::acos", "aten::atanh"}) t.add(op, {T(s) * 0.9}, P());
+  for (const char* op : {"aten::log2", "aten::log10", "aten::log_"}) t.add(op, {Pos(s)}, P());
+  t.add("aten::acosh", {Pos(s) + 1}, P());
+  t.add("aten::logit", {at::sigmoid(T(s))}, P());
+  t.add("aten::logit", {at::sigmoid(T(s)), 0.3});  // eps clamps
+  for (const char* op : {"aten::hardtanh", "aten::hardtanh_"}) t.add(op, {T(s), -0.5, 0.5}, P());
+  for (const char* op : {"aten::leaky_relu", "aten::leaky_relu_"}) t.add(op, {T(s), 0.1}, P());
+  for (const char* op : {"aten::atan2", "aten::hypot"}) {
+    t.add(op, {T(s), T(s, 1)});
+    t.add(op, {T(s), T({7}, 1)});
+  }
+  // NYI, as sgn: copysign's gradient for `other` is a zero tensor made by a
+  // factory without a DTensor argument, so it comes back plain.
+  t.add("aten::copysign.Tensor", {T(s), T(s, 1)}, NoGrad());
+  t.add("aten::copysign.Tensor", {T(s), T({7}, 1)}, NoGrad());
+  for (const char* op : {"aten::fmax", "aten::fmin"}) {
+    t.add(op, {T(s), Tie(s)});
+    t.add(op, {T(s), T({7}, 1)});
+  }
+  t.add("aten::copysign.Scalar", {T(s), -1.0});
+  t.add("aten::lerp.Tensor", {T(s), T(s, 1), T({7}, 2)});
+  t.add("aten::xlogy.Tensor", {T(s), Pos(s, 1)});
+  for (const char* op : {"aten::fmod.Scalar", "aten::remainder.Scalar"}) t.add(op, {T(s), 0.3}, P());
   // Activation backwards: (grad, input or output).
+  t.add("aten::hardtanh_backward", {T(s, 1), T(s), -0.5, 0.5});
+  t.add("aten::hardsigmoid_backward", {T(s, 1), T(s) * 3.5});
+  t.add("aten::hardswish_backward", {T(s, 1), T(s) * 3.5});
+  t.add("aten::elu_backward", {T(s, 1), 1.0, 1.0, 1.0, false, T(s)});
+  t.add("aten::leaky_relu_backward", {T(s, 1), T(s), 0.1, false});
+  t.add("aten::softplus_backward", {T(s, 1), T(s), 1.0, 20.0});
+  t.add("aten::mish_backward", {T(s, 1), T(s)});
+  t.add("aten::logit_backward", {T(s, 1), at::sigmoid(T(s)), IV()});
   t.add("aten::threshold_backward", {T(s, 1), T(s), 0.0});
   t.add("aten::sigmoid_backward", {T(s, 1), at::sigmoid(T(s))});
   t.add("aten::tanh_backward", {T(s, 1), at::tanh(T(s))});

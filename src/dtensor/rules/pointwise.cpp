@@ -157,7 +157,19 @@ void registerPointwiseRules(RuleRegistry& r) {
           "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::logical_or", "aten::logical_xor",
           "aten::logical_and_", "aten::logical_or_", "aten::logical_xor_",
           "aten::bitwise_or.Tensor", "aten::clamp.Tensor", "aten::masked_fill.Tensor",
-          "aten::masked_fill_.Tensor"},
+          "aten::masked_fill_.Tensor", "aten::logical_not_",
+          // Elementwise math, rounding, activations and their backwards, in-place forms.
+          "aten::sinh", "aten::cosh", "aten::asinh", "aten::acosh", "aten::atanh", "aten::asin", "aten::acos",
+          "aten::atan", "aten::erfc", "aten::log2", "aten::log10", "aten::logit", "aten::floor", "aten::ceil",
+          "aten::round", "aten::trunc", "aten::frac", "aten::atan2", "aten::hypot", "aten::fmax", "aten::fmin",
+          "aten::copysign.Tensor", "aten::copysign.Scalar", "aten::lerp.Tensor", "aten::xlogy.Tensor",
+          "aten::fmod.Scalar", "aten::remainder.Scalar", "aten::hardtanh", "aten::hardsigmoid",
+          "aten::hardswish", "aten::elu", "aten::leaky_relu", "aten::softplus", "aten::mish",
+          "aten::hardtanh_backward", "aten::hardsigmoid_backward", "aten::hardswish_backward",
+          "aten::elu_backward", "aten::leaky_relu_backward", "aten::softplus_backward", "aten::mish_backward",
+          "aten::logit_backward", "aten::sin_", "aten::cos_", "aten::tanh_", "aten::sigmoid_", "aten::abs_",
+          "aten::floor_", "aten::ceil_", "aten::round_", "aten::trunc_", "aten::erf_", "aten::log_",
+          "aten::hardtanh_", "aten::leaky_relu_"},
          Linearity::None);
 }
 
