@@ -1,8 +1,9 @@
 // Convolutions on DTensors (#26): conv1d and conv2d, forward and backward,
 // batch-sharded (3 entries: uneven), in-channel-sharded (a Partial output)
 // and out-channel-sharded (6 channels: uneven on 4), with and without bias,
-// against one device in float64 on meshes (2), (4) and (2,2); and a small
-// CNN (conv, relu, conv, mean) trained by its gradients.
+// against one device in float64 on meshes (2), (4) and (2,2); and small
+// CNNs (conv, relu, conv, mean; conv, relu, max-pool, conv, relu, avg-pool,
+// linear) trained by their gradients.
 #include "mesh_test.h"
 #include "parity.h"
 
@@ -48,6 +49,16 @@ TEST_P(Conv, Conv1dAndConv2dEqualOneDevice) {
                     const at::Tensor h = at::relu(at::conv2d(t[0], t[1], t[2], {1, 1}, {1, 1}));
                     return at::conv2d(h, t[3]).mean({2, 3});
                   });
+    // With pooling and a classifier: conv, relu, max-pool, conv, relu, avg-pool, linear.
+    const at::Tensor wl = data({4, 5}, 1.1) * 0.5;
+    expect_parity(mesh, {x2, w2, b, w3, wl},
+                  {on(mesh, Shard(0)), on(mesh, Replicate()), on(mesh, Replicate()), on(mesh, Replicate()),
+                   on(mesh, Replicate())},
+                  [](const V& t) {
+                    at::Tensor h = at::max_pool2d(at::relu(at::conv2d(t[0], t[1], t[2], {1, 1}, {1, 1})), {2, 2});
+                    h = at::avg_pool2d(at::relu(at::conv2d(h, t[3], {}, {1, 1}, {1, 1})), {2, 2});
+                    return at::linear(h.flatten(1), t[4]);
+                  });
   });
 }
 
@@ -61,7 +72,12 @@ TEST_P(Conv, ShardedAlikeNeedsNoCollectiveInForward) {
     CommCounter comm;
     EXPECT_EQ(placements(at::conv2d(x, w)), on(mesh, Shard(0)));
     EXPECT_EQ(placements(at::conv2d(xr, wo)), on(mesh, Shard(1)));
-    EXPECT_EQ(comm.total_count(), 0) << comm.str();
+    // Pooling keeps a batch or a channel shard (no graph: max_pool2d's own path).
+    const at::Tensor pooled = at::max_pool2d(x, {2, 2});
+    EXPECT_EQ(placements(pooled), on(mesh, Shard(0)));
+    EXPECT_TRUE(full_tensor(pooled).equal(at::max_pool2d(data({3, 4, 5, 5}), {2, 2})));
+    EXPECT_EQ(placements(at::avg_pool2d(at::conv2d(xr, wo), {2, 2})), on(mesh, Shard(1)));
+    EXPECT_EQ(comm.total_count(), 1) << comm.str();  // full_tensor's all-gather
   });
 }
 

@@ -468,6 +468,19 @@ inline void nnSamples(Table& t) {
   t.add("aten::convolution_backward", {T({4, 5, 5}, 3), x1, w1, L({5}), L({1}), L({0}), L({1}), false, L({0}), 1,
                                        Bools({true, true, true})},
         NoGrad());  // NYI: its backward (conv's double backward) fails on an empty weight shard
+  // Pooling (a small CNN's; batch or channel shards stay, spatial ones gather).
+  const at::Tensor px = T({3, 5, 4, 6});
+  t.add("aten::max_pool2d_with_indices", {px, L({2, 2}), L({}), L({0, 0}), L({1, 1}), false});
+  t.add("aten::max_pool2d_with_indices", {T({5, 4, 7}), L({3}), L({2}), L({1}), L({1}), true});
+  t.add("aten::avg_pool2d", {px, L({2, 2}), L({}), L({0, 0}), false, true, IV()});
+  t.add("aten::avg_pool2d", {T({5, 4, 7}), L({3}), L({2}), L({1}), true, false, IV()});
+  // NYI, as sgn: the pool backwards' gradient for `self` is a zero tensor
+  // made by a factory without a DTensor argument, so it comes back plain.
+  const auto [pooled, where] = at::max_pool2d_with_indices(px, {2, 2});
+  t.add("aten::max_pool2d_with_indices_backward",
+        {T({3, 5, 2, 3}, 1), px, L({2, 2}), L({2, 2}), L({0, 0}), L({1, 1}), false, where}, NoGrad());
+  t.add("aten::avg_pool2d_backward", {T({3, 5, 2, 3}, 1), px, L({2, 2}), L({2, 2}), L({0, 0}), false, true, IV()},
+        NoGrad());
   // Random ops: dtp draws the global tensor (same seed, same values).
   t.add("aten::uniform_", {T({5, 7}), -1.0, 2.0}, Seeded());
   t.add("aten::normal_", {T({5, 7}), 0.5, 2.0}, Seeded());

@@ -40,6 +40,7 @@ RuleRegistry& RuleRegistry::get() {
     registerNnOpRules(*r);
     registerAttentionRules(*r);
     registerConvolutionRules(*r);
+    registerPoolingRules(*r);
     registerRandomRules(*r);
     registerLossRules(*r);
     registerLossParallelRules(*r);

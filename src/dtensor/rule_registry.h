@@ -129,6 +129,7 @@ void registerIndexingRules(RuleRegistry& r);
 void registerNnOpRules(RuleRegistry& r);
 void registerAttentionRules(RuleRegistry& r);
 void registerConvolutionRules(RuleRegistry& r);
+void registerPoolingRules(RuleRegistry& r);
 void registerRandomRules(RuleRegistry& r);
 void registerLossRules(RuleRegistry& r);
 void registerLossParallelRules(RuleRegistry& r);
