@@ -93,9 +93,10 @@ grep -iE "LOCAL_RANK|error|cuda:" "$logs/local-rank.log" 2>/dev/null | head -6 |
 
 suite() {
   step "suite$1" 200 bash -c "cd build-wheel && ctest -j $(nproc) --output-on-failure" || true
-  grep -E "tests passed|tests failed|Segmentation|SEGFAULT|\\*\\*\\*Exception|Failed|Skipped|Not Run|Total Test" \
-    "$logs/suite$1.log" 2>/dev/null | grep -v "^\s*$" | head -20 | sed "s/^/  run $1: /" | tee -a "$summary"
-  [ -f "$logs/suite$1.log" ] && say "  run $1: $(grep -c " Passed " "$logs/suite$1.log") tests passed before it ended"
+  [ -f "$logs/suite$1.log" ] || return
+  sed -n '/tests passed/p; /The following tests FAILED/,$p' "$logs/suite$1.log" | grep -v "^Errors while" | head -60 |
+    sed "s/^/  run $1: /" | tee -a "$summary"
+  say "  run $1: $(grep -c " Passed " "$logs/suite$1.log") tests passed before it ended"
 }
 suite 1
 # Backtraces of up to 6 tests that crashed (no gdb there: cuda-gdb debugs host code too), each run from
