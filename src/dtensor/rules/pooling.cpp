@@ -2,8 +2,8 @@
 // and each channel pools alone, so a shard of the batch or of the channels
 // keeps its place in the outputs (the max's indices too) and in the input
 // gradient; a shard of a spatial dim would cut windows and is gathered
-// first. max_pool2d reaches max_pool2d_with_indices when autograd records
-// (and, in backward, its _backward); avg_pool2d has its own pair.
+// first. max_pool2d reaches max_pool2d_with_indices (and, in backward, its
+// _backward); avg_pool2d has its own pair.
 #include "dtensor/rules/common.h"
 
 namespace dtp {
