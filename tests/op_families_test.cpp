@@ -112,6 +112,36 @@ TEST_P(OpFamilies, AlongADim) {
 
 // index_select with a replicated index (self sharded on either dim) or a
 // sharded index (self replicated), forward and backward (index_add).
+// In-place view ops change the DTensor's shape and placements where it
+// stands; matmul of a vector by a matrix ends in squeeze_ (forward and
+// gradients against one device).
+TEST_P(OpFamilies, InPlaceViews) {
+  run([&](const DeviceMesh& mesh, int64_t) {
+    const at::Tensor x = data({5, 1, 7});
+    at::Tensor d = distribute_tensor(x, mesh, on(mesh, Shard(2)));
+    at::Tensor* const same = &d;
+    d.squeeze_(1);
+    EXPECT_EQ(d.sizes(), (std::vector<int64_t>{5, 7}));
+    EXPECT_EQ(placements(d), on(mesh, Shard(1)));
+    d.unsqueeze_(0);
+    EXPECT_EQ(placements(d), on(mesh, Shard(2)));
+    d.squeeze_();
+    d.t_();
+    EXPECT_EQ(placements(d), on(mesh, Shard(0)));
+    d.transpose_(0, 1);
+    EXPECT_EQ(same, &d);
+    EXPECT_TRUE(full_tensor(d).equal(x.squeeze(1)));
+    // A sharded size-1 dim cannot be squeezed in place without moving data.
+    at::Tensor ones = distribute_tensor(x, mesh, on(mesh, Shard(1)));
+    dtp::test::expect_error([&] { ones.squeeze_(1); }, "would move its data");
+    for (auto p : {Shard(0), Shard(1), Replicate()}) {
+      SCOPED_TRACE(p.str());
+      expect_parity(mesh, {data({7}, 0.2), data({7, 3}, 0.4)}, {on(mesh, Replicate()), on(mesh, p)},
+                    [](const V& t) { return at::matmul(t[0], t[1]); });
+    }
+  });
+}
+
 TEST_P(OpFamilies, IndexSelect) {
   run([&](const DeviceMesh& mesh, int64_t w) {
     for (int64_t rows : rowCounts(w)) {

@@ -294,6 +294,12 @@ inline void viewSamples(Table& t) {
   t.add("aten::unsqueeze", {T(s), 1}, P());
   t.add("aten::unsqueeze", {T({0, 3}), 0});
   t.add("aten::squeeze.dim", {T({5, 1, 7}), 1}, P());
+  // In-place views: the DTensor takes the view's shard and spec.
+  t.add("aten::squeeze_.dim", {T({5, 1, 7}), 1}, P());
+  t.add("aten::squeeze_", {T({5, 1, 7})}, P());
+  t.add("aten::unsqueeze_", {T(s), 1}, P());
+  t.add("aten::t_", {T(s)}, P());
+  t.add("aten::transpose_", {T({5, 2, 7}), 0, 2}, P());
   t.add("aten::squeeze.dim", {T({5, 1, 7}), 0});  // a shard of one row keeps its dim
   t.add("aten::squeeze", {T({5, 1, 7})}, P());
   t.add("aten::slice.Tensor", {T(s), 1, 1, 6, 2}, P());

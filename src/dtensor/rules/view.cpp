@@ -3,6 +3,8 @@
 // Partial passes through: every such op is linear.
 #include "dtensor/rules/common.h"
 
+#include "dtensor/dtensor_impl.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -105,9 +107,41 @@ void runWithLocalInputSizes(const c10::OperatorHandle& op, torch::jit::Stack* st
   op.callBoxed(stack);
 }
 
+// In-place view ops (squeeze_, unsqueeze_, t_, transpose_; matmul of a
+// vector by a matrix ends in squeeze_): the out-of-place op gives the new
+// view as a DTensor, and the argument takes over its shard and spec, keeping
+// its identity (the TensorImpl autograd and the caller hold).
+template <const char* kName, const char* kOverload>
+bool inPlaceView(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle out_of_place = c10::Dispatcher::singleton().findSchemaOrThrow(kName, kOverload);
+  const size_t nargs = op.schema().arguments().size();
+  const at::Tensor self = (*stack)[stack->size() - nargs].toTensor();
+  DTensorImpl* impl = maybeGetDTensorImpl(self);
+  if (impl == nullptr) return false;
+  const std::string before = to_string(impl->spec().placements);
+  out_of_place.callBoxed(stack);
+  const at::Tensor view = torch::jit::pop(*stack).toTensor();
+  const DTensorImpl* v = unsafeGetDTensorImpl(view);
+  // A view that had to move data (its dim was sharded) would no longer alias
+  // the tensor's base: on one device it would.
+  TORCH_CHECK(v->local().is_alias_of(impl->local()), "dtp: ", op.schema().name(), " on a DTensor placed ", before,
+              " would move its data (the dim it changes is sharded), and an in-place view must stay a view of its "
+              "base. Redistribute it first, or use the out-of-place ", kName, ".");
+  impl->set(v->local(), v->spec_ptr());
+  stack->emplace_back(self);
+  return true;
+}
+constexpr char kSqueeze[] = "aten::squeeze", kUnsqueeze[] = "aten::unsqueeze", kT[] = "aten::t",
+               kTranspose[] = "aten::transpose", kNone[] = "", kDim[] = "dim", kInt[] = "int";
+
 }  // namespace
 
 void registerViewRules(RuleRegistry& r) {
+  r.add_handler("aten::squeeze_.dim", inPlaceView<kSqueeze, kDim>);
+  r.add_handler("aten::squeeze_", inPlaceView<kSqueeze, kNone>);
+  r.add_handler("aten::unsqueeze_", inPlaceView<kUnsqueeze, kNone>);
+  r.add_handler("aten::t_", inPlaceView<kT, kNone>);
+  r.add_handler("aten::transpose_", inPlaceView<kTranspose, kInt>);
   for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"})
     r.add(op, viewRows, nullptr, runReshapeLocal);
   r.add("aten::expand", dimMap([](const OpCall& c) {
