@@ -195,7 +195,8 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     d.local(op, stack, d);
   } else if (d.empty_outputs) {  // NOTE: [Empty shards run no kernel]
     torch::jit::drop(*stack, nargs);
-    for (const auto& o : d.out) stack->emplace_back(at::empty(o->local_sizes, at::TensorOptions(o->dtype).device(call.mesh().device())));
+    const c10::Device device = call.mesh().device();
+    for (const auto& o : d.out) stack->emplace_back(at::empty(o->local_sizes, at::TensorOptions(o->dtype).device(device)));
   } else {
     op.callBoxed(stack);
   }

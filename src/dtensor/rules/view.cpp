@@ -118,13 +118,14 @@ bool inPlaceView(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const at::Tensor self = (*stack)[stack->size() - nargs].toTensor();
   DTensorImpl* impl = maybeGetDTensorImpl(self);
   if (impl == nullptr) return false;
-  const std::string before = to_string(impl->spec().placements);
   out_of_place.callBoxed(stack);
   const at::Tensor view = torch::jit::pop(*stack).toTensor();
   const DTensorImpl* v = unsafeGetDTensorImpl(view);
   // A view that had to move data (its dim was sharded) would no longer alias
-  // the tensor's base: on one device it would.
-  TORCH_CHECK(v->local().is_alias_of(impl->local()), "dtp: ", op.schema().name(), " on a DTensor placed ", before,
+  // the tensor's base: on one device it would. (The message is built only on
+  // failure; the tensor's spec is still the one it came with.)
+  TORCH_CHECK(v->local().is_alias_of(impl->local()), "dtp: ", op.schema().name(), " on a DTensor placed ",
+              to_string(impl->spec().placements),
               " would move its data (the dim it changes is sharded), and an in-place view must stay a view of its "
               "base. Redistribute it first, or use the out-of-place ", kName, ".");
   impl->set(v->local(), v->spec_ptr());
