@@ -2,8 +2,8 @@
 #include <dtp/comm_counter.h>
 #include <dtp/dtensor.h>
 #include <dtp/nn/modules.h>
-#include <dtp/parallel/loss_parallel.h>
-#include <dtp/parallel/parallelize.h>
+#include <dtp/tp/loss_parallel.h>
+#include <dtp/tp/parallelize.h>
 
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>

@@ -10,7 +10,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
 #include "dtp/optim/adamw.h"
-#include "dtp/parallel/checkpoint.h"
+#include "dtp/ac/activation_checkpoint.h"
 #include "dtp/random.h"
 
 #include <torch/nn/modules/linear.h>
@@ -173,6 +173,61 @@ TEST(ActivationCheckpointFullyShard, TrainsAsWithoutAcWithTheSameDpCollectives) 
   });
 }
 
+// replicate after AC (DDP with activation checkpointing): (dp, tp) = (2, 2)
+// with full and selective AC trains as without AC, with one bucket for the
+// whole model and with one per parameter. A bucket's node runs once in each
+// backward that reaches it: the outer one (embedding, final norm, head) and
+// each checkpointed block's nested recomputation, so one whole-model bucket
+// is all-reduced 1 + n_layers times per step, and per-parameter buckets once
+// each, as without AC.
+TEST(ActivationCheckpointReplicate, TrainsAsWithoutAcWithClosedFormDpCollectives) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.dropout = 0.1;
+  run_ranks(4, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    const auto dp_ranks = mesh.get_group("dp").global_ranks();
+    for (double cap : {25.0, 1e-9}) {
+      auto build = [&](std::optional<ACMode> mode) {
+        Llama model(c);
+        apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
+        if (mode) apply_ac(model, ACOptions{*mode, 1});
+        apply_ddp(model, mesh, ReplicateOptions{cap});
+        return model;
+      };
+      at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0).narrow(0, mesh.get_local_rank("dp"), 1);
+      auto run = [&](Llama model, int64_t& dp_all_reduces) {
+        dtp::manual_seed(5);
+        dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+        std::vector<double> losses;
+        for (int step = 0; step < 2; ++step) {
+          CommCounter comm;
+          at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
+          opt.zero_grad();
+          loss.backward();
+          opt.step();
+          dp_all_reduces = comm.count(CollectiveType::AllReduce, dp_ranks);
+          losses.push_back(full_tensor(loss).item<double>());
+        }
+        return std::make_pair(losses, dtp::test::full_named_params(model));
+      };
+      int64_t off_count = 0, on_count = 0;
+      Llama plain = build(std::nullopt);
+      const int64_t buckets = static_cast<int64_t>(replicate_buckets(*plain).size());
+      const auto off = run(plain, off_count);
+      EXPECT_EQ(off_count, buckets);
+      for (ACMode mode : {ACMode::Full, ACMode::Selective}) {
+        const auto on = run(build(mode), on_count);
+        for (size_t i = 0; i < off.first.size(); ++i) EXPECT_NEAR(on.first[i], off.first[i], 1e-12);
+        for (size_t i = 0; i < off.second.size(); ++i)
+          EXPECT_LE((on.second[i].second - off.second[i].second).abs().max().item<double>(), 2e-11)
+              << off.second[i].first << " cap " << cap;
+        EXPECT_EQ(on_count, buckets == 1 ? 1 + c.n_layers : buckets) << "cap " << cap;
+      }
+    }
+  });
+}
+
 TEST(ActivationCheckpointErrors, NameTheThingAndTheFix) {
   using dtp::test::expect_error;
   LlamaConfig c = dtp::test::small_llama_config(2);
@@ -181,7 +236,6 @@ TEST(ActivationCheckpointErrors, NameTheThingAndTheFix) {
     Llama model(c);
     apply_ac(model);
     expect_error([&] { apply_ac(model); }, {"already checkpointed"});
-    expect_error([&] { apply_ddp(model, mesh); }, {"replicate", "activation checkpointing is NYI", "fully_shard"});
     expect_error([&] { apply_ac(model, ACOptions{ACMode::Full, 0}); }, {"every=0"});
     torch::nn::Linear plain(2, 2);
     expect_error([&] { checkpoint_wrapper(*plain); }, {"does not run hooks", "DTP_MODULE"});

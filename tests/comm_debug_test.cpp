@@ -13,9 +13,9 @@
 
 #include "dtp/comm_counter.h"
 #include "dtp/nn/modules.h"
-#include "dtp/parallel/loss_parallel.h"
-#include "dtp/parallel/parallelize.h"
-#include "dtp/parallel/style.h"
+#include "dtp/tp/loss_parallel.h"
+#include "dtp/tp/parallelize.h"
+#include "dtp/tp/style.h"
 
 #include <torch/nn/functional/loss.h>
 

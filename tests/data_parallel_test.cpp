@@ -2,6 +2,7 @@
 // "dp" of a (dp, tp) mesh, against the same model on one device training the
 // whole batch; collectives per step against their closed form; the errors.
 #include "dist.h"
+#include "mesh/flatten.h"
 #include "files.h"
 #include "llama_util.h"
 
@@ -10,8 +11,8 @@
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/llama.h"
 #include "dtp/optim/adamw.h"
-#include "dtp/parallel/legacy.h"
-#include "dtp/parallel/parallelize.h"
+#include "dtp/tp/legacy.h"
+#include "dtp/tp/parallelize.h"
 #include "dtp/module_utils.h"
 #include "dtp/random.h"
 
@@ -139,6 +140,69 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelTest,
                            return "dp" + std::to_string(info.param.dp) + "tp" + std::to_string(info.param.tp) +
                                   (info.param.sp ? "sp" : "nosp");
                          });
+
+// HSDP: fully_shard on (dp_replicate, dp_shard) = (2, 2), alone and with
+// tp = 2 (SP) on top: 20 AdamW steps equal one device in float64, the batch
+// split over both dp dimensions. With tp, tied embeddings and dropout: the
+// masks are one device's (NOTE: [Random ops under data parallelism]: the
+// draw spans both dp dimensions); without tp the activations are plain
+// tensors, whose dropout ATen draws per rank, so that run has none.
+// Parameters are [R, S(0)] on (dp_replicate, dp_shard), with tp [TP
+// placement, R, S(0)] on (tp, dp_replicate, dp_shard). Per step:
+// all-gathers and reduce-scatters over dp_shard as FSDP over dp, and one
+// all-reduce (average) over dp_replicate per unit, of its shard: nothing
+// else on dp_replicate.
+TEST(FullyShardHsdp, TrainsLikeOneDeviceWithClosedFormCollectives) {
+  for (int64_t tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    LlamaConfig c = dtp::test::small_llama_config(static_cast<int>(tp));
+    c.dtype = at::kDouble;
+    c.tie_embeddings = tp > 1;
+    c.dropout = tp > 1 ? 0.1 : 0.0;
+    Llama one(c);
+    at::manual_seed(123);
+    const Trace want = train(one, nullptr);
+    run_ranks(static_cast<int>(4 * tp), [&](int) {
+      const std::vector<std::string> names =
+          tp == 1 ? std::vector<std::string>{"dp_replicate", "dp_shard"}
+                  : std::vector<std::string>{"dp_replicate", "dp_shard", "tp"};
+      auto mesh = init_device_mesh("cpu", tp == 1 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2, 2, 2}, names);
+      auto build = [&] {
+        Llama model(c);
+        if (tp > 1) apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
+        apply_fsdp(model, mesh);
+        return model;
+      };
+      Llama model = build();
+      for (auto& [name, p] : model->unique_named_parameters()) {
+        const Placements& pl = dtensor_spec(p).placements;
+        ASSERT_EQ(pl.size(), static_cast<size_t>(tp > 1 ? 3 : 2)) << name;
+        EXPECT_EQ(pl[pl.size() - 2], Replicate()) << name;
+        EXPECT_EQ(pl.back(), Shard(0)) << name;
+      }
+      const ProcessGroup dp = flattened_group(mesh, {0, 1}, "test");  // fully_shard's own (made once)
+      EXPECT_EQ(dp.size(), 4);
+      EXPECT_EQ(dp.rank(), mesh.get_local_rank("dp_replicate") * 2 + mesh.get_local_rank("dp_shard"));
+      dtp::manual_seed(123);
+      expectSame(train(model, &dp), want);
+
+      Llama counted = build();
+      at::Tensor batch = globalBatch(c.vocab_size, 0).narrow(0, dp.rank(), 1);
+      const auto shard = mesh.get_group("dp_shard").global_ranks(), rep = mesh.get_group("dp_replicate").global_ranks();
+      const int64_t L = c.n_layers;
+      for (int step = 0; step < 2; ++step) {
+        CommCounter comm;
+        llama_loss(counted(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq)).backward();
+        if (step == 0) continue;  // the first step also syncs the generators
+        EXPECT_EQ(comm.count(CollectiveType::AllGather, shard), 2 * L + 1) << comm.str();
+        EXPECT_EQ(comm.count(CollectiveType::ReduceScatter, shard), L + 1) << comm.str();
+        EXPECT_EQ(comm.count(CollectiveType::AllReduce, rep), L + 1) << comm.str();
+        for (CollectiveType other : {CollectiveType::AllGather, CollectiveType::ReduceScatter, CollectiveType::Broadcast})
+          EXPECT_EQ(comm.count(other, rep), 0) << comm.str();
+      }
+    });
+  }
+}
 
 // Bytes of this rank's TP shards of the parameters of `module`, skipping
 // the transformer blocks when `root` (what each fully_shard unit gathers).

@@ -6,7 +6,7 @@
 #include "parity.h"
 
 #include "dtp/comm_counter.h"
-#include "dtp/parallel/loss_parallel.h"
+#include "dtp/tp/loss_parallel.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/functional/loss.h>

@@ -11,7 +11,7 @@
 #include "dtp/models/llama.h"
 #include "dtp/nn/modules.h"
 #include "dtp/optim/adamw.h"
-#include "dtp/parallel/parallelize.h"
+#include "dtp/tp/parallelize.h"
 
 #include <sys/resource.h>
 #include <torch/optim/adam.h>

@@ -7,8 +7,8 @@
 #include "dtp/dtensor.h"
 #include "dtp/nn/modules.h"
 #include "dtp/nn/multihead_attention.h"
-#include "dtp/parallel/legacy.h"
-#include "dtp/parallel/parallelize.h"
+#include "dtp/tp/legacy.h"
+#include "dtp/tp/parallelize.h"
 #include "dtp/random.h"
 
 using namespace dtp;

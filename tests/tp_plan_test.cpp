@@ -6,7 +6,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/modules.h"
-#include "dtp/parallel/parallelize.h"
+#include "dtp/tp/parallelize.h"
 
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>

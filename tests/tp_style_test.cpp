@@ -6,7 +6,7 @@
 
 #include "dtp/comm_counter.h"
 #include "dtp/nn/modules.h"
-#include "dtp/parallel/parallelize.h"
+#include "dtp/tp/parallelize.h"
 
 using namespace dtp;
 using dtp::test::data;

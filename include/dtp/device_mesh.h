@@ -60,6 +60,7 @@ class DeviceMesh {
 
  private:
   friend DeviceMesh select_mesh_dims(const DeviceMesh& mesh, const std::vector<int64_t>& dims);
+  friend ProcessGroup flattened_group(const DeviceMesh& mesh, const std::vector<int64_t>& dims, const char* api);
   // The mesh's state; a clear error on an invalid (default) handle.
   const Impl& impl() const;
   std::shared_ptr<const Impl> impl_;

@@ -2,11 +2,14 @@
 
 #include "comm/local_device.h"
 #include "mesh/fake_mesh.h"
+#include "mesh/flatten.h"
 #include "mesh/select_dims.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <ostream>
 #include <set>
@@ -23,6 +26,9 @@ struct DeviceMesh::Impl {
   std::vector<int64_t> coordinate;  // of this rank
   std::vector<ProcessGroup> groups;  // one per mesh dimension
   int rank = 0;  // global rank of this process
+  ProcessGroup world;  // what init_device_mesh made it from (root meshes only)
+  mutable std::mutex flat_mu;
+  mutable std::map<std::vector<int64_t>, ProcessGroup> flat;  // flattened_group's, by dims
 };
 
 namespace {
@@ -222,6 +228,7 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   impl->shape = shape;
   impl->names = names;
   impl->rank = world.global_ranks()[world.rank()];
+  impl->world = world;
   for (int r = 0; r < world.size(); ++r) impl->ranks.push_back(world.global_ranks()[r]);
   const auto st = strides(shape);
   for (size_t d = 0; d < shape.size(); ++d) impl->coordinate.push_back(world.rank() / st[d] % shape[d]);
@@ -244,6 +251,45 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
     impl->groups.push_back(mine);
   }
   return DeviceMesh(std::move(impl));
+}
+
+}  // namespace dtp
+
+namespace dtp {
+
+ProcessGroup flattened_group(const DeviceMesh& mesh, const std::vector<int64_t>& dims, const char* api) {
+  const DeviceMesh::Impl& self = mesh.impl();
+  TORCH_CHECK(self.world.valid(), api, ": ", mesh.str(), " is a slice of a mesh; pass the whole mesh from "
+              "init_device_mesh (one group over several of its dimensions is made on it, by every rank).");
+  std::lock_guard<std::mutex> lock(self.flat_mu);
+  auto it = self.flat.find(dims);
+  if (it != self.flat.end()) return it->second;
+  const auto st = strides(self.shape);
+  std::vector<int64_t> line_shape;
+  for (int64_t d : dims) line_shape.push_back(self.shape[d]);
+  const auto line_st = strides(line_shape);
+  const int64_t per_line = std::accumulate(line_shape.begin(), line_shape.end(), int64_t{1}, std::multiplies<>());
+  const int64_t n = static_cast<int64_t>(self.ranks.size());
+  ProcessGroup mine;
+  if (per_line == n) {
+    mine = self.world;
+  } else {
+    for (int64_t start = 0; start < n; ++start) {  // the first rank of each line, in order
+      bool first = true;
+      for (int64_t d : dims) first = first && start / st[d] % self.shape[d] == 0;
+      if (!first) continue;
+      std::vector<int> members;
+      for (int64_t i = 0; i < per_line; ++i) {
+        int64_t r = start;
+        for (size_t k = 0; k < dims.size(); ++k) r += i / line_st[k] % line_shape[k] * st[dims[k]];
+        members.push_back(static_cast<int>(r));
+      }
+      ProcessGroup g = self.world.new_group(members);
+      if (g.valid()) mine = g;
+    }
+  }
+  self.flat.emplace(dims, mine);
+  return mine;
 }
 
 }  // namespace dtp

@@ -7,7 +7,7 @@
 
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
-#include "dtp/parallel/loss_parallel.h"
+#include "dtp/tp/loss_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/loss.h>

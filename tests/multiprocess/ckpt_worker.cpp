@@ -15,7 +15,7 @@
 #include <dtp/dcp/checkpoint.h>
 #include <dtp/dtensor.h>
 #include <dtp/nn/modules.h>
-#include <dtp/parallel/parallelize.h>
+#include <dtp/tp/parallelize.h>
 
 #include <ATen/ATen.h>
 #include <signal.h>

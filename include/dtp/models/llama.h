@@ -8,9 +8,9 @@
 #include "dtp/device_mesh.h"
 #include "dtp/models/kv_cache.h"
 #include "dtp/nn/modules.h"
-#include "dtp/parallel/checkpoint.h"
-#include "dtp/parallel/fully_shard.h"
-#include "dtp/parallel/replicate.h"
+#include "dtp/ac/activation_checkpoint.h"
+#include "dtp/fsdp/fully_shard.h"
+#include "dtp/fsdp/replicate.h"
 
 #include <torch/nn/modules/container/modulelist.h>
 
@@ -169,7 +169,7 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
 
 // Activation checkpointing of the transformer blocks, as torchtitan's
 // apply_ac (after TP, before FSDP): every `every`-th block (1: all) in
-// `mode` (see parallel/checkpoint.h).
+// `mode` (see ac/activation_checkpoint.h).
 struct ACOptions {
   ACMode mode = ACMode::Full;
   int64_t every = 1;

@@ -1,7 +1,7 @@
 // loss_parallel: log_softmax and nll_loss on class-sharded logits, computed
 // from the local columns and row statistics instead of gathering the logits.
 // The sharding behaviour lives here, beside nll_loss's rules (loss.cpp); the
-// public face is include/dtp/parallel/loss_parallel.h.
+// public face is include/dtp/tp/loss_parallel.h.
 //
 // Forward (under the guard), per class-sharded mesh dim:
 //   _log_softmax:     all_reduce(max) of row maxima, all_reduce(sum) of

@@ -1,10 +1,10 @@
 // checkpoint and checkpoint_wrapper: activation checkpointing.
-#include "dtp/parallel/checkpoint.h"
+#include "dtp/ac/activation_checkpoint.h"
 
 #include "comm/collective_tape.h"
 #include "dtensor/grad_reduction.h"
 #include "dtensor/random_state.h"
-#include "parallel/data_parallel.h"
+#include "nn/applied.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -17,8 +17,6 @@ namespace dtp {
 namespace {
 
 using torch::autograd::variable_list;
-
-thread_local int recompute_depth = 0;
 
 // NOTE: [Checkpoint] As PyTorch's reentrant checkpoint:
 // - the first pass runs fn without grad, on detached inputs, and its
@@ -64,10 +62,9 @@ struct CheckpointBackward : torch::autograd::Node {
         const detail::RandomState& state;
         ~Restore() {
           detail::set_random_state(state);
-          --recompute_depth;
         }
       } restore{now};
-      ++recompute_depth;
+      detail::RecomputeScope recomputing;
       at::AutoGradMode grad(true);
       if (collectives) {
         collectives->start_replay();
@@ -94,7 +91,7 @@ struct CheckpointBackward : torch::autograd::Node {
 
 }  // namespace
 
-bool in_checkpoint_recompute() { return recompute_depth > 0; }
+bool in_checkpoint_recompute() { return detail::in_recompute(); }
 
 std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs, ACMode mode) {
   if (!at::GradMode::is_enabled()) return fn(inputs);  // no backward: nothing to save or recompute
@@ -126,14 +123,14 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
 }
 
 void checkpoint_wrapper(torch::nn::Module& module, ACMode mode) {
-  nn::HookHost& host = detail::hooks_of(module, "checkpoint_wrapper");
-  TORCH_CHECK(!detail::was_applied(module, "checkpoint_wrapper"), "checkpoint_wrapper: ", module.name(),
+  nn::HookHost& host = detail::hooks_of(module, detail::technique::kCheckpointWrapper);
+  TORCH_CHECK(!detail::was_applied(module, detail::technique::kCheckpointWrapper), "checkpoint_wrapper: ", module.name(),
               " is already checkpointed. Wrap each module once.");
   host.wrappers.push_back([mode](const std::vector<at::Tensor>& inputs, const nn::HookHost::Run& run) {
     return checkpoint([run](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{run(in)}; }, inputs,
                       mode)[0];
   });
-  host.applied.push_back({"checkpoint_wrapper", std::make_shared<ACMode>(mode)});
+  host.applied.push_back({detail::technique::kCheckpointWrapper, std::make_shared<ACMode>(mode)});
 }
 
 }  // namespace dtp

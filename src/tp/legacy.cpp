@@ -1,8 +1,8 @@
-#include "dtp/parallel/legacy.h"
+#include "dtp/tp/legacy.h"
 
 #include "dtp/dtensor.h"
 #include "dtp/nn/multihead_attention.h"
-#include "dtp/parallel/parallelize.h"
+#include "dtp/tp/parallelize.h"
 
 #include <torch/nn/modules/linear.h>
 

@@ -1,12 +1,12 @@
 // replicate: DDP-style bucketed gradient averaging over "dp".
-#include "dtp/parallel/replicate.h"
+#include "dtp/fsdp/replicate.h"
 
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtensor/random_state.h"
-#include "parallel/data_parallel.h"
+#include "fsdp/data_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
@@ -21,7 +21,7 @@ namespace {
 using torch::autograd::variable_list;
 using ExecInfo = std::unordered_map<torch::autograd::Node*, torch::autograd::GraphTask::ExecInfo>;
 
-constexpr const char* kApplied = "replicate";
+constexpr const char* kApplied = detail::technique::kReplicate;
 
 // NOTE: [Overlapped bucket reduction]
 // Forward reads each parameter through an alias made by the node of its
@@ -234,16 +234,13 @@ std::vector<Bucket> makeBuckets(const std::vector<detail::ParamSite>& params, do
 
 void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptions options) {
   nn::HookHost& host = detail::hooks_of(module, kApplied);
-  TORCH_CHECK(detail::applied_below(module, {kApplied, "fully_shard"}).empty(), "replicate: ", module.name(),
-              " (or a module inside it) is already under ", detail::applied_below(module, {kApplied, "fully_shard"}),
+  TORCH_CHECK(detail::applied_below(module, {kApplied, detail::technique::kFullyShard}).empty(), "replicate: ", module.name(),
+              " (or a module inside it) is already under ", detail::applied_below(module, {kApplied, detail::technique::kFullyShard}),
               "(). Use one data-parallel technique per module, once.");
-  TORCH_CHECK(detail::applied_below(module, {"checkpoint_wrapper"}).empty(), "replicate: ", module.name(),
-              " has checkpointed modules inside: replicate with activation checkpointing is NYI (the recomputation's "
-              "nested backward would reduce buckets early). Use fully_shard, or no activation checkpointing.");
   TORCH_CHECK(options.bucket_cap_mb > 0, "replicate: bucket_cap_mb must be > 0, got ", options.bucket_cap_mb, ".");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
   auto state = std::make_shared<State>();
-  state->dp = m.dp;
+  state->dp = m.batch;  // every data-parallel rank (HSDP's two dimensions as one)
   state->tp = m.tp;
   state->params = detail::collect_params(module, "");
   for (const auto& site : state->params) {

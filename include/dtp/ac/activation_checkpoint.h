@@ -11,7 +11,7 @@
 // the recomputation repeats the forward's collectives; in Selective mode
 // the outputs of matrix products and of every collective are kept from the
 // first pass, so the recomputation communicates nothing and multiplies no
-// matrices. See NOTE: [Checkpoint] in src/parallel/checkpoint.cpp.
+// matrices. See NOTE: [Checkpoint] in src/ac/activation_checkpoint.cpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,6 +1,7 @@
-#include "parallel/data_parallel.h"
+#include "fsdp/data_parallel.h"
 
 #include "dtp/dtensor.h"
+#include "mesh/flatten.h"
 #include "mesh/select_dims.h"
 
 #include <algorithm>
@@ -29,15 +30,22 @@ void collect(torch::nn::Module& module, const std::string& prefix, const std::st
 
 DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api) {
   TORCH_CHECK(mesh.valid(), api, ": invalid DeviceMesh. Build one with init_device_mesh.");
-  if (mesh.ndim() == 1) return {mesh.get_group(0), std::nullopt, mesh};
+  if (mesh.ndim() == 1) return {mesh.get_group(0), std::nullopt, mesh.get_group(0), std::nullopt, mesh};
   const auto& names = mesh.mesh_dim_names();
-  const bool named = names.size() == 2 && std::find(names.begin(), names.end(), "dp") != names.end() &&
-                     std::find(names.begin(), names.end(), "tp") != names.end();
-  TORCH_CHECK(named, api, ": ", mesh.str(),
-              " is not a data-parallel mesh. Pass a 1-D mesh, or a 2-D mesh with dimensions named \"dp\" and "
-              "\"tp\": init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"}). (HSDP meshes are NYI.)");
-  return {mesh.get_group("dp"), mesh["tp"],
-          select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
+  auto has = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  const bool two_d = names.size() == 2 && has("dp") && has("tp");
+  const bool hsdp = (names.size() == 2 || (names.size() == 3 && has("tp"))) && has("dp_replicate") && has("dp_shard");
+  TORCH_CHECK(two_d || hsdp, api, ": ", mesh.str(), " is not a data-parallel mesh. Pass a 1-D mesh, a 2-D mesh with "
+              "dimensions named \"dp\" and \"tp\" (init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"})), or for HSDP "
+              "one named \"dp_replicate\" and \"dp_shard\", with \"tp\" or not.");
+  const std::optional<DeviceMesh> tp = has("tp") ? std::optional<DeviceMesh>(mesh["tp"]) : std::nullopt;
+  if (two_d)
+    return {mesh.get_group("dp"), std::nullopt, mesh.get_group("dp"), tp,
+            select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
+  const int64_t r = mesh.dim_index("dp_replicate"), s = mesh.dim_index("dp_shard");
+  std::vector<int64_t> inside = {r, s};
+  if (tp) inside.insert(inside.begin(), mesh.dim_index("tp"));
+  return {mesh.get_group(s), mesh.get_group(r), flattened_group(mesh, {r, s}, api), tp, select_mesh_dims(mesh, inside)};
 }
 
 void check_tp_parameter(const at::Tensor& param, const std::string& fqn, const DataParallelMesh& m, const char* api) {
@@ -45,36 +53,6 @@ void check_tp_parameter(const at::Tensor& param, const std::string& fqn, const D
   TORCH_CHECK(m.tp && spec.mesh == *m.tp, api, ": parameter ", fqn, " is a DTensor on ", spec.mesh.str(),
               ", but the mesh passed has ", m.tp ? "\"tp\" " + m.tp->str() : std::string("no \"tp\" dimension"),
               ". Apply the TP plan to mesh[\"tp\"] of the same (dp, tp) mesh, then call ", api, " with that mesh.");
-}
-
-nn::HookHost& hooks_of(torch::nn::Module& module, const char* api) {
-  auto* host = dynamic_cast<nn::HookHost*>(&module);
-  TORCH_CHECK(host != nullptr, api, ": ", module.name(),
-              " does not run hooks, so dtp cannot act before and after its forward. Declare it with "
-              "DTP_MODULE(Name) instead of TORCH_MODULE(Name), or use dtp::nn modules.");
-  return *host;
-}
-
-std::shared_ptr<void> applied_state(const torch::nn::Module& module, const std::string& technique) {
-  auto* host = dynamic_cast<const nn::HookHost*>(&module);
-  if (host == nullptr) return nullptr;
-  for (const auto& a : host->applied)
-    if (a.technique == technique) return a.state;
-  return nullptr;
-}
-
-bool was_applied(const torch::nn::Module& module, const std::string& technique) {
-  return applied_state(module, technique) != nullptr;
-}
-
-std::string applied_below(torch::nn::Module& module, const std::vector<std::string>& techniques) {
-  for (const auto& t : techniques)
-    if (was_applied(module, t)) return t;
-  for (const auto& child : module.children()) {
-    std::string found = applied_below(*child, techniques);
-    if (!found.empty()) return found;
-  }
-  return "";
 }
 
 std::vector<ParamSite> collect_params(torch::nn::Module& module, const std::string& skip) {

@@ -4,7 +4,7 @@
 // plain tensor passed to a make_input_* helper is this rank's part.
 #pragma once
 
-#include "dtp/parallel/style.h"
+#include "dtp/tp/style.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -36,7 +36,7 @@ at::Tensor make_output_reshard_tensor(const at::Tensor& output, const DeviceMesh
 
 // PyTorch 2.0's enable_2d_with_fsdp() let FSDP take the DTensor parameters
 // TP leaves, returning whether it could. dtp's fully_shard composes with TP by
-// construction (see parallel/fully_shard.h): this returns true, so that
+// construction (see fsdp/fully_shard.h): this returns true, so that
 // 2023-era code ports unchanged.
 bool enable_2d_with_fsdp();
 

@@ -1,6 +1,6 @@
 // loss_parallel's public face: the guard and loss_parallel_cross_entropy.
 // The sharding behaviour is src/dtensor/rules/loss_parallel.cpp.
-#include "dtp/parallel/loss_parallel.h"
+#include "dtp/tp/loss_parallel.h"
 
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/rules/loss_parallel.h"

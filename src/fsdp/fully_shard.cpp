@@ -1,5 +1,5 @@
 // fully_shard: FSDP2-style units of dim-0 sharded parameters over "dp".
-#include "dtp/parallel/fully_shard.h"
+#include "dtp/fsdp/fully_shard.h"
 
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
@@ -7,9 +7,8 @@
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
 #include "comm/collective_tape.h"
-#include "dtp/parallel/checkpoint.h"
 #include "dtensor/random_state.h"
-#include "parallel/data_parallel.h"
+#include "fsdp/data_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
@@ -22,7 +21,7 @@ namespace {
 
 using torch::autograd::variable_list;
 
-constexpr const char* kApplied = "fully_shard";
+constexpr const char* kApplied = detail::technique::kFullyShard;
 
 // One parameter of a unit.
 struct ShardedParam {
@@ -33,7 +32,6 @@ struct ShardedParam {
   std::vector<int64_t> local_shape;   // the TP shard (gathered over dp)
   std::vector<int64_t> rows;          // its rows on each dp rank (torch.chunk)
   int64_t inner = 1;                  // elements per row
-  at::Tensor gathered;                // this step's TP shard; its memory is freed when resharded
 
   int64_t row_start(int r) const {
     int64_t s = 0;
@@ -48,8 +46,13 @@ class Unit;
 // of one autograd node whose inputs are the sharded parameters' locals: the
 // engine runs it once, after every op of the unit has produced its
 // gradients, and it reduce-scatters all of them in one collective.
+// One forward's gathered TP shards, one per parameter; their memory is freed
+// when resharded. NOTE: [Gathered per forward]
+using Gathered = std::vector<at::Tensor>;
+
 struct UnitGatherBackward : torch::autograd::Node {
   std::weak_ptr<Unit> unit;
+  std::weak_ptr<Gathered> gathered;  // kept alive by the hook on the unit's output
   std::string name() const override { return "dtp::FullyShardGatherBackward"; }
   variable_list apply(variable_list&& grads) override;
 };
@@ -66,9 +69,16 @@ struct UnitGatherBackward : torch::autograd::Node {
 // communication overlaps compute. A prefetch is used only if the shards have
 // not changed since (their version counters, which an optimizer step bumps);
 // otherwise it is waited for and dropped, alike on every rank.
+//
+// NOTE: [Gathered per forward] Each forward gathers into tensors of its own,
+// which its backward node regathers and frees: with pipeline microbatches,
+// forwards of later microbatches run before the backward of earlier ones,
+// and each backward must find the parameters its own forward saved.
 class Unit : public std::enable_shared_from_this<Unit> {
  public:
-  ProcessGroup dp;
+  ProcessGroup dp;                        // where the parameters are sharded
+  std::optional<ProcessGroup> replicate;  // HSDP: where the shards are replicated
+  ProcessGroup batch;                     // every data-parallel rank
   FullyShardOptions options;
   std::vector<ShardedParam> params;
   std::vector<int64_t> flat_sizes;  // elements each dp rank contributes
@@ -81,7 +91,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
     return options.mp_policy.param_dtype.value_or(p.sharded.scalar_type());
   }
 
-  bool freed() const { return !params.empty() && params[0].gathered.defined() && params[0].gathered.storage().nbytes() == 0; }
+  static bool freed(const Gathered* g) { return g != nullptr && !g->empty() && (*g)[0].storage().nbytes() == 0; }
+  bool freed() const { return freed(gathered_.get()); }
+  const std::shared_ptr<Gathered>& gathered() const { return gathered_; }
 
   // Starts gathering this unit (unless started), for use by its next unshard.
   void prefetch() {
@@ -97,15 +109,15 @@ class Unit : public std::enable_shared_from_this<Unit> {
       locals.push_back(to_local(p.sharded));
       needs_grad = needs_grad || locals.back().requires_grad();
     }
-    auto gathered = takeGather();
+    gathered_ = std::make_shared<Gathered>(takeGather());
+    const Gathered& gathered = *gathered_;
     std::vector<at::Tensor> values;
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].gathered = gathered[i];
+    for (size_t i = 0; i < params.size(); ++i)
       values.push_back(params[i].tp_spec ? makeDTensor(gathered[i], params[i].tp_spec) : gathered[i]);
-    }
     if (needs_grad && at::GradMode::is_enabled()) {
       auto node = std::make_shared<UnitGatherBackward>();
       node->unit = weak_from_this();
+      node->gathered = gathered_;
       node->set_next_edges(torch::autograd::collect_next_edges(locals));
       torch::autograd::set_history(values, node);
     }
@@ -113,26 +125,26 @@ class Unit : public std::enable_shared_from_this<Unit> {
       for (auto& [module, field] : params[i].fields) set_parameter_field(*module, field, values[i]);
   }
 
-  // Frees the gathered parameters; the modules' fields show the sharded ones
-  // again (as FSDP2's registered parameters), never freed memory.
-  void reshard() {
-    for (auto& p : params) {
-      if (!p.gathered.defined()) continue;
-      auto* storage = p.gathered.storage().unsafeGetStorageImpl();
-      storage->set_data_ptr_noswap(at::DataPtr(nullptr, p.gathered.device()));
+  // Frees one forward's gathered parameters; the modules' fields show the
+  // sharded ones again (as FSDP2's registered parameters), never freed memory.
+  void reshard(Gathered* g) {
+    if (g == nullptr) return;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto* storage = (*g)[i].storage().unsafeGetStorageImpl();
+      storage->set_data_ptr_noswap(at::DataPtr(nullptr, (*g)[i].device()));
       storage->set_nbytes(0);
-      for (auto& [module, field] : p.fields) set_parameter_field(*module, field, p.sharded);
+      for (auto& [module, field] : params[i].fields) set_parameter_field(*module, field, params[i].sharded);
     }
   }
 
   // Before backward reaches the unit: the freed parameters again; then the
   // unit backward reaches next starts gathering.
-  void regather_if_freed() {
-    if (!freed()) return;
+  void regather_if_freed(Gathered& g) {
+    if (!freed(&g)) return;
     at::NoGradGuard no_grad;
     auto fresh = takeGather();
     for (size_t i = 0; i < params.size(); ++i) {
-      auto* into = params[i].gathered.storage().unsafeGetStorageImpl();
+      auto* into = g[i].storage().unsafeGetStorageImpl();
       auto* from = fresh[i].storage().unsafeGetStorageImpl();
       into->set_nbytes(from->nbytes());
       into->set_data_ptr_noswap(from->set_data_ptr(at::DataPtr(nullptr, fresh[i].device())));
@@ -147,7 +159,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // partial sums over dp first and then all-reduces over tp only this rank's
   // shard of all such gradients together: one all-reduce per unit, on 1/dp
   // of the bytes. Other placements are redistributed to the parameter's.
-  variable_list reduce_scatter(variable_list& grads) {
+  variable_list reduce_scatter(variable_list& grads, Gathered* g) {
     const int W = dp.size();
     std::vector<at::Tensor> locals;
     std::vector<bool> partial(params.size(), false);
@@ -155,7 +167,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
       const auto& p = params[i];
       const at::Tensor& g = grads[i];
       if (!g.defined()) {
-        locals.push_back(at::zeros(p.local_shape, p.gathered.options().dtype(reduceDtype(p))));
+        locals.push_back(at::zeros(p.local_shape, unsafeGetDTensorImpl(p.sharded)->local().options().dtype(reduceDtype(p))));
       } else if (!p.tp_spec) {
         locals.push_back(g.to(reduceDtype(p)));
       } else {
@@ -177,6 +189,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
       }
     }
     at::Tensor mine = dp.reduce_scatter(at::cat(pieces), 0, flat_sizes, ReduceOp::Avg).wait();
+    if (replicate) replicate->all_reduce(mine, ReduceOp::Avg).wait();  // HSDP: the shard's replicas
     variable_list out;
     int64_t offset = 0;
     const int me = dp.rank();
@@ -198,7 +211,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
         at += out[i].numel();
       }
     }
-    reshard();
+    reshard(g);
     return out;
   }
 
@@ -259,12 +272,13 @@ class Unit : public std::enable_shared_from_this<Unit> {
     std::vector<int64_t> versions;
   };
   std::optional<Prefetch> prefetched_;
+  std::shared_ptr<Gathered> gathered_;  // the latest forward's
 };
 
 variable_list UnitGatherBackward::apply(variable_list&& grads) {
   auto u = unit.lock();
   TORCH_CHECK(u != nullptr, "fully_shard: backward through a unit whose module was destroyed.");
-  return u->reduce_scatter(grads);
+  return u->reduce_scatter(grads, gathered.lock().get());
 }
 
 // The unit that runs the outermost forward on this thread (FSDP2's root).
@@ -290,7 +304,10 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const d
   if (is_dtensor(param)) {
     const auto& spec = dtensor_spec(param);
     const auto& names = spec.mesh.mesh_dim_names();
-    TORCH_CHECK(std::find(names.begin(), names.end(), "dp") == names.end() && !(spec.mesh == m.dp_inside_tp),
+    const bool dp_named = std::find_if(names.begin(), names.end(), [](const std::string& n) {
+                            return n == "dp" || n == "dp_shard" || n == "dp_replicate";
+                          }) != names.end();
+    TORCH_CHECK(!dp_named && !(spec.mesh == m.dp_inside_tp),
                 "fully_shard: parameter ", fqn, " is already sharded over \"dp\" (", spec.str(), " on ",
                 spec.mesh.str(), "). Call fully_shard once per module, and give it the parameters as the TP "
                 "plan left them.");
@@ -309,6 +326,7 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const d
   // initialized (NOTE: [Deferred initialization]).
   mine = mine.is_meta() ? at::empty(mine.sizes(), mine.options().device(m.dp_inside_tp.device())) : mine.clone();
   Placements placements = p.tp_spec ? p.tp_spec->placements : Placements{};
+  if (m.replicate) placements.push_back(Replicate());
   placements.push_back(Shard(0));
   p.sharded = from_local(mine, m.dp_inside_tp, placements, /*run_check=*/false, param.sizes().vec()).detach();
   p.sharded.set_requires_grad(param.requires_grad());
@@ -328,6 +346,8 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
   auto unit = std::make_shared<Unit>();
   unit->dp = m.dp;
+  unit->replicate = m.replicate;
+  unit->batch = m.batch;
   unit->options = options;
   unit->tp = m.tp;
 
@@ -358,14 +378,14 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
     if (*unit->root) {
       running_root = unit.get();
       last_unsharded.reset();
-      detail::set_data_parallel_batch(unit->dp);  // NOTE: [Random ops under data parallelism]
+      detail::set_data_parallel_batch(unit->batch);  // NOTE: [Random ops under data parallelism]
     }
     // NOTE: [fully_shard under checkpoint] The checkpointed first pass runs
     // without grad, so the unit is freed after it; the recomputation in
     // backward gathers again (one all-gather, as backward's regather would)
     // and keeps the parameters for the nested backward, whose reduce-scatter
     // frees them. Meanwhile the unit backward reaches next is prefetched.
-    const bool recompute = in_checkpoint_recompute();
+    const bool recompute = detail::in_recompute();
     if (!recompute) learnOrder(unit);
     unit->unshard();
     if (recompute) {
@@ -383,13 +403,14 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
       detail::set_data_parallel_batch(ProcessGroup());
     }
     if (!output.requires_grad() || !at::GradMode::is_enabled()) {
-      unit->reshard();  // no backward will come
+      unit->reshard(unit->gathered().get());  // no backward will come
       return;
     }
-    if (!*unit->root && unit->options.reshard_after_forward && !in_checkpoint_recompute()) unit->reshard();
+    if (!*unit->root && unit->options.reshard_after_forward && !detail::in_recompute())
+      unit->reshard(unit->gathered().get());
     std::weak_ptr<Unit> weak = unit;
-    output.register_hook([weak](const at::Tensor& grad) {
-      if (auto u = weak.lock()) u->regather_if_freed();
+    output.register_hook([weak, g = unit->gathered()](const at::Tensor& grad) {
+      if (auto u = weak.lock()) u->regather_if_freed(*g);
       return grad;
     });
   });

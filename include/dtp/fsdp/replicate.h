@@ -12,7 +12,7 @@
 // backward waits for the buckets and puts the averaged gradients in place
 // (a replicated TP parameter's Partial gradient is also summed over tp
 // there, one all-reduce per bucket that has one). See NOTE: [Overlapped
-// bucket reduction] in src/parallel/replicate.cpp.
+// bucket reduction] in src/fsdp/replicate.cpp.
 #pragma once
 
 #include "dtp/device_mesh.h"

@@ -1,7 +1,7 @@
-#include "dtp/parallel/parallelize.h"
+#include "dtp/tp/parallelize.h"
 
 #include "dtp/module_utils.h"
-#include "parallel/data_parallel.h"
+#include "nn/applied.h"
 
 #include <torch/nn/module.h>
 
@@ -35,7 +35,7 @@ bool matches(const std::string& pattern, const std::string& fqn) {
 // Tensor parallelism comes first (torchtitan: TP, then AC, then FSDP/DDP):
 // data parallelism has replaced the parameters that the styles would shard.
 void checkNotDataParallel(torch::nn::Module& module) {
-  const std::string dp = detail::applied_below(module, {"fully_shard", "replicate"});
+  const std::string dp = detail::applied_below(module, {detail::technique::kFullyShard, detail::technique::kReplicate});
   TORCH_CHECK(dp.empty(), "parallelize_module: ", module.name(), " (or a module inside it) is already under ", dp,
               "(). Apply tensor parallelism first, then ", dp, ", on a fresh model.");
 }

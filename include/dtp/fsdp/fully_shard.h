@@ -20,6 +20,13 @@
 // its parameters until its backward, as FSDP2 does. After the first step,
 // each unit's all-gather is started one unit ahead, in forward and in
 // backward, so that it overlaps compute.
+//
+// HSDP: on a mesh with dimensions named "dp_replicate" and "dp_shard" (and
+// "tp" or not), parameters are sharded over dp_shard and replicated over
+// dp_replicate: DTensors on the (tp, dp_replicate, dp_shard) mesh with
+// [TP placement, R, S(0)]. The all-gathers and reduce-scatters run over
+// dp_shard; after each reduce-scatter one all-reduce (average over
+// dp_replicate) of the unit's shard. The batch is split over both.
 #pragma once
 
 #include "dtp/device_mesh.h"

@@ -1,6 +1,6 @@
 // The ParallelStyles. Each checks its target, swaps parameters for DTensors
 // and installs input/output hooks, naming the FQN in every error.
-#include "dtp/parallel/style.h"
+#include "dtp/tp/style.h"
 
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"

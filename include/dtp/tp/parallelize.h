@@ -6,7 +6,7 @@
 //   });
 #pragma once
 
-#include "dtp/parallel/style.h"
+#include "dtp/tp/style.h"
 
 #include <memory>
 #include <optional>

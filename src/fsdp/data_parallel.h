@@ -1,0 +1,44 @@
+// What fully_shard and replicate share: the (dp, tp) mesh and the module's
+// parameters with the fields forward reads them from.
+#pragma once
+
+#include "dtp/device_mesh.h"
+#include "nn/applied.h"
+
+#include <torch/nn/module.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtp::detail {
+
+struct DataParallelMesh {
+  ProcessGroup dp;                        // where fully_shard shards: "dp", or HSDP's "dp_shard"
+  std::optional<ProcessGroup> replicate;  // HSDP's "dp_replicate": replicas of the shards
+  ProcessGroup batch;                     // every data-parallel rank: dp, or (dp_replicate, dp_shard)
+  std::optional<DeviceMesh> tp;           // mesh["tp"]
+  DeviceMesh dp_inside_tp;                // (tp, [dp_replicate,] dp), without the absent: where shards live
+};
+
+// Checks `mesh` for `api` ("fully_shard", ...): 1-D; 2-D named dp and tp;
+// or HSDP's dp_replicate and dp_shard, with tp or not.
+DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api);
+
+// A DTensor parameter must live on m.tp: TP is applied to mesh["tp"] of the
+// mesh given to `api`.
+void check_tp_parameter(const at::Tensor& param, const std::string& fqn, const DataParallelMesh& m, const char* api);
+
+// A parameter and every (module, name) field that holds it (tied: several).
+struct ParamSite {
+  std::string fqn;
+  at::Tensor param;
+  std::vector<std::pair<torch::nn::Module*, std::string>> fields;
+};
+
+// The parameters under `module` in registration order, skipping subtrees
+// where `skip` was applied; tied parameters once.
+std::vector<ParamSite> collect_params(torch::nn::Module& module, const std::string& skip);
+
+}  // namespace dtp::detail

@@ -1,0 +1,19 @@
+// One process group over several dimensions of a mesh, as PyTorch's
+// mesh["dp_replicate", "dp_shard"]._flatten("dp"): the ranks that differ
+// from this one only on `dims`, in row-major order of those dimensions.
+// HSDP's data-parallel batch spans both of its dimensions.
+#pragma once
+
+#include "dtp/device_mesh.h"
+
+#include <vector>
+
+namespace dtp {
+
+// Made once per (mesh, dims), on the first call, collectively: every rank of
+// `mesh` (a whole mesh from init_device_mesh, not a slice) calls it with the
+// same dims in the same order relative to other group creations; later calls
+// return the same group. `api` names the caller in errors.
+ProcessGroup flattened_group(const DeviceMesh& mesh, const std::vector<int64_t>& dims, const char* api);
+
+}  // namespace dtp
