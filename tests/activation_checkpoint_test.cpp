@@ -12,8 +12,11 @@
 #include "dtp/optim/adamw.h"
 #include "dtp/ac/activation_checkpoint.h"
 #include "dtp/random.h"
+#include "dtensor/sharding_prop.h"
 
 #include <torch/nn/modules/linear.h>
+
+#include <map>
 
 using namespace dtp;
 using namespace dtp::models;
@@ -53,9 +56,11 @@ struct Variant {
   const char* name;
   ACMode mode;
   int64_t every;
+  std::vector<std::string> save_ops = default_sac_save_ops();
 };
 const Variant kVariants[] = {{"full", ACMode::Full, 1}, {"full, every other block", ACMode::Full, 2},
-                             {"selective", ACMode::Selective, 1}};
+                             {"selective", ACMode::Selective, 1},
+                             {"selective, an empty save list", ACMode::Selective, 1, {}}};
 
 class ActivationCheckpointTest : public ::testing::TestWithParam<int> {};
 
@@ -75,7 +80,7 @@ TEST_P(ActivationCheckpointTest, TrainsLikeOneDeviceInFloat64) {
         auto mesh = init_device_mesh("cpu", {w}, {"tp"});
         Llama model(c);
         apply_tensor_parallel(model, mesh, TensorParallelOptions{sp, kSeq});
-        apply_ac(model, ACOptions{v.mode, v.every});
+        apply_ac(model, ACOptions{v.mode, v.every, v.save_ops});
         dtp::manual_seed(123);
         expectSame(train(model), want);
       });
@@ -113,17 +118,27 @@ TEST(ActivationCheckpointCollectives, FullRepeatsTheForwardsSelectiveNone) {
           for (const auto& [type, n] : counts) block_forward += n;
     }
     EXPECT_EQ(block_forward, 2 * 2 * c.n_layers) << "SP: an all-gather and a reduce-scatter per attention and MLP";
+    auto dtensorOps = [] {
+      const dtp::PropagationCacheStats st = dtp::propagation_cache_stats();
+      return st.hits + st.misses;  // one per op through the DTensor dispatcher
+    };
+    std::map<std::string, int64_t> dtensor_ops;
     for (const Variant& v : kVariants) {
       SCOPED_TRACE(v.name);
       Llama model(c);
       apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
-      apply_ac(model, ACOptions{v.mode, v.every});
+      apply_ac(model, ACOptions{v.mode, v.every, v.save_ops});
+      const int64_t ops_before = dtensorOps();
       const auto on = step(model);
+      dtensor_ops[v.name] = dtensorOps() - ops_before;
       const int64_t blocks = (c.n_layers + v.every - 1) / v.every;
       const int64_t extra = v.mode == ACMode::Full ? block_forward * blocks / c.n_layers : 0;
       EXPECT_EQ(on[0], off[0]);
       EXPECT_EQ(on[1] + on[2], off[1] + off[2] + extra);
     }
+    // The save list is what selective mode keeps: without the matrix
+    // products, the recomputation runs each block's 7 projections again.
+    EXPECT_EQ(dtensor_ops["selective, an empty save list"] - dtensor_ops["selective"], 7 * c.n_layers);
   });
 }
 

@@ -101,7 +101,7 @@ TEST_P(FusedOps, OtherShapesAndTapesDecompose) {
       // Selective activation checkpointing's first pass runs without a graph
       // but records for a recomputation that has one: the same ops both times.
       dtp::detail::CollectiveTape tape;
-      dtp::detail::TapeScope scope(&tape, dtp::detail::TapeKind::MatrixProducts);
+      dtp::detail::TapeScope scope(&tape, dtp::detail::TapeKind::SavedOps);
       EXPECT_GT(dtensorOps([&] { out = at::matmul(dx, dm); }), 1);
     }
     EXPECT_EQ(dtensorOps([&] { out = at::matmul(dx, dm); }), 1);

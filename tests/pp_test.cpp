@@ -4,9 +4,14 @@
 // steps equal one device on the whole batch, in float64; the messages per
 // step meet the closed form; the errors name the fix.
 #include "dist.h"
+#include "files.h"
 #include "llama_util.h"
 #include "dtp/comm_counter.h"
+#include "dtp/dcp/checkpoint.h"
+#include "dtp/dtensor.h"
+#include "dtp/optim/adamw.h"
 #include "dtp/models/llama_pipeline.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/pp/pipeline.h"
 
 #include <ATen/ATen.h>
@@ -175,6 +180,176 @@ TEST(PipelineTest, OneFOneBEqualsOneDevice) {
 
 TEST(PipelineTest, InterleavedEqualsOneDevice) {
   expectEqualsOneDevice(Kind::Interleaved, 2, 4);  // 4 stages of one layer on 2 ranks
+}
+
+// 3-D: (pp, dp, tp) = (2, 2, 2) on 8 ranks through pipeline_llama, in
+// torchtitan's order on each stage: tensor parallelism without SP
+// (activations between stages are plain replicated tensors: each tp rank
+// sends its copy to the same tp rank of the next stage), activation
+// checkpointing, FSDP or DDP over (dp, tp), then 1F1B over 4 microbatches
+// of each dp rank's half of the batch. Losses (averaged over dp) and
+// parameters after AdamW steps equal one device on the whole batch.
+TEST(PipelineTest, ThreeDEqualsOneDevice) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.n_layers = 4;
+  c.seed = 11;
+  c.dtype = at::kDouble;
+  const auto ref = oneDevice(c);
+  constexpr int kMicrobatches = 4;
+  for (bool fsdp : {true, false}) {
+    std::mutex mu;
+    double max_loss = 0, max_param = 0;
+    int64_t sends = 0;
+    dtp::test::run_ranks(8, [&](int) {
+      auto mesh = dtp::init_device_mesh("cpu", {2, 2, 2}, {"pp", "dp", "tp"});
+      const dtp::ProcessGroup dp = mesh.get_group("dp");
+      Llama full(c);
+      ParallelizeOptions parallel;
+      parallel.ac = ACOptions{fsdp ? dtp::ACMode::Selective : dtp::ACMode::Full, 1};
+      parallel.data_parallel = fsdp ? DataParallel::FSDP : DataParallel::DDP;
+      const LlamaPipeline pipe = pipeline_llama(full, mesh, {"1f1b", kMicrobatches}, parallel);
+      ASSERT_EQ(pipe.stages.size(), 1u);
+      ASSERT_EQ(pipe.has_last_stage, mesh.get_local_rank("pp") == 1);
+      dtp::optim::AdamW opt(pipe.parameters(), torch::optim::AdamWOptions(1e-2));
+      for (int step = 0; step < kSteps; ++step) {
+        const at::Tensor b = batch(c.vocab_size, step).narrow(0, dp.rank() * kBatch / 2, kBatch / 2);
+        opt.zero_grad();
+        dtp::CommCounter comm;
+        at::Tensor loss = pipe.pipeline->step(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
+        if (step == kSteps - 1) {  // m activations or m gradients out, each [B/dp/m, seq, dim]
+          EXPECT_EQ(comm.count(dtp::CollectiveType::Send), kMicrobatches);
+          EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), kMicrobatches * (kBatch / 2 / kMicrobatches) * kSeq * c.dim * 8);
+          std::lock_guard<std::mutex> lock(mu);
+          sends += comm.count(dtp::CollectiveType::Send);
+        }
+        opt.step();
+        ASSERT_EQ(loss.defined(), pipe.has_last_stage);
+        if (!loss.defined()) continue;
+        at::Tensor l = (dtp::is_dtensor(loss) ? dtp::full_tensor(loss) : loss).detach().clone();
+        const double mean = dp.all_reduce(l, dtp::ReduceOp::Avg).wait().item<double>();
+        EXPECT_NEAR(mean, ref.losses[step], kLossTol) << "step " << step;
+        std::lock_guard<std::mutex> lock(mu);
+        max_loss = std::max(max_loss, std::abs(mean - ref.losses[step]));
+      }
+      std::set<const void*> mine;
+      for (const auto& p : pipe.parameters()) mine.insert(p.unsafeGetTensorImpl());
+      int compared = 0;
+      for (const auto& item : full->named_parameters()) {  // the whole model's names, the same order on every rank
+        if (!mine.count(item.value().unsafeGetTensorImpl())) continue;
+        const at::Tensor whole = dtp::is_dtensor(item.value()) ? dtp::full_tensor(item.value().detach()) : item.value();
+        const double d = (whole - ref.params.at(item.key())).abs().max().item<double>();
+        EXPECT_LE(d, kParamTol) << item.key();
+        std::lock_guard<std::mutex> lock(mu);
+        max_param = std::max(max_param, d);
+        ++compared;
+      }
+      EXPECT_GT(compared, 0);
+    });
+    std::printf("3-D (pp 2, dp 2, tp 2), %s + AC, 1F1B m=%d: vs one device over %d AdamW steps, max |loss diff| "
+                "%.2g, max |param diff| %.2g; %lld p2p sends per step over the 8 ranks\n", fsdp ? "FSDP" : "DDP",
+                kMicrobatches, kSteps, max_loss, max_param, static_cast<long long>(sends));
+  }
+}
+
+// Checkpoints across pipeline layouts: saved after 2 AdamW steps at (pp, tp)
+// = (2, 2) (each rank its stage's shards and optimizer state, named as the
+// whole model), then loaded into the whole model under FSDP on dp = 2, into
+// pp = 2 with an uneven split ({0, 1}: 1 and 3 layers) and into pp = 4; each
+// trains the 3rd step, whose loss and parameters equal one device's.
+class PipelineCheckpointTest : public dtp::test::TempDirTest {};
+
+TEST_F(PipelineCheckpointTest, LoadsAtAnyPipelineLayoutAndTrainsOn) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.n_layers = 4;
+  c.seed = 11;
+  c.dtype = at::kDouble;
+  const auto ref = oneDevice(c);
+  const std::string dir = file("ck");
+  auto ownParams = [](Llama& full, const std::vector<at::Tensor>& mine_list, std::map<std::string, at::Tensor>& out) {
+    std::set<const void*> mine;
+    for (const auto& p : mine_list) mine.insert(p.unsafeGetTensorImpl());
+    for (const auto& item : full->named_parameters()) {  // the same order on every rank
+      if (!mine.count(item.value().unsafeGetTensorImpl())) continue;
+      out[item.key()] = dtp::is_dtensor(item.value()) ? dtp::full_tensor(item.value().detach()) : item.value().detach();
+    }
+  };
+  auto expectRef = [&](const std::map<std::string, at::Tensor>& got, int step) {
+    for (const auto& [name, t] : got)
+      EXPECT_LE((t - ref.params.at(name)).abs().max().item<double>(), kParamTol) << name << " after step " << step;
+  };
+  dtp::test::run_ranks(4, [&](int) {
+    auto mesh = dtp::init_device_mesh("cpu", {2, 2}, {"pp", "tp"});
+    Llama full(c);
+    const LlamaPipeline pipe = pipeline_llama(full, mesh, {"1f1b", 2});
+    dtp::optim::AdamW opt(pipe.parameters(), torch::optim::AdamWOptions(1e-2));
+    for (int step = 0; step < 2; ++step) {
+      const at::Tensor b = batch(c.vocab_size, step);
+      opt.zero_grad();
+      pipe.pipeline->step(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
+      opt.step();
+    }
+    dtp::dcp::StateDict sd = pipe.state_dict(full, &opt);
+    sd.metadata["step"] = "2";
+    dtp::dcp::save(sd, dir);
+  });
+  const at::Tensor b = batch(c.vocab_size, 2);
+  std::mutex mu;
+  std::map<std::string, at::Tensor> got;
+  dtp::test::run_ranks(2, [&](int) {  // the whole model, FSDP over dp = 2
+    auto mesh = dtp::init_device_mesh("cpu", {2}, {"dp"});
+    Llama model(c);
+    parallelize_llama(model, mesh);
+    dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+    EXPECT_EQ(dtp::dcp::load_state(dir, *model, &opt, llama_state_dict_options()).at("step"), "2");
+    const at::Tensor mine = b.narrow(0, mesh.get_local_rank(0) * kBatch / 2, kBatch / 2);
+    opt.zero_grad();
+    at::Tensor loss = llama_loss(model(mine.narrow(1, 0, kSeq)), mine.narrow(1, 1, kSeq));
+    loss.backward();
+    opt.step();
+    std::map<std::string, at::Tensor> all;
+    ownParams(model, model->parameters(), all);
+    std::lock_guard<std::mutex> lock(mu);
+    got = all;
+  });
+  EXPECT_EQ(got.size(), ref.params.size());
+  expectRef(got, 3);
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE("pp " + std::to_string(pp));
+    got.clear();
+    dtp::test::run_ranks(pp, [&](int) {
+      auto mesh = dtp::init_device_mesh("cpu", {pp}, {"pp"});
+      Llama full(c);
+      PipelineOptions po{"gpipe", 4};
+      if (pp == 2) po.split = {0, 1};
+      const LlamaPipeline pipe = pipeline_llama(full, mesh, po);
+      dtp::optim::AdamW opt(pipe.parameters(), torch::optim::AdamWOptions(1e-2));
+      EXPECT_EQ(pipe.load_state(dir, full, &opt).at("step"), "2");
+      opt.zero_grad();
+      at::Tensor loss = pipe.pipeline->step(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
+      opt.step();
+      if (loss.defined()) EXPECT_NEAR(loss.item<double>(), ref.losses[2], kLossTol);
+      std::map<std::string, at::Tensor> mine;
+      ownParams(full, pipe.parameters(), mine);
+      std::lock_guard<std::mutex> lock(mu);
+      got.insert(mine.begin(), mine.end());
+    });
+    EXPECT_EQ(got.size(), ref.params.size());
+    expectRef(got, 3);
+  }
+}
+
+TEST(PipelineTest, CompositionErrorsNameTheFix) {
+  const LlamaConfig c = config(2);
+  dtp::test::run_ranks(2, [&](int) {
+    Llama full(c);
+    auto pp = dtp::init_device_mesh("cpu", {2}, {"pp"});
+    auto tp = dtp::init_device_mesh("cpu", {2}, {"tp"});
+    expect_error([&] { pipeline_llama(full, tp, {}); }, "has no \"pp\" dimension");
+    expect_error([&] { parallelize_llama(full, pp); }, "Cut the model into stages with pipeline_llama");
+    expect_error([&] { pipeline_llama(full, pp, {"1f1b", 1}); }, "1F1B needs at least as many microbatches as stages");
+    expect_error([&] { pipeline_llama(full, pp, {"zigzag", 2}); }, "unknown schedule 'zigzag'");
+    expect_error([&] { pipeline_llama(full, pp, {"1f1b", 2, 2}); }, "needs the interleaved schedule");
+  });
 }
 
 TEST(PipelineTest, BadSplitsAndStagesAreNamedErrors) {

@@ -1,6 +1,7 @@
-// dtp-train: trains the reference Llama with tensor parallelism, and data
-// parallelism (FSDP or DDP) on a (dp, tp) mesh, on byte-level English text.
-// Run it under the launcher: `dtprun -n 4 dtp-train --dp 2 --tp 2`.
+// dtp-train: trains the reference Llama with tensor parallelism, data
+// parallelism (FSDP or DDP) and pipeline parallelism on a (pp, dp, tp) mesh,
+// on byte-level English text. Run it under the launcher:
+// `dtprun -n 4 dtp-train --dp 2 --tp 2`, `dtprun -n 8 dtp-train --pp 2 --dp 2 --tp 2`.
 #include "../common/corpus.h"
 #include "../common/model_flags.h"
 #include "../common/proc_status.h"
@@ -12,6 +13,7 @@
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/models/tokenizer.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/optim/clip_grad.h"
@@ -30,6 +32,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <set>
 
 namespace {
 
@@ -39,7 +42,9 @@ using namespace dtp::models;
 struct Options {
   std::string data = apps::kDefaultCorpus;
   apps::ModelFlags model;
-  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0, warmup = 0, ac_every = 1;
+  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0, pp = 1, warmup = 0, ac_every = 1;
+  int microbatches = 0;
+  std::string pipeline_schedule = "1f1b";
   double lr = 3e-3, dropout = 0.0, clip = 0.0;
   std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
@@ -98,10 +103,14 @@ LlamaConfig configOf(const Options& o) {
 
 // Where the run starts: a checkpoint (a dcp folder, or an earlier dtp's
 // single file), HF weights, or the init. Returns the first step.
-int64_t startFrom(const Options& o, Llama& model, torch::optim::AdamW& opt) {
+int64_t startFrom(const Options& o, Llama& model, const LlamaPipeline* pipe, torch::optim::AdamW& opt) {
   if (!o.resume.empty()) {
-    if (std::filesystem::is_regular_file(o.resume)) return load_checkpoint(o.resume, model, &opt);
-    const auto meta = dcp::load_state(o.resume, *model, &opt, llama_state_dict_options());
+    const bool file = std::filesystem::is_regular_file(o.resume);
+    TORCH_CHECK(!file || !pipe, "--resume '", o.resume, "' is a single-file checkpoint of an earlier dtp, which a "
+                "pipeline cannot load. Resume it without --pp and --save a folder.");
+    if (file) return load_checkpoint(o.resume, model, &opt);
+    const auto meta = pipe ? pipe->load_state(o.resume, model, &opt)
+                           : dcp::load_state(o.resume, *model, &opt, llama_state_dict_options());
     auto it = meta.find("step");
     TORCH_CHECK(it != meta.end(), "--resume '", o.resume, "' has no \"step\" metadata: it was not written by "
                 "dtp-train. Resume from a dtp-train --save folder.");
@@ -168,15 +177,36 @@ double learningRate(const Options& o, int64_t step) {
   return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
 }
 
-Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, const ProcessGroup& world,
-          const ProcessGroup& dp) {
-  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
-  const int64_t first = startFrom(o, model, opt);
+// The whole model's parameters by name (full tensors), on every rank. Under
+// a pipeline each comes from the pp rank whose stage holds it.
+std::vector<std::pair<std::string, at::Tensor>> fullParams(Llama& model, const LlamaPipeline* pipe,
+                                                           const ProcessGroup& pp) {
+  std::set<const void*> mine;
+  if (pipe)
+    for (const auto& p : pipe->parameters()) mine.insert(p.unsafeGetTensorImpl());
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, p] : model->unique_named_parameters()) {
+    const bool here = !pipe || mine.count(p.unsafeGetTensorImpl()) > 0;
+    at::Tensor t = !here ? at::empty(p.sizes(), p.options()) : is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone();
+    if (pipe) {
+      at::Tensor owner = at::full({1}, here ? pp.rank() : -1, at::kLong);
+      pp.all_reduce(owner, ReduceOp::Max);
+      pp.broadcast(t, static_cast<int>(owner.item<int64_t>()));
+    }
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::Tensor& corpus, bool log,
+          const ProcessGroup& world, const ProcessGroup& dp, const ProcessGroup& pp) {
+  dtp::optim::AdamW opt(pipe ? pipe->parameters() : model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
+  const int64_t first = startFrom(o, model, pipe, opt);
   // --save-every: saves in the background while training goes on.
   std::unique_ptr<dcp::AsyncSaver> saver;
   if (!o.save.empty() && o.save_every > 0) saver = std::make_unique<dcp::AsyncSaver>();
   auto stateAt = [&](int64_t step) {
-    dcp::StateDict sd = dcp::get_state_dict(*model, &opt, llama_state_dict_options());
+    dcp::StateDict sd = pipe ? pipe->state_dict(model, &opt) : dcp::get_state_dict(*model, &opt, llama_state_dict_options());
     sd.metadata["step"] = std::to_string(step);
     return sd;
   };
@@ -208,9 +238,15 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
     // --profile: a trace of o.profile_steps steps after the first (warm-up).
     const int64_t traced = std::min(first + 1, o.steps - 1);
     if (log && !o.profile.empty() && step == traced) trace.emplace(TraceOptions{o.device == "cuda"});
-    at::Tensor loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
-    opt.zero_grad();
-    loss.backward();
+    at::Tensor loss;
+    if (pipe) {  // forward and backward of every microbatch; the loss on the last stage
+      opt.zero_grad();
+      loss = pipe->pipeline->step(b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq));
+    } else {
+      loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
+      opt.zero_grad();
+      loss.backward();
+    }
     if (debug) {
       writeCommDebug(*debug, o.comm_debug, world);
       debug.reset();
@@ -219,12 +255,14 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
     at::Tensor grad_norm;
     if (o.clip > 0) {
       grad_norm = clip_grad_norm_(model->unique_parameters(), o.clip);
-    } else if (logged && !o.metrics.empty()) {
+    } else if (logged && !o.metrics.empty() && !pipe) {
       notCounted([&] { grad_norm = clip_grad_norm_(model->unique_parameters(), INFINITY); });  // scales by 1: exact
     }
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(learningRate(o, step));
     opt.step();
-    at::Tensor reported = (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).reshape({1});
+    at::Tensor reported = !loss.defined() ? at::zeros({1}, at::kDouble)
+                          : (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).reshape({1});
+    if (pipe) notCounted([&] { pp.all_reduce(reported); });  // from the last stage to every rank
     if (dp.valid()) dp.all_reduce(reported, ReduceOp::Avg);
     run.losses.push_back(reported.item<double>());
     if (trace && (step + 1 == traced + o.profile_steps || step + 1 == o.steps)) {
@@ -279,8 +317,7 @@ Run train(Llama& model, const Options& o, const at::Tensor& corpus, bool log, co
     hf.source_dir = o.init_from_hf;
     save_hf(model, o.save_hf, hf);
   }
-  for (auto& [name, p] : model->unique_named_parameters())
-    run.params.emplace_back(name, is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
+  if (o.check_parity) run.params = fullParams(model, pipe, pp);
   if (log && world.rank() == 0) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("done: %lld steps in %.1f s, loss %.4f -> %.4f, %.0f tok/s, %lld collectives (%s)\n",
@@ -326,7 +363,7 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
   Llama ref(c);
   if (mp) apply_fsdp(ref, alone, fsdpOptions(o));
   at::manual_seed(o.seed);
-  return train(ref, o, corpus, /*log=*/false, ProcessGroup(), ProcessGroup());
+  return train(ref, nullptr, o, corpus, /*log=*/false, ProcessGroup(), ProcessGroup(), ProcessGroup());
 }
 
 // float64: TP must equal one device up to float64 rounding, which AdamW
@@ -397,8 +434,15 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", o.dropout, "Dropout after attention and MLP")->check(CLI::Range(0.0, 0.99));
   app.add_option("--seed", o.seed, "Seed for init, batches and dropout");
   app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE / dp]")->check(dtp::apps::kPositive);
-  app.add_option("--dp", o.dp, "Data-parallel degree [default: WORLD_SIZE / tp]; dp * tp = WORLD_SIZE")
+  app.add_option("--dp", o.dp, "Data-parallel degree [default: WORLD_SIZE / (pp * tp)]; pp * dp * tp = WORLD_SIZE")
       ->check(dtp::apps::kPositive);
+  app.add_option("--pp", o.pp, "Pipeline-parallel degree: the layers cut into pp stages (every rank builds the "
+                 "whole model, eagerly)")->check(dtp::apps::kPositive)->capture_default_str();
+  app.add_option("--microbatches", o.microbatches, "Microbatches per step under --pp [default: pp]")
+      ->check(dtp::apps::kPositive);
+  app.add_option("--schedule", o.pipeline_schedule, "Pipeline schedule under --pp")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))
+      ->capture_default_str();
   auto* fsdp = app.add_flag("--fsdp", o.fsdp, "Data parallelism as FSDP (fully_shard per block) [default]");
   auto* ddp = app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
   app.add_option("--mp", o.mp, "Mixed precision under FSDP: bf16 compute, float32 master weights")
@@ -446,9 +490,20 @@ int main(int argc, char** argv) {
   try {
     ProcessGroup world = init_process_group();
     const int64_t W = world.size();
-    const int64_t tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / o.dp : W, dp = o.dp > 0 ? o.dp : W / tp;
-    TORCH_CHECK(dp * tp == W, "--dp ", dp, " x --tp ", tp, " = ", dp * tp, " ranks, but WORLD_SIZE=", W,
-                ". Choose degrees whose product is the number of ranks (dtprun -n ", dp * tp, ").");
+    const int64_t pp = o.pp, tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp) : W / pp,
+                  dp = o.dp > 0 ? o.dp : W / (pp * tp);
+    TORCH_CHECK(pp * dp * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp, " x --tp ", tp, " = ",
+                pp * dp * tp, " ranks, but WORLD_SIZE=", W, ". Choose degrees whose product is the number of ranks "
+                "(dtprun -n ", pp * dp * tp, ").");
+    TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
+                "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "
+                "--resume folders move between pp layouts.");
+    TORCH_CHECK(pp == 1 || o.clip == 0, "--pp with --clip is NYI (the norm would need every stage's gradients). "
+                "Drop --clip.");
+    TORCH_CHECK(pp == 1 || (o.batch / dp) % (o.microbatches > 0 ? o.microbatches : pp) == 0, "--batch ", o.batch,
+                " over --dp ", dp, " gives ", o.batch / std::max<int64_t>(dp, 1), " sequences per rank, not divisible by ",
+                o.microbatches > 0 ? o.microbatches : pp, " microbatches. Choose --batch and --microbatches so "
+                "that batch / dp is a multiple of the microbatches.");
     TORCH_CHECK(o.batch % dp == 0, "--batch ", o.batch, " is not divisible by --dp ", dp,
                 ": each data-parallel rank trains batch/dp sequences. Use a multiple of ", dp, ".");
     const MemoryEstimate need = estimateMemory(o, dp, tp);
@@ -471,10 +526,11 @@ int main(int argc, char** argv) {
     TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
                 "drop --dtype ", o.model.dtype, ".");
     const bool fsdp = (dp > 1 && !o.ddp) || !o.mp.empty();
-    DeviceMesh mesh = dp > 1 || fsdp ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
-                                     : init_device_mesh(o.device, {tp}, {"tp"});
+    DeviceMesh mesh = pp > 1               ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
+                      : dp > 1 || fsdp     ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
+                                           : init_device_mesh(o.device, {tp}, {"tp"});
     LlamaConfig config = configOf(o);
-    config.deferred_init = !o.eager_init;  // each rank allocates its shards only
+    config.deferred_init = !o.eager_init && pp == 1;  // each rank allocates its shards only
     config.device = mesh.device();
     Llama model(config);
     if (world.rank() == 0)
@@ -483,13 +539,26 @@ int main(int argc, char** argv) {
                   static_cast<long long>(config.n_heads), static_cast<long long>(config.n_kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
-                  tp > 1 && !o.no_sp ? "sequence parallel" : "no sequence parallelism",
+                  tp > 1 && !o.no_sp && o.pp == 1 ? "sequence parallel" : "no sequence parallelism",
                   config.tie_embeddings ? ", tied embeddings" : "", o.dropout > 0 ? ", dropout" : "", corpus.numel() / 1e6,
                   tokenizer->name().c_str(), o.init_from_hf.empty() ? "" : ", from ", o.init_from_hf.c_str());
-    if (tp > 1 || dp > 1 || fsdp) apply_tensor_parallel(model, mesh, TensorParallelOptions{!o.no_sp, o.seq});
-    if (o.ac != "none") apply_ac(model, ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every});
-    if (fsdp) apply_fsdp(model, mesh, fsdpOptions(o));
-    else if (dp > 1) apply_ddp(model, mesh);
+    ParallelizeOptions parallel;
+    parallel.tp = TensorParallelOptions{!o.no_sp, o.seq};
+    if (o.ac != "none") parallel.ac = ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every};
+    parallel.data_parallel = fsdp ? DataParallel::FSDP : DataParallel::DDP;
+    parallel.fsdp = fsdpOptions(o);
+    std::optional<LlamaPipeline> pipe;
+    if (pp > 1) {
+      pipe = pipeline_llama(model, mesh, {o.pipeline_schedule, o.microbatches}, parallel);
+      if (world.rank() == 0)
+        std::printf("dtp-train: pipeline of %lld stages, %s schedule, %d microbatches per step (TP inside stages "
+                    "without sequence parallelism)\n%s", static_cast<long long>(pp), o.pipeline_schedule.c_str(),
+                    pipe->pipeline->schedule().microbatches(), pipe->pipeline->schedule().str().c_str());
+    } else if (tp > 1 || dp > 1 || fsdp) {
+      parallelize_llama(model, mesh, parallel);
+    } else if (parallel.ac) {
+      apply_ac(model, *parallel.ac);
+    }
     if (world.rank() == 0 && (o.ac != "none" || o.clip > 0 || o.warmup > 0 || o.schedule != "constant"))
       std::printf("dtp-train: activation checkpointing %s%s, gradient clipping %s, lr %g with %lld warmup steps, %s\n",
                   o.ac.c_str(), o.ac != "none" && o.ac_every > 1 ? c10::str(" (every ", o.ac_every, " blocks)").c_str() : "",
@@ -505,7 +574,8 @@ int main(int argc, char** argv) {
     }
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
-    Run run = train(model, o, corpus, /*log=*/true, world, dp > 1 ? mesh.get_group("dp") : ProcessGroup());
+    Run run = train(model, pipe ? &*pipe : nullptr, o, corpus, /*log=*/true, world,
+                    dp > 1 ? mesh.get_group("dp") : ProcessGroup(), pp > 1 ? mesh.get_group("pp") : ProcessGroup());
     if (o.check_parity && world.rank() == 0) return checkParity(o, corpus, run);
   } catch (const c10::Error& e) {
     std::cerr << "dtp-train: " << e.what_without_backtrace() << "\n";  // a user error: no C++ backtrace

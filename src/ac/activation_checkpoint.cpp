@@ -70,7 +70,7 @@ struct CheckpointBackward : torch::autograd::Node {
         collectives->start_replay();
         products->start_replay();
       }
-      detail::TapeScope c(collectives.get()), p(products.get(), detail::TapeKind::MatrixProducts);
+      detail::TapeScope c(collectives.get()), p(products.get(), detail::TapeKind::SavedOps);
       outs = fn(x);
     }
     std::vector<at::Tensor> roots, root_grads;
@@ -93,7 +93,13 @@ struct CheckpointBackward : torch::autograd::Node {
 
 bool in_checkpoint_recompute() { return detail::in_recompute(); }
 
-std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs, ACMode mode) {
+std::vector<std::string> default_sac_save_ops() { return {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}; }
+
+std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs, ACMode mode,
+                                   const std::vector<std::string>& save_ops) {
+  for (const auto& op : save_ops)
+    TORCH_CHECK(op.find("::") != std::string::npos, "checkpoint: save_ops entry '", op, "' is not an operator's "
+                "qualified name. Name ops as their schemas do, e.g. \"aten::mm\".");
   if (!at::GradMode::is_enabled()) return fn(inputs);  // no backward: nothing to save or recompute
   auto node = std::make_shared<CheckpointBackward>();
   node->fn = fn;
@@ -105,12 +111,12 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   }
   if (mode == ACMode::Selective) {
     node->collectives = std::make_shared<detail::CollectiveTape>();
-    node->products = std::make_shared<detail::CollectiveTape>();
+    node->products = std::make_shared<detail::CollectiveTape>(save_ops);
   }
   std::vector<at::Tensor> outs;
   {
     at::NoGradGuard no_grad;
-    detail::TapeScope c(node->collectives.get()), p(node->products.get(), detail::TapeKind::MatrixProducts);
+    detail::TapeScope c(node->collectives.get()), p(node->products.get(), detail::TapeKind::SavedOps);
     outs = fn(node->inputs);
   }
   for (const auto& o : outs)
@@ -122,13 +128,13 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   return outs;
 }
 
-void checkpoint_wrapper(torch::nn::Module& module, ACMode mode) {
+void checkpoint_wrapper(torch::nn::Module& module, ACMode mode, std::vector<std::string> save_ops) {
   nn::HookHost& host = detail::hooks_of(module, detail::technique::kCheckpointWrapper);
   TORCH_CHECK(!detail::was_applied(module, detail::technique::kCheckpointWrapper), "checkpoint_wrapper: ", module.name(),
               " is already checkpointed. Wrap each module once.");
-  host.wrappers.push_back([mode](const std::vector<at::Tensor>& inputs, const nn::HookHost::Run& run) {
+  host.wrappers.push_back([mode, save_ops](const std::vector<at::Tensor>& inputs, const nn::HookHost::Run& run) {
     return checkpoint([run](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{run(in)}; }, inputs,
-                      mode)[0];
+                      mode, save_ops)[0];
   });
   host.applied.push_back({detail::technique::kCheckpointWrapper, std::make_shared<ACMode>(mode)});
 }

@@ -8,7 +8,7 @@ thread_local CollectiveTape* tapes[2] = {nullptr, nullptr};
 }  // namespace
 
 const at::Tensor& CollectiveTape::pop() {
-  TORCH_CHECK(next_ < results_.size(), "dtp: a checkpointed function issued more collectives or matrix products "
+  TORCH_CHECK(next_ < results_.size(), "dtp: a checkpointed function issued more collectives or saved ops "
               "when recomputed (",
               next_ + 1, ") than in its first pass (", results_.size(), "). It must take the same path both "
               "times; use ACMode::Full for functions that do not.");

@@ -1,6 +1,6 @@
 // NOTE: [Collective tape] A recording of the results of this thread's
-// collectives (or, for the DTensor dispatcher, of its matrix products), in
-// order, that can stand in for them later: while a tape records, every
+// collectives (or, for the DTensor dispatcher, of the ops a save list names:
+// selective AC's matrix products), in order, that can stand in for them later: while a tape records, every
 // collective runs (synchronously) and its result is kept; while it replays,
 // every collective returns the next kept result and communicates nothing.
 // Selective activation checkpointing records the first pass of a
@@ -12,13 +12,21 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <string>
+#include <vector>
 
 namespace dtp::detail {
 
 class CollectiveTape {
  public:
+  CollectiveTape() = default;
+  // A tape of DTensor op results (TapeKind::SavedOps) keeping the ops named
+  // in `ops` ("aten::mm", ...).
+  explicit CollectiveTape(std::vector<std::string> ops) : ops_(std::move(ops)) {}
+  bool keeps(const std::string& op) const { return std::find(ops_.begin(), ops_.end(), op) != ops_.end(); }
   bool replaying() const { return replaying_; }
   void start_replay() {
     replaying_ = true;
@@ -30,12 +38,13 @@ class CollectiveTape {
   const at::Tensor& pop();
 
  private:
+  std::vector<std::string> ops_;
   std::deque<at::Tensor> results_;
   size_t next_ = 0;
   bool replaying_ = false;
 };
 
-enum class TapeKind : uint8_t { Collectives, MatrixProducts };
+enum class TapeKind : uint8_t { Collectives, SavedOps };
 
 // The tape of this thread for `kind`, or null.
 CollectiveTape* active_tape(TapeKind kind = TapeKind::Collectives);

@@ -33,7 +33,7 @@ AsyncSaver::~AsyncSaver() {
 void AsyncSaver::save(const StateDict& state_dict, const std::string& dir) {
   wait();
   SavePlan plan;
-  agree(group_, error_of([&] { plan = plan_save(state_dict, group_ ? group_->rank() : 0); }),
+  agree(group_, error_of([&] { plan = plan_save(state_dict); }),
         "async save of '" + dir + "'");
   // The snapshot: training may change the live tensors as soon as we return.
   for (auto& piece : plan.pieces) piece.data = piece.data.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);

@@ -23,7 +23,7 @@ LocalBox local_box(const at::Tensor& t) {
   return {spec.local_offset(), to_local(t.detach())};
 }
 
-SavePlan plan_save(const StateDict& state_dict, int rank) {
+SavePlan plan_save(const StateDict& state_dict) {
   SavePlan plan;
   plan.metadata = state_dict.metadata;
   std::set<std::string> names;
@@ -34,7 +34,7 @@ SavePlan plan_save(const StateDict& state_dict, int rank) {
                 ", which safetensors cannot hold. Convert it (e.g. to float32) before saving.");
     io::IndexedTensor global;
     global.dtype = t.scalar_type();
-    bool writer = rank == 0;
+    bool writer = true;  // a plain tensor: its lowest holder writes it (keep_lowest_holders)
     if (is_dtensor(t)) {
       const DTensorSpec& spec = dtensor_spec(t);
       TORCH_CHECK(!spec.has_partial(), "save: '", name, "' is ", spec.str(),

@@ -24,10 +24,10 @@ struct SavePlan {
 
 // Checks the state dict (unique names, defined tensors, savable dtypes, no
 // Partial) and lists this rank's candidate pieces: its non-empty shards,
-// without those a lower mesh coordinate holds too (Replicate dims) and, for
-// plain tensors, only on rank 0 of the group. write_plan then leaves each
-// piece to the lowest rank holding it (DDP's replicas live outside the mesh).
-SavePlan plan_save(const StateDict& state_dict, int rank);
+// without those a lower mesh coordinate holds too (Replicate dims). Then
+// keep_lowest_holders leaves each piece to the lowest rank holding it (a
+// plain tensor, DDP's replicas outside the mesh, pipeline stages' tensors).
+SavePlan plan_save(const StateDict& state_dict);
 
 // The box of the global tensor that `t` holds on this rank: offsets and the
 // local tensor (a view sharing memory). A plain tensor holds all of it.

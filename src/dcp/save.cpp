@@ -17,8 +17,8 @@ namespace {
 using Json = nlohmann::json;
 
 // This rank's file: its pieces, and what the index needs to know of them.
-std::string writeRankFile(const SavePlan& plan, const std::string& folder, int rank) {
-  if (plan.pieces.empty()) return Json{{"file", ""}, {"size", 0}, {"pieces", Json::array()}}.dump();
+Json writeRankFile(const SavePlan& plan, const std::string& folder, int rank) {
+  if (plan.pieces.empty()) return Json{{"file", ""}, {"size", 0}, {"pieces", Json::array()}};
   const std::string file = rank_file_name(rank);
   io::TensorMap tensors;
   for (const auto& p : plan.pieces) tensors.emplace_back(p.name, p.data);
@@ -30,7 +30,39 @@ std::string writeRankFile(const SavePlan& plan, const std::string& folder, int r
                                                                  plan.pieces[i].data.sizes().vec(), file, s.begin,
                                                                  s.end, s.crc32});
   }
-  return Json{{"file", file}, {"size", saved.size}, {"pieces", Json::parse(io::pieces_to_json(pieces))}}.dump();
+  return Json{{"file", file}, {"size", saved.size}, {"pieces", Json::parse(io::pieces_to_json(pieces))}};
+}
+
+// NOTE: [Tensors of some ranks] Ranks may hold different tensors (pipeline
+// stages hold their own layers): the index lists every rank's, and a name
+// two ranks hold must have one dtype and shape.
+Json globalsToJson(const std::map<std::string, io::IndexedTensor>& globals) {
+  Json out = Json::object();
+  for (const auto& [name, g] : globals) out[name] = {{"dtype", static_cast<int>(g.dtype)}, {"shape", g.shape}};
+  return out;
+}
+
+std::map<std::string, io::IndexedTensor> mergeGlobals(const std::vector<std::string>& records) {
+  std::map<std::string, io::IndexedTensor> out;
+  std::map<std::string, size_t> first;  // the rank that named it first
+  for (size_t r = 0; r < records.size(); ++r) {
+    const Json record = Json::parse(records[r].substr(1));
+    for (const auto& [name, g] : record.at("globals").items()) {
+      io::IndexedTensor t;
+      t.dtype = static_cast<at::ScalarType>(g.at("dtype").get<int>());
+      t.shape = g.at("shape").get<std::vector<int64_t>>();
+      auto [it, fresh] = out.emplace(name, t);
+      if (fresh) {
+        first[name] = r;
+        continue;
+      }
+      TORCH_CHECK(it->second.dtype == t.dtype && it->second.shape == t.shape, "ranks ", first[name], " and ", r,
+                  " hold '", name, "' as ", c10::toString(it->second.dtype), c10::IntArrayRef(it->second.shape),
+                  " and ", c10::toString(t.dtype), c10::IntArrayRef(t.shape), ". Give a name one global tensor on "
+                  "every rank that holds it.");
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -43,7 +75,11 @@ void write_plan(SavePlan plan, const std::string& dir, const std::optional<Proce
   agree(group, rank == 0 ? error_of([&] { io::prepare_incomplete_dir(dir); }) : "", what);
 
   std::string record;
-  const std::string error = error_of([&] { record = writeRankFile(plan, folder, rank); });
+  const std::string error = error_of([&] {
+    Json j = writeRankFile(plan, folder, rank);
+    j["globals"] = globalsToJson(plan.globals);
+    record = j.dump();
+  });
   const auto records = all_gather_strings(group, error.empty() ? "+" + record : "-" + error);
   std::string failures;
   for (size_t r = 0; r < records.size(); ++r) {
@@ -55,7 +91,7 @@ void write_plan(SavePlan plan, const std::string& dir, const std::optional<Proce
   agree(group, rank != 0 ? "" : error_of([&] {
     io::CheckpointIndex index;
     index.metadata = plan.metadata;
-    index.tensors = plan.globals;
+    index.tensors = mergeGlobals(records);
     for (const auto& r : records) {
       const Json j = Json::parse(r.substr(1));
       if (j.at("file").get<std::string>().empty()) continue;
@@ -72,7 +108,7 @@ void write_plan(SavePlan plan, const std::string& dir, const std::optional<Proce
 void save(const StateDict& state_dict, const std::string& dir, const SaveOptions& options) {
   const auto group = checkpoint_group(options.group);
   SavePlan plan;
-  agree(group, error_of([&] { plan = plan_save(state_dict, group ? group->rank() : 0); }), "save of '" + dir + "'");
+  agree(group, error_of([&] { plan = plan_save(state_dict); }), "save of '" + dir + "'");
   write_plan(std::move(plan), dir, group);
 }
 

@@ -104,7 +104,7 @@ struct OpInfo {
   Handler handler = nullptr;
   bool has_rule = false;
   bool writes = false;  // a return aliases a written argument (in place, out=)
-  bool matrix_product = false;  // kept by selective activation checkpointing
+  bool single_output = false;  // one return, writes nothing: selective AC's save list may keep it
 };
 
 const OpInfo& opInfo(const c10::OperatorHandle& op) {
@@ -121,9 +121,7 @@ const OpInfo& opInfo(const c10::OperatorHandle& op) {
     it->second.has_rule = registry.find(op.operator_name()) != nullptr;
     for (const auto& r : op.schema().returns())
       it->second.writes |= r.alias_info() != nullptr && r.alias_info()->isWrite();
-    const auto& n = op.schema().name();
-    it->second.matrix_product = !it->second.writes && op.schema().returns().size() == 1 &&
-                                (n == "aten::mm" || n == "aten::addmm" || n == "aten::bmm" || n == "aten::baddbmm");
+    it->second.single_output = !it->second.writes && op.schema().returns().size() == 1;
   }
   return it->second;
 }
@@ -169,9 +167,11 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = opInfo(op);
   if (info.handler != nullptr && info.handler(op, stack)) return;
   const size_t nargs = schema.arguments().size();
-  // NOTE: [Collective tape]: selective activation checkpointing keeps matrix
-  // products from the first pass and hands them back in the recomputation.
-  detail::CollectiveTape* tape = info.matrix_product ? detail::active_tape(detail::TapeKind::MatrixProducts) : nullptr;
+  // NOTE: [Collective tape]: selective activation checkpointing keeps the
+  // outputs of the ops its save list names from the first pass and hands
+  // them back in the recomputation.
+  detail::CollectiveTape* tape = info.single_output ? detail::active_tape(detail::TapeKind::SavedOps) : nullptr;
+  if (tape != nullptr && !tape->keeps(schema.name())) tape = nullptr;
   if (tape != nullptr && tape->replaying()) {
     torch::jit::drop(*stack, nargs);
     stack->emplace_back(tape->pop());

@@ -49,7 +49,7 @@ bool recordsGraph(std::initializer_list<const at::Tensor*> inputs) {
 }
 
 bool taped() {
-  return active_tape(TapeKind::Collectives) != nullptr || active_tape(TapeKind::MatrixProducts) != nullptr;
+  return active_tape(TapeKind::Collectives) != nullptr || active_tape(TapeKind::SavedOps) != nullptr;
 }
 
 at::Tensor linearAutograd(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {

@@ -139,7 +139,7 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
     for (size_t f = 0; f < files.size(); ++f) {
       for (size_t e = 0; e < files[f].entries.size(); ++e) where[files[f].entries[e].name] = {f, e};
     }
-    dcp::SavePlan plan = dcp::plan_save(sd, rank);
+    dcp::SavePlan plan = dcp::plan_save(sd);
     dcp::keep_lowest_holders(plan.pieces, group, rank);
     std::map<size_t, int> fds;
     try {

@@ -18,6 +18,10 @@
 //                host); rank 1 SIGKILLs itself at iteration 300: the others'
 //                errors must name global rank 1 (shm_chaos.sh checks that
 //                nothing is left in /dev/shm)
+//   pipeline_chaos  2 ranks, a 1F1B pipeline of two stages (point-to-point
+//                between them); rank 1 SIGKILLs itself inside its stage's
+//                forward in the 3rd step: rank 0's error must name global
+//                rank 1, never hang
 //   lonely       init_process_group() and nothing else: started alone with
 //                WORLD_SIZE=2, the rendezvous must time out with an error
 //                that says what is missing and how to fix it
@@ -26,6 +30,7 @@
 // mismatch is printed by the rank that saw it and makes every rank exit 1.
 #include <dtp/device_mesh.h>
 #include <dtp/dtensor.h>
+#include <dtp/pp/pipeline.h>
 #include <dtp/process_group.h>
 
 #include <ATen/ATen.h>
@@ -343,6 +348,22 @@ int chaos() {
   return 1;
 }
 
+int pipelineChaos() {
+  dtp::ProcessGroup world = dtp::init_process_group();
+  const int rank = world.rank();
+  at::Tensor w = at::full({4, 4}, 0.1, at::kDouble).requires_grad_(true);
+  int forwards = 0;
+  dtp::pp::PipelineStage stage{rank, [&](const at::Tensor& x) {
+                                 if (rank == 1 && ++forwards == 2 * 4 + 2) raise(SIGKILL);  // step 3, microbatch 1
+                                 return at::matmul(x.to(at::kDouble), w);
+                               }, {}};
+  dtp::pp::Pipeline pipe(dtp::pp::Schedule::one_f_one_b(2, 4), {stage}, world,
+                         [](const at::Tensor& y, const at::Tensor&) { return y.sum(); });
+  for (int step = 0; step < 10; ++step) pipe.step(at::ones({8, 4}, at::kDouble), at::ones({8, 4}, at::kDouble));
+  std::cerr << "pipeline_chaos: 10 steps returned although rank 1 was killed" << std::endl;
+  return 1;
+}
+
 int lonely() {
   dtp::init_process_group();  // must throw: the other ranks never arrive
   std::cerr << "lonely: init_process_group returned although no other rank was started; "
@@ -375,7 +396,8 @@ int main(int argc, char** argv) {
   if (cmd == "alone") return alone();
   if (cmd == "stall") return stall();
   if (cmd == "chaos") return chaos();
+  if (cmd == "pipeline_chaos") return pipelineChaos();
   std::cerr << "mp_worker: unknown subcommand '" << cmd
-            << "'. Expected collectives, mesh, die, stall, chaos, lonely or alone.\n";
+            << "'. Expected collectives, mesh, die, stall, chaos, pipeline_chaos, lonely or alone.\n";
   return 2;
 }

@@ -4,13 +4,16 @@
 # loop of small all_reduces. Exits with rank 0's status (its error is the
 # survivors' message), or 99 when a segment of this job is left in /dev/shm.
 #
-#   shm_chaos.sh MP_WORKER [W]      (WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+#   shm_chaos.sh MP_WORKER [W [SCENARIO]]   (WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+#
+# SCENARIO is mp_worker's subcommand (chaos; pipeline_chaos kills rank 1
+# mid-pipeline instead).
 set -u
-worker=$1 world=${2:-4}
+worker=$1 world=${2:-4} scenario=${3:-chaos}
 export WORLD_SIZE=$world
 pids=()
 for ((r = 0; r < world; r++)); do
-  RANK=$r "$worker" chaos &
+  RANK=$r "$worker" "$scenario" &
   pids+=($!)
 done
 wait "${pids[0]}"

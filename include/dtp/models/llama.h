@@ -173,6 +173,7 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
 struct ACOptions {
   ACMode mode = ACMode::Full;
   int64_t every = 1;
+  std::vector<std::string> save_ops = default_sac_save_ops();  // ACMode::Selective keeps these ops' outputs
 };
 void apply_ac(Llama& model, ACOptions options = {});
 

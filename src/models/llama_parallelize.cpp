@@ -1,0 +1,140 @@
+// parallelize_llama and pipeline_llama: the techniques composed in
+// torchtitan's order.
+#include "dtp/models/parallelize.h"
+
+#include "dtp/dcp/checkpoint.h"
+#include "dtp/models/llama_pipeline.h"
+#include "mesh/select_dims.h"
+
+#include <algorithm>
+#include <set>
+
+namespace dtp::models {
+namespace {
+
+bool hasDim(const DeviceMesh& mesh, const std::string& name) {
+  const auto& names = mesh.mesh_dim_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+pp::Schedule makeSchedule(const PipelineOptions& o, int ranks) {
+  const int m = o.microbatches > 0 ? o.microbatches : ranks * o.stages_per_rank;
+  TORCH_CHECK(o.stages_per_rank >= 1, "pipeline_llama: stages_per_rank=", o.stages_per_rank, " must be >= 1.");
+  TORCH_CHECK(o.stages_per_rank == 1 || o.schedule == "interleaved", "pipeline_llama: stages_per_rank=",
+              o.stages_per_rank, " needs the interleaved schedule; ", o.schedule, " runs one stage per pp rank.");
+  if (o.schedule == "gpipe") return pp::Schedule::gpipe(ranks, m);
+  if (o.schedule == "1f1b") return pp::Schedule::one_f_one_b(ranks, m);
+  if (o.schedule == "interleaved") return pp::Schedule::interleaved_1f1b(ranks, o.stages_per_rank, m);
+  TORCH_CHECK(false, "pipeline_llama: unknown schedule '", o.schedule, "'. Use gpipe, 1f1b or interleaved.");
+}
+
+// "model.<fqn>" of each of `pipe`'s parameters, by the whole model's names.
+std::set<std::string> ownNames(const LlamaPipeline& pipe, Llama& model) {
+  std::set<const void*> mine;
+  for (const auto& p : pipe.parameters()) mine.insert(p.unsafeGetTensorImpl());
+  std::set<std::string> names;
+  for (const auto& item : model->named_parameters())
+    if (mine.count(item.value().unsafeGetTensorImpl())) names.insert("model." + item.key());
+  return names;
+}
+
+constexpr const char* kStatePrefix = "optimizer.state.";
+
+}  // namespace
+
+void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options) {
+  TORCH_CHECK(!hasDim(mesh, "pp"), "parallelize_llama: ", mesh.str(), " has a \"pp\" dimension. Cut the model into "
+              "stages with pipeline_llama, which parallelizes each stage over the other dimensions.");
+  if (hasDim(mesh, "tp")) apply_tensor_parallel(model, mesh, options.tp);
+  if (options.ac) apply_ac(model, *options.ac);
+  if (!hasDim(mesh, "dp") && !hasDim(mesh, "dp_shard")) return;
+  if (options.data_parallel == DataParallel::FSDP) apply_fsdp(model, mesh, options.fsdp);
+  else apply_ddp(model, mesh, options.ddp);
+}
+
+std::vector<at::Tensor> LlamaPipeline::parameters() const {
+  std::vector<at::Tensor> out;
+  std::set<const void*> seen;
+  for (const auto& stage : stages)
+    for (const auto& p : stage->parameters())
+      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
+dcp::StateDict LlamaPipeline::state_dict(Llama model, torch::optim::Optimizer* optimizer) const {
+  const std::set<std::string> mine = ownNames(*this, model);
+  const dcp::StateDict all = dcp::get_state_dict(*model, optimizer, llama_state_dict_options());
+  dcp::StateDict out;
+  out.metadata = all.metadata;
+  for (const auto& [name, t] : all.tensors)
+    if (name.rfind("model.", 0) != 0 || mine.count(name)) out.add(name, t);
+  return out;
+}
+
+std::map<std::string, std::string> LlamaPipeline::load_state(const std::string& dir, Llama model,
+                                                             torch::optim::Optimizer* optimizer) const {
+  const std::set<std::string> mine = ownNames(*this, model);
+  const io::CheckpointIndex index = dcp::read_index(dir);
+  dcp::StateDict sd, osd;
+  for (const auto& [name, t] : dcp::get_model_state_dict(*model, llama_state_dict_options()).tensors)
+    if (mine.count(name)) sd.add(name, t);
+  if (optimizer) {
+    // The parameters that had optimizer state when saved get fresh state to
+    // load into (init_optimizer_state skips those of other stages).
+    std::vector<std::string> fqns;
+    for (const auto& [name, t] : index.tensors) {
+      if (name.rfind(kStatePrefix, 0) != 0) continue;
+      const std::string rest = name.substr(std::string(kStatePrefix).size());
+      fqns.push_back(rest.substr(0, rest.rfind('.')));
+    }
+    dcp::init_optimizer_state(*model, *optimizer, fqns);
+    osd = dcp::get_optimizer_state_dict(*model, *optimizer);
+    for (const auto& e : osd.tensors) sd.tensors.push_back(e);  // the same tensors: filled in place
+  }
+  dcp::LoadOptions options;  // what other stages load is no error here; a name this rank asks for and misses is
+  std::set<std::string> asked;
+  for (const auto& [name, t] : sd.tensors) asked.insert(name);
+  for (const auto& [name, t] : index.tensors)
+    if (!asked.count(name) && (name.rfind("model.", 0) == 0 || name.rfind(kStatePrefix, 0) == 0))
+      options.ignore_prefixes.push_back(name);
+  auto metadata = dcp::load(sd, dir, options);
+  if (optimizer) {
+    osd.metadata = metadata;
+    dcp::set_optimizer_state_dict(*model, *optimizer, osd);
+  }
+  return metadata;
+}
+
+LlamaPipeline pipeline_llama(const Llama& model, const DeviceMesh& mesh, const PipelineOptions& pipeline,
+                             ParallelizeOptions options) {
+  TORCH_CHECK(hasDim(mesh, "pp"), "pipeline_llama: ", mesh.str(), " has no \"pp\" dimension. Name one mesh "
+              "dimension \"pp\" (e.g. init_device_mesh(\"cpu\", {pp, dp, tp}, {\"pp\", \"dp\", \"tp\"})), or use "
+              "parallelize_llama without a pipeline.");
+  const int64_t pp_dim = mesh.dim_index("pp");
+  const int ranks = static_cast<int>(mesh.size(pp_dim)), me = static_cast<int>(mesh.get_local_rank(pp_dim));
+  pp::Schedule schedule = makeSchedule(pipeline, ranks);
+  // The rest of the mesh, in its order: what each stage is parallelized on.
+  std::vector<int64_t> rest;
+  for (int64_t d = 0; d < mesh.ndim(); ++d)
+    if (d != pp_dim) rest.push_back(d);
+  const std::optional<DeviceMesh> inner = rest.empty() ? std::nullopt : std::optional(select_mesh_dims(mesh, rest));
+  options.tp.sequence_parallel = false;  // plain activations between stages (see the header)
+
+  LlamaPipeline out;
+  std::vector<pp::PipelineStage> stages;
+  for (int s = 0; s < schedule.stages(); ++s) {
+    if (schedule.rank_of(s) != me) continue;
+    Llama part = llama_pipeline_stage(model, s, schedule.stages(), pipeline.split);
+    if (inner) parallelize_llama(part, *inner, options);
+    out.stages.push_back(part);
+    stages.push_back({s, [part](const at::Tensor& x) mutable { return part(x); }, {}});
+    out.has_last_stage = out.has_last_stage || s == schedule.stages() - 1;
+  }
+  out.pipeline = std::make_shared<pp::Pipeline>(std::move(schedule), std::move(stages), mesh.get_group(pp_dim),
+                                                [](const at::Tensor& logits, const at::Tensor& targets) {
+                                                  return llama_loss(logits, targets);
+                                                });
+  return out;
+}
+
+}  // namespace dtp::models
