@@ -650,7 +650,7 @@ void ProcessGroup::barrier() const {
     });
     return;
   }
-  finish(impl_, "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, false);
+  finish(impl_, "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, /*async_op=*/false);
 }
 
 ProcessGroup default_process_group() {

@@ -216,7 +216,7 @@ at::Tensor redistributeImpl(const at::Tensor& t, const DeviceMesh& mesh, const P
     if (!t.requires_grad() || !at::GradMode::is_enabled()) return t;
     out = makeDTensor(impl.local(), impl.spec_ptr());
   } else {
-    out = makeDTensor(redistribute_local(impl.local(), impl.spec(), spec->placements, false, consume), spec);
+    out = makeDTensor(redistribute_local(impl.local(), impl.spec(), spec->placements, /*backward=*/false, consume), spec);
   }
   auto node = std::make_shared<RedistributeBackward>();
   node->src = impl.spec_ptr();

@@ -20,6 +20,8 @@
 namespace dtp {
 namespace {
 
+using detail::ExecInfo;
+
 // NOTE: [Bucketed gradient reduction]
 // A replicated parameter that meets sharded activations (a norm weight under
 // sequence parallelism, a bias after a Shard(0) input) gets a Partial(sum)
@@ -46,7 +48,6 @@ namespace {
 std::vector<std::shared_ptr<class GradBucket>>& outerBuckets();
 
 using WeakTensorImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
-using ExecInfo = std::unordered_map<torch::autograd::Node*, torch::autograd::GraphTask::ExecInfo>;
 
 struct PendingGrad {
   uint64_t order;      // the parameter's creation order: the same on every rank
@@ -158,14 +159,8 @@ at::Tensor deferReduction(const SpecPtr& spec, uint64_t order, const WeakTensorI
                           const DTensorImpl& g, int64_t mesh_dim) {
   const ExecInfo* task = torch::autograd::get_current_graph_task_exec_info();
   TORCH_INTERNAL_ASSERT(task != nullptr, "keep_grad_placements: gradient hook ran outside backward");
-  bool accumulates = task->empty();
+  const bool accumulates = detail::accumulates_grad(*task, at::Tensor(weak_param.lock()));
   const ExecInfo* bucket_task = outer_task != nullptr ? outer_task : task;
-  if (!accumulates) {
-    const at::Tensor param(weak_param.lock());
-    auto acc = torch::autograd::impl::try_get_grad_accumulator(param);
-    auto it = acc ? task->find(acc.get()) : task->end();
-    accumulates = it != task->end() && it->second.needed_;
-  }
   at::Tensor partial = g.local().clone(at::MemoryFormat::Contiguous);
   bucketFor(bucket_task, spec->mesh.get_group(mesh_dim))->add({order, weak_param, accumulates, partial});
   return partial;
@@ -215,6 +210,13 @@ void keep_grad_placements(const at::Tensor& param) {
                                  : redistribute_local(gi->local(), gi->spec(), spec->placements);
     return makeDTensor(local, make_spec(spec->mesh, spec->placements, spec->shape, gi->spec().dtype));
   });
+}
+
+bool detail::accumulates_grad(const detail::ExecInfo& task, const at::Tensor& param) {
+  if (task.empty()) return true;
+  auto acc = torch::autograd::impl::try_get_grad_accumulator(param);
+  auto it = acc ? task.find(acc.get()) : task.end();
+  return it != task.end() && it->second.needed_;
 }
 
 }  // namespace dtp

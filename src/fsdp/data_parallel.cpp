@@ -1,5 +1,7 @@
 #include "fsdp/data_parallel.h"
 
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/redistribute.h"
 #include "dtp/dtensor.h"
 #include "mesh/flatten.h"
 #include "mesh/select_dims.h"
@@ -53,6 +55,30 @@ void check_tp_parameter(const at::Tensor& param, const std::string& fqn, const D
   TORCH_CHECK(m.tp && spec.mesh == *m.tp, api, ": parameter ", fqn, " is a DTensor on ", spec.mesh.str(),
               ", but the mesh passed has ", m.tp ? "\"tp\" " + m.tp->str() : std::string("no \"tp\" dimension"),
               ". Apply the TP plan to mesh[\"tp\"] of the same (dp, tp) mesh, then call ", api, " with that mesh.");
+}
+
+LocalGrad local_grad(const at::Tensor& grad, const DTensorSpec* param_spec) {
+  if (param_spec == nullptr) return {grad, false};
+  auto* gi = maybeGetDTensorImpl(grad);
+  TORCH_INTERNAL_ASSERT(gi != nullptr, "data parallelism: the gradient of a DTensor parameter is not a DTensor");
+  const Placements& have = gi->spec().placements;
+  const Placements& want = param_spec->placements;
+  const bool partial = have.size() == 1 && have[0].is_partial() && have[0].op == ReduceOp::Sum && want[0].is_replicate();
+  if (have == want || partial) return {gi->local(), partial};
+  return {redistribute_local(gi->local(), gi->spec(), want, /*backward=*/true, /*consume=*/false), false};
+}
+
+std::vector<at::Tensor> sum_over_tp(const std::vector<at::Tensor>& pieces, const ProcessGroup& tp) {
+  std::vector<at::Tensor> flat;
+  for (const auto& p : pieces) flat.push_back(p.reshape({-1}));
+  at::Tensor summed = tp.all_reduce(at::cat(flat)).wait();
+  std::vector<at::Tensor> out;
+  int64_t at = 0;
+  for (const auto& p : pieces) {
+    out.push_back(summed.narrow(0, at, p.numel()).view(p.sizes()));
+    at += p.numel();
+  }
+  return out;
 }
 
 std::vector<ParamSite> collect_params(torch::nn::Module& module, const std::string& skip) {

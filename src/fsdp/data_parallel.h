@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dtp/device_mesh.h"
+#include "dtp/dtensor_spec.h"
 #include "nn/applied.h"
 
 #include <torch/nn/module.h>
@@ -29,6 +30,21 @@ DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api);
 // A DTensor parameter must live on m.tp: TP is applied to mesh["tp"] of the
 // mesh given to `api`.
 void check_tp_parameter(const at::Tensor& param, const std::string& fqn, const DataParallelMesh& m, const char* api);
+
+// NOTE: [Partial gradients under data parallelism] A replicated TP parameter
+// (a norm weight under SP) gets a Partial(sum) gradient over tp. Summing
+// over tp commutes with averaging over dp, so fully_shard and replicate
+// reduce the partial pieces over dp as they are, then sum them over tp in
+// one all-reduce. Other placements are redistributed to the parameter's.
+struct LocalGrad {
+  at::Tensor local;
+  bool partial = false;  // to be summed over tp after the dp reduction
+};
+// `grad` (a DTensor when `param_spec` is given) as data parallelism reduces it.
+LocalGrad local_grad(const at::Tensor& grad, const DTensorSpec* param_spec);
+// One all-reduce (sum) over `tp` of `pieces` flattened together: each
+// piece's sum, shaped as it.
+std::vector<at::Tensor> sum_over_tp(const std::vector<at::Tensor>& pieces, const ProcessGroup& tp);
 
 // A parameter and every (module, name) field that holds it (tied: several).
 struct ParamSite {

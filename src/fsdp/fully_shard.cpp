@@ -153,33 +153,23 @@ class Unit : public std::enable_shared_from_this<Unit> {
       if (prev->freed()) prev->prefetch();
   }
 
-  // NOTE: [Partial gradients under fully_shard] A replicated TP parameter
-  // (a norm weight under SP) gets a Partial(sum) gradient over tp. Summing
-  // over tp commutes with averaging over dp, so the unit reduce-scatters the
-  // partial sums over dp first and then all-reduces over tp only this rank's
-  // shard of all such gradients together: one all-reduce per unit, on 1/dp
-  // of the bytes. Other placements are redistributed to the parameter's.
+  // NOTE: [Partial gradients under fully_shard] As NOTE: [Partial gradients
+  // under data parallelism]: the unit reduce-scatters the partial sums over
+  // dp first and then all-reduces over tp only this rank's shard of all such
+  // gradients together: one all-reduce per unit, on 1/dp of the bytes.
   variable_list reduce_scatter(variable_list& grads, Gathered* g) {
     const int W = dp.size();
     std::vector<at::Tensor> locals;
     std::vector<bool> partial(params.size(), false);
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& p = params[i];
-      const at::Tensor& g = grads[i];
-      if (!g.defined()) {
+      if (!grads[i].defined()) {
         locals.push_back(at::zeros(p.local_shape, unsafeGetDTensorImpl(p.sharded)->local().options().dtype(reduceDtype(p))));
-      } else if (!p.tp_spec) {
-        locals.push_back(g.to(reduceDtype(p)));
-      } else {
-        auto* gi = maybeGetDTensorImpl(g);
-        TORCH_INTERNAL_ASSERT(gi != nullptr, "fully_shard: the gradient of ", p.fqn, " is not a DTensor");
-        const Placements& have = gi->spec().placements;
-        const Placements& want = p.tp_spec->placements;
-        partial[i] = have.size() == 1 && have[0].is_partial() && have[0].op == ReduceOp::Sum && want[0].is_replicate();
-        at::Tensor local = have == want || partial[i] ? gi->local()
-                                                      : redistribute_local(gi->local(), gi->spec(), want, true, false);
-        locals.push_back(local.to(reduceDtype(p)));
+        continue;
       }
+      const detail::LocalGrad lg = detail::local_grad(grads[i], p.tp_spec.get());
+      partial[i] = lg.partial;
+      locals.push_back(lg.local.to(reduceDtype(p)));
     }
     std::vector<at::Tensor> pieces;
     for (int r = 0; r < W; ++r) {
@@ -201,15 +191,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
     }
     std::vector<at::Tensor> sums;
     for (size_t i = 0; i < params.size(); ++i)
-      if (partial[i]) sums.push_back(out[i].reshape({-1}).to(reduceDtype(params[i])));
+      if (partial[i]) sums.push_back(out[i].to(reduceDtype(params[i])));
     if (!sums.empty()) {
-      at::Tensor summed = tp_group().all_reduce(at::cat(sums)).wait();
-      int64_t at = 0;
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (!partial[i]) continue;
-        out[i] = summed.narrow(0, at, out[i].numel()).view(out[i].sizes()).to(params[i].sharded.scalar_type());
-        at += out[i].numel();
-      }
+      const std::vector<at::Tensor> summed = detail::sum_over_tp(sums, tp_group());
+      size_t k = 0;
+      for (size_t i = 0; i < params.size(); ++i)
+        if (partial[i]) out[i] = summed[k++].to(params[i].sharded.scalar_type());
     }
     reshard(g);
     return out;

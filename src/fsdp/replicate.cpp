@@ -2,6 +2,7 @@
 #include "dtp/fsdp/replicate.h"
 
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/grad_reduction.h"
 #include "dtensor/redistribute.h"
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
@@ -19,7 +20,7 @@ namespace dtp {
 namespace {
 
 using torch::autograd::variable_list;
-using ExecInfo = std::unordered_map<torch::autograd::Node*, torch::autograd::GraphTask::ExecInfo>;
+using detail::ExecInfo;
 
 constexpr const char* kApplied = detail::technique::kReplicate;
 
@@ -121,25 +122,12 @@ class State : public std::enable_shared_from_this<State> {
     for (size_t k = 0; k < grads.size(); ++k) {
       const at::Tensor& p = params[buckets[b].params[k]].param;
       auto* pi = maybeGetDTensorImpl(p);
-      const at::Tensor& g = grads[k];
-      bool partial = false;
-      at::Tensor local;
-      if (!g.defined()) {
-        local = at::zeros((pi ? pi->local() : p).sizes(), (pi ? pi->local() : p).options());
-      } else if (auto* gi = maybeGetDTensorImpl(g)) {
-        const Placements& have = gi->spec().placements;
-        const Placements& want = pi->spec().placements;
-        partial = have.size() == 1 && have[0].is_partial() && have[0].op == ReduceOp::Sum && want[0].is_replicate();
-        local = have == want || partial ? gi->local() : redistribute_local(gi->local(), gi->spec(), want, true, false);
-      } else {
-        local = g;
-      }
-      f.partial.push_back(partial);
-      f.accumulates.push_back(task->empty() || [&] {
-        auto acc = torch::autograd::impl::try_get_grad_accumulator(p);
-        auto it = acc ? task->find(acc.get()) : task->end();
-        return it != task->end() && it->second.needed_;
-      }());
+      detail::LocalGrad lg;
+      if (grads[k].defined()) lg = detail::local_grad(grads[k], pi ? &pi->spec() : nullptr);
+      else lg.local = at::zeros((pi ? pi->local() : p).sizes(), (pi ? pi->local() : p).options());
+      const at::Tensor& local = lg.local;
+      f.partial.push_back(lg.partial);
+      f.accumulates.push_back(detail::accumulates_grad(*task, p));
       flat.push_back(local.reshape({-1}));
       specs.push_back(pi ? pi->spec_ptr() : nullptr);
     }
@@ -175,12 +163,8 @@ class State : public std::enable_shared_from_this<State> {
       for (size_t k = 0; k < f.locals.size(); ++k)
         if (f.partial[k]) sums.push_back(reduced.narrow(0, f.offsets[k], f.locals[k].numel()));
       if (!sums.empty()) {
-        at::Tensor summed = tp->get_group(0).all_reduce(at::cat(sums)).wait();
-        int64_t at = 0;
-        for (auto& s : sums) {
-          s.copy_(summed.narrow(0, at, s.numel()));
-          at += s.numel();
-        }
+        const std::vector<at::Tensor> summed = detail::sum_over_tp(sums, tp->get_group(0));
+        for (size_t k = 0; k < sums.size(); ++k) sums[k].copy_(summed[k]);
       }
       at::Tensor delta = reduced - f.sent;
       f.sent.copy_(reduced);

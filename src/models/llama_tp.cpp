@@ -56,12 +56,6 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
   // kept as DTensors (use_local_output = false) so dropout draws the same
   // mask as one device.
   const Placement residual = sp ? Placement(Shard(1)) : Placement(Replicate());
-  ParallelizePlan plan;
-  if (c.with_embedding)
-    plan.emplace_back("tok_embeddings", RowwiseParallel(RowwiseParallelOptions()
-                                                            .input_layouts(Replicate())
-                                                            .output_layouts(residual)
-                                                            .use_local_output(false)));
   // Megatron's f at the input of each module holding Colwise projections
   // after a norm (attention, MLP, the head): their Partial gradients are
   // summed and reduced once there, so the norm gets a Replicate gradient and
@@ -71,6 +65,34 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                                                    .input_layouts({residual})
                                                    .desired_input_layouts({Replicate()})
                                                    .gradient_boundary(true));
+  const auto rowwise_out = RowwiseParallel(RowwiseParallelOptions().output_layouts(residual).use_local_output(false));
+
+  // torchtitan's layer_plan: every transformer block alike.
+  ParallelizePlan layer_plan = {
+      {"attention", gather_input},
+      {"attention.wq", ColwiseParallel()},
+      {"attention.wk", ColwiseParallel()},  // with replicated KV heads: left out (below)
+      {"attention.wv", ColwiseParallel()},
+      {"attention.wo", rowwise_out},
+      {"feed_forward", gather_input},
+      {"feed_forward.w1", ColwiseParallel()},
+      {"feed_forward.w2", rowwise_out},
+      {"feed_forward.w3", ColwiseParallel()},
+  };
+  if (sp) layer_plan.insert(layer_plan.begin(), {{"attention_norm", SequenceParallel()}, {"ffn_norm", SequenceParallel()}});
+  if (replicateKv) {
+    layer_plan.erase(std::remove_if(layer_plan.begin(), layer_plan.end(), [](const PlanEntry& e) {
+                       return e.pattern == "attention.wk" || e.pattern == "attention.wv";
+                     }),
+                     layer_plan.end());
+  }
+  // The rest of the model: the embedding, the final norm, the head.
+  ParallelizePlan plan;
+  if (c.with_embedding)
+    plan.emplace_back("tok_embeddings", RowwiseParallel(RowwiseParallelOptions()
+                                                            .input_layouts(Replicate())
+                                                            .output_layouts(residual)
+                                                            .use_local_output(false)));
   if (c.with_head) {
     plan.emplace_back("output", ColwiseParallel(ColwiseParallelOptions()
                                                     .input_layouts(residual)
@@ -78,24 +100,12 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                                                     .use_local_output(false)));
     if (!sp) plan.emplace_back("output", gather_input);
   }
-  if (sp) {
-    plan.emplace_back("norm", SequenceParallel());
-    plan.emplace_back("layers.*.attention_norm", SequenceParallel());
-    plan.emplace_back("layers.*.ffn_norm", SequenceParallel());
-  }
-  for (const char* m : {"layers.*.attention", "layers.*.feed_forward"}) plan.emplace_back(m, gather_input);
-  const auto rowwise_out = RowwiseParallel(RowwiseParallelOptions().output_layouts(residual).use_local_output(false));
-  for (const char* m : {"wq", "wk", "wv"}) {
-    if (replicateKv && std::string(m) != "wq") continue;
-    plan.emplace_back(std::string("layers.*.attention.") + m, ColwiseParallel());
-  }
-  plan.emplace_back("layers.*.attention.wo", rowwise_out);
-  for (const char* m : {"w1", "w3"}) plan.emplace_back(std::string("layers.*.feed_forward.") + m, ColwiseParallel());
-  plan.emplace_back("layers.*.feed_forward.w2", rowwise_out);
-  if (c.n_layers == 0) {
-    plan.erase(std::remove_if(plan.begin(), plan.end(),
-                              [](const PlanEntry& e) { return e.pattern.rfind("layers.", 0) == 0; }),
-               plan.end());
+  if (sp) plan.emplace_back("norm", SequenceParallel());
+  if (c.n_layers > 0) {  // one plan, so that it is validated before anything changes
+    for (PlanEntry e : layer_plan) {
+      e.pattern = "layers.*." + e.pattern;
+      plan.push_back(std::move(e));
+    }
   }
   parallelize_module(*model, *tp_mesh, plan);
   if (replicateKv) {

@@ -19,9 +19,9 @@ std::vector<Row> anyInput(const OpCall& c, int64_t m, bool keep_shards) {
 }
 
 // empty_like & co.: same shards, a Partial input gives a Replicate output.
-std::vector<Row> likeRows(const OpCall& c, int64_t m) { return anyInput(c, m, true); }
+std::vector<Row> likeRows(const OpCall& c, int64_t m) { return anyInput(c, m, /*keep_shards=*/true); }
 // new_zeros(size) & co.: a full-size replicated tensor whatever the input.
-std::vector<Row> newRows(const OpCall& c, int64_t m) { return anyInput(c, m, false); }
+std::vector<Row> newRows(const OpCall& c, int64_t m) { return anyInput(c, m, /*keep_shards=*/false); }
 
 // copy_(self, src): src takes self's placement (self is written, never
 // moved), on its own aligned dim when it broadcasts (f64[5,7](S(1)) from

@@ -117,7 +117,7 @@ bool indexPutScalar(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   at::Tensor local = impl->local();
   torch::jit::drop(*stack, 4);
-  torch::jit::push(*stack, local, local_indices, values, false);
+  torch::jit::push(*stack, local, local_indices, values, /*accumulate=*/false);
   op.callBoxed(stack);
   if (op.schema().is_mutable()) {
     torch::jit::drop(*stack, 1);

@@ -139,7 +139,7 @@ at::Tensor dropoutMask(std::vector<int64_t> shape, c10::IntArrayRef layout, doub
   at::Generator device_default = at::globalContext().defaultGenerator(like.device());
   auto draw = [&] {
     const at::Tensor ones = at::empty_strided(shape, dense_strides_like(shape, layout), like).fill_(1);
-    return std::get<1>(at::native_dropout(ones, 1. - p1m, true));
+    return std::get<1>(at::native_dropout(ones, 1. - p1m, /*train=*/true));
   };
   if (device_default.unsafeGetGeneratorImpl() == gen.unsafeGetGeneratorImpl()) return draw();
   at::Tensor saved;
