@@ -2,7 +2,7 @@
 // (full, every other block, selective) trains exactly as without it and as
 // one device (float64, dropout included); full mode repeats exactly the
 // forward's collectives of the checkpointed blocks, selective mode none;
-// composition with fully_shard; the errors.
+// composition with fully_shard and replicate; the save list; the errors.
 #include "dist.h"
 #include "llama_util.h"
 
@@ -16,7 +16,9 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 
 using namespace dtp;
 using namespace dtp::models;
@@ -142,102 +144,84 @@ TEST(ActivationCheckpointCollectives, FullRepeatsTheForwardsSelectiveNone) {
   });
 }
 
-// fully_shard after AC, as torchtitan orders them: (dp, tp) = (2, 2) with
-// full and selective AC trains as without AC; per block the recomputation's
-// all-gather replaces backward's, so dp collectives per step are unchanged.
-TEST(ActivationCheckpointFullyShard, TrainsAsWithoutAcWithTheSameDpCollectives) {
-  LlamaConfig c = dtp::test::small_llama_config(2);
-  c.dtype = at::kDouble;
-  c.dropout = 0.1;
-  run_ranks(4, [&](int) {
-    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-    const auto dp_ranks = mesh.get_group("dp").global_ranks();
-    auto build = [&](std::optional<ACMode> mode) {
-      Llama model(c);
-      apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
-      if (mode) apply_ac(model, ACOptions{*mode, 1});
-      apply_fsdp(model, mesh);
-      return model;
-    };
-    at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0).narrow(0, mesh.get_local_rank("dp"), 1);
-    auto run = [&](Llama model, std::array<int64_t, 2>& dp_counts) {
-      dtp::manual_seed(5);
-      dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-      std::vector<double> losses;
-      for (int step = 0; step < 2; ++step) {
-        CommCounter comm;
-        at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
-        opt.zero_grad();
-        loss.backward();
-        opt.step();
-        dp_counts = {comm.count(CollectiveType::AllGather, dp_ranks), comm.count(CollectiveType::ReduceScatter, dp_ranks)};
-        losses.push_back(full_tensor(loss).item<double>());
-      }
-      return std::make_pair(losses, dtp::test::full_named_params(model));
-    };
-    std::array<int64_t, 2> off_counts{}, on_counts{};
-    const auto off = run(build(std::nullopt), off_counts);
-    for (ACMode mode : {ACMode::Full, ACMode::Selective}) {
-      const auto on = run(build(mode), on_counts);
-      for (size_t i = 0; i < off.first.size(); ++i) EXPECT_NEAR(on.first[i], off.first[i], 1e-12);
-      for (size_t i = 0; i < off.second.size(); ++i)
-        EXPECT_LE((on.second[i].second - off.second[i].second).abs().max().item<double>(), 2e-11) << off.second[i].first;
-      EXPECT_EQ(on_counts, off_counts);
-    }
-    EXPECT_EQ(off_counts[0], 2 * c.n_layers + 1);
-  });
+// Two AdamW steps of `model` (seeded dropout) on `batch`: the losses, the
+// full parameters and `count` of the last step's collectives.
+struct TwoSteps {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<int64_t> counts;
+};
+
+TwoSteps twoSteps(Llama model, const at::Tensor& batch, const std::function<std::vector<int64_t>(const CommCounter&)>& count) {
+  dtp::manual_seed(5);
+  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  TwoSteps out;
+  for (int step = 0; step < 2; ++step) {
+    CommCounter comm;
+    at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    out.counts = count(comm);
+    out.losses.push_back(full_tensor(loss).item<double>());
+  }
+  out.params = dtp::test::full_named_params(model);
+  return out;
 }
 
-// replicate after AC (DDP with activation checkpointing): (dp, tp) = (2, 2)
-// with full and selective AC trains as without AC, with one bucket for the
-// whole model and with one per parameter. A bucket's node runs once in each
-// backward that reaches it: the outer one (embedding, final norm, head) and
-// each checkpointed block's nested recomputation, so one whole-model bucket
-// is all-reduced 1 + n_layers times per step, and per-parameter buckets once
-// each, as without AC.
-TEST(ActivationCheckpointReplicate, TrainsAsWithoutAcWithClosedFormDpCollectives) {
+// Equal to the same run without AC (the recomputation repeats the same ops).
+void expectSameAsWithoutAc(const TwoSteps& on, const TwoSteps& off) {
+  for (size_t i = 0; i < off.losses.size(); ++i) EXPECT_NEAR(on.losses[i], off.losses[i], 1e-12);
+  for (size_t i = 0; i < off.params.size(); ++i)
+    EXPECT_LE((on.params[i].second - off.params[i].second).abs().max().item<double>(), 2e-11) << off.params[i].first;
+}
+
+// Data parallelism after AC, as torchtitan orders them, on (dp, tp) = (2, 2)
+// with full and selective AC: trains as without AC.
+// - fully_shard: per block the recomputation's all-gather replaces
+//   backward's, so dp collectives per step are unchanged.
+// - replicate (DDP), with one bucket for the whole model and with one per
+//   parameter: a bucket's node runs once in each backward that reaches it,
+//   the outer one (embedding, final norm, head) and each checkpointed
+//   block's nested recomputation, so one whole-model bucket is all-reduced
+//   1 + n_layers times per step, and per-parameter buckets once each, as
+//   without AC.
+TEST(ActivationCheckpointDataParallel, TrainsAsWithoutAcWithClosedFormDpCollectives) {
   LlamaConfig c = dtp::test::small_llama_config(2);
   c.dtype = at::kDouble;
   c.dropout = 0.1;
   run_ranks(4, [&](int) {
     auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
     const auto dp_ranks = mesh.get_group("dp").global_ranks();
-    for (double cap : {25.0, 1e-9}) {
+    const at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0).narrow(0, mesh.get_local_rank("dp"), 1);
+    auto dpCounts = [&](const CommCounter& comm) {
+      return std::vector<int64_t>{comm.count(CollectiveType::AllGather, dp_ranks),
+                                  comm.count(CollectiveType::ReduceScatter, dp_ranks),
+                                  comm.count(CollectiveType::AllReduce, dp_ranks)};
+    };
+    for (const char* how : {"fsdp", "ddp", "ddp-per-param"}) {
+      SCOPED_TRACE(how);
+      const bool fsdp = std::string(how) == "fsdp";
       auto build = [&](std::optional<ACMode> mode) {
         Llama model(c);
         apply_tensor_parallel(model, mesh, TensorParallelOptions{true, kSeq});
         if (mode) apply_ac(model, ACOptions{*mode, 1});
-        apply_ddp(model, mesh, ReplicateOptions{cap});
+        if (fsdp) apply_fsdp(model, mesh);
+        else apply_ddp(model, mesh, ReplicateOptions{std::string(how) == "ddp" ? 25.0 : 1e-9});
         return model;
       };
-      at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0).narrow(0, mesh.get_local_rank("dp"), 1);
-      auto run = [&](Llama model, int64_t& dp_all_reduces) {
-        dtp::manual_seed(5);
-        dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-        std::vector<double> losses;
-        for (int step = 0; step < 2; ++step) {
-          CommCounter comm;
-          at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
-          opt.zero_grad();
-          loss.backward();
-          opt.step();
-          dp_all_reduces = comm.count(CollectiveType::AllReduce, dp_ranks);
-          losses.push_back(full_tensor(loss).item<double>());
-        }
-        return std::make_pair(losses, dtp::test::full_named_params(model));
-      };
-      int64_t off_count = 0, on_count = 0;
       Llama plain = build(std::nullopt);
-      const int64_t buckets = static_cast<int64_t>(replicate_buckets(*plain).size());
-      const auto off = run(plain, off_count);
-      EXPECT_EQ(off_count, buckets);
+      const int64_t buckets = fsdp ? 0 : static_cast<int64_t>(replicate_buckets(*plain).size());
+      const TwoSteps off = twoSteps(plain, batch, dpCounts);
+      const std::vector<int64_t> want_off = fsdp ? std::vector<int64_t>{2 * c.n_layers + 1, c.n_layers + 1, 0}
+                                                 : std::vector<int64_t>{0, 0, buckets};
+      EXPECT_EQ(off.counts, want_off);
       for (ACMode mode : {ACMode::Full, ACMode::Selective}) {
-        const auto on = run(build(mode), on_count);
-        for (size_t i = 0; i < off.first.size(); ++i) EXPECT_NEAR(on.first[i], off.first[i], 1e-12);
-        for (size_t i = 0; i < off.second.size(); ++i)
-          EXPECT_LE((on.second[i].second - off.second[i].second).abs().max().item<double>(), 2e-11)
-              << off.second[i].first << " cap " << cap;
-        EXPECT_EQ(on_count, buckets == 1 ? 1 + c.n_layers : buckets) << "cap " << cap;
+        const TwoSteps on = twoSteps(build(mode), batch, dpCounts);
+        expectSameAsWithoutAc(on, off);
+        std::vector<int64_t> want = want_off;
+        if (!fsdp && buckets == 1) want[2] = 1 + c.n_layers;
+        EXPECT_EQ(on.counts, want);
       }
     }
   });

@@ -7,12 +7,14 @@
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/clip_grad.h"
 
 #include <torch/nn/utils/clip_grad.h>
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 using namespace dtp;
 using namespace dtp::models;
@@ -77,6 +79,42 @@ TEST(ClipGradNorm, EqualsOneDeviceWithOneAllReducePerGroup) {
         for (size_t i = 0; i < got.size(); ++i) EXPECT_LE((got[i] - want.grads[i]).abs().max().item<double>(), 1e-15) << i;
       });
     }
+  }
+}
+
+// Under pipeline parallelism, (pp, tp) = (2, 2): each stage clips its own
+// parameters with the norm over all of them (one more all-reduce, over pp).
+TEST(ClipGradNorm, PipelineStagesShareTheWholeNorm) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  const double kMax = 0.05;
+  for (double p : {2.0, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE("norm " + std::to_string(p));
+    Llama one(c);
+    backwardOn(one, batchFor(c.vocab_size, 0, 1));
+    const double want = torch::nn::utils::clip_grad_norm_(one->unique_parameters(), kMax, p);
+    const auto want_grads = fullGrads(one);
+    run_ranks(4, [&](int) {
+      auto mesh = init_device_mesh("cpu", {2, 2}, {"pp", "tp"});
+      Llama full(c);
+      const LlamaPipeline pipe = pipeline_llama(full, mesh, {"gpipe", 2});
+      const at::Tensor b = batchFor(c.vocab_size, 0, 1);
+      pipe.pipeline->step(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
+      CommCounter comm;
+      at::Tensor norm = clip_grad_norm_(pipe.parameters(), kMax, p, mesh.get_group("pp"));
+      EXPECT_EQ(comm.count(CollectiveType::AllReduce, mesh.get_group("pp").global_ranks()), 1) << comm.str();
+      EXPECT_NEAR(norm.item<double>(), want, 1e-12 * want);
+      std::set<const void*> mine;
+      for (const auto& q : pipe.parameters()) mine.insert(q.unsafeGetTensorImpl());
+      size_t i = 0;
+      for (auto& q : full->unique_parameters()) {  // one device's order
+        if (mine.count(q.unsafeGetTensorImpl())) {
+          const at::Tensor g = is_dtensor(q) ? full_tensor(q.grad()) : q.grad();
+          EXPECT_LE((g - want_grads[i]).abs().max().item<double>(), 1e-15) << i;
+        }
+        ++i;
+      }
+    });
   }
 }
 

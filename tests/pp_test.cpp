@@ -190,10 +190,7 @@ TEST(PipelineTest, InterleavedEqualsOneDevice) {
 // of each dp rank's half of the batch. Losses (averaged over dp) and
 // parameters after AdamW steps equal one device on the whole batch.
 TEST(PipelineTest, ThreeDEqualsOneDevice) {
-  LlamaConfig c = dtp::test::small_llama_config(2);
-  c.n_layers = 4;
-  c.seed = 11;
-  c.dtype = at::kDouble;
+  const LlamaConfig c = config(4);  // tp 2 divides its heads
   const auto ref = oneDevice(c);
   constexpr int kMicrobatches = 4;
   for (bool fsdp : {true, false}) {
@@ -259,10 +256,7 @@ TEST(PipelineTest, ThreeDEqualsOneDevice) {
 class PipelineCheckpointTest : public dtp::test::TempDirTest {};
 
 TEST_F(PipelineCheckpointTest, LoadsAtAnyPipelineLayoutAndTrainsOn) {
-  LlamaConfig c = dtp::test::small_llama_config(2);
-  c.n_layers = 4;
-  c.seed = 11;
-  c.dtype = at::kDouble;
+  const LlamaConfig c = config(4);  // tp 2 divides its heads
   const auto ref = oneDevice(c);
   const std::string dir = file("ck");
   auto ownParams = [](Llama& full, const std::vector<at::Tensor>& mine_list, std::map<std::string, at::Tensor>& out) {

@@ -200,7 +200,9 @@ std::vector<std::pair<std::string, at::Tensor>> fullParams(Llama& model, const L
 
 Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::Tensor& corpus, bool log,
           const ProcessGroup& world, const ProcessGroup& dp, const ProcessGroup& pp) {
-  dtp::optim::AdamW opt(pipe ? pipe->parameters() : model->unique_parameters(), torch::optim::AdamWOptions(o.lr));
+  const std::vector<at::Tensor> params = pipe ? pipe->parameters() : model->unique_parameters();
+  const std::optional<ProcessGroup> ppGroup = pipe ? std::optional<ProcessGroup>(pp) : std::nullopt;
+  dtp::optim::AdamW opt(params, torch::optim::AdamWOptions(o.lr));
   const int64_t first = startFrom(o, model, pipe, opt);
   // --save-every: saves in the background while training goes on.
   std::unique_ptr<dcp::AsyncSaver> saver;
@@ -254,9 +256,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
     const bool logged = log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps);
     at::Tensor grad_norm;
     if (o.clip > 0) {
-      grad_norm = clip_grad_norm_(model->unique_parameters(), o.clip);
-    } else if (logged && !o.metrics.empty() && !pipe) {
-      notCounted([&] { grad_norm = clip_grad_norm_(model->unique_parameters(), INFINITY); });  // scales by 1: exact
+      grad_norm = clip_grad_norm_(params, o.clip, 2.0, ppGroup);
+    } else if (logged && !o.metrics.empty()) {
+      notCounted([&] { grad_norm = clip_grad_norm_(params, INFINITY, 2.0, ppGroup); });  // scales by 1: exact
     }
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(learningRate(o, step));
     opt.step();
@@ -498,8 +500,6 @@ int main(int argc, char** argv) {
     TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
                 "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "
                 "--resume folders move between pp layouts.");
-    TORCH_CHECK(pp == 1 || o.clip == 0, "--pp with --clip is NYI (the norm would need every stage's gradients). "
-                "Drop --clip.");
     TORCH_CHECK(pp == 1 || (o.batch / dp) % (o.microbatches > 0 ? o.microbatches : pp) == 0, "--batch ", o.batch,
                 " over --dp ", dp, " gives ", o.batch / std::max<int64_t>(dp, 1), " sequences per rank, not divisible by ",
                 o.microbatches > 0 ? o.microbatches : pp, " microbatches. Choose --batch and --microbatches so "

@@ -17,7 +17,8 @@ namespace dtp {
 // distinct group of all the parameters' mesh dimensions then gives every
 // rank the total. The clip coefficient stays a tensor: gradients are scaled
 // by min(1, max_norm / (norm + 1e-6)) without reading it on the host.
-at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, double norm_type,
+                           const std::optional<ProcessGroup>& pp) {
   TORCH_CHECK(norm_type > 0, "clip_grad_norm_: norm_type must be > 0 (or INFINITY), got ", norm_type, ".");
   const bool inf = std::isinf(norm_type);
   std::vector<at::Tensor> locals;
@@ -63,6 +64,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_nor
     total += part / replicas;
   }
   for (const auto& pg : groups) pg.all_reduce(total, inf ? ReduceOp::Max : ReduceOp::Sum);
+  if (pp && pp->valid() && pp->size() > 1) pp->all_reduce(total, inf ? ReduceOp::Max : ReduceOp::Sum);  // other stages
   at::Tensor norm = inf ? total : total.pow(1.0 / norm_type);
   at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
   for (auto& l : locals) l.mul_(coef.to(l.scalar_type()));

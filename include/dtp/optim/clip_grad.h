@@ -1,8 +1,11 @@
 // clip_grad_norm_: torch::nn::utils::clip_grad_norm_ for DTensor parameters.
 #pragma once
 
+#include "dtp/process_group.h"
+
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 namespace dtp {
@@ -16,6 +19,10 @@ namespace dtp {
 // is all-reduced once per distinct process group of the parameters' meshes
 // (a parameter replicated over a group contributes its share, 1/size), not
 // once per parameter. See NOTE: [Fused gradient norm].
-at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, double norm_type = 2.0);
+// Under pipeline parallelism each pp rank holds other parameters: pass the
+// pp group (mesh.get_group("pp")) and their norms combine over it (one more
+// all-reduce), as torchtitan's clip_grad_norm_ does with its pp mesh.
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, double norm_type = 2.0,
+                           const std::optional<ProcessGroup>& pp = std::nullopt);
 
 }  // namespace dtp
