@@ -345,7 +345,9 @@ TEST(DataParallelErrors, NameTheThingAndTheFix) {
       expect_error([&] { apply_tensor_parallel(model, mesh); },
                    {"parallelize_module", "already under fully_shard()", "Apply tensor parallelism first"});
       expect_error([&] { fully_shard(*model, mesh); }, {"already a fully_shard unit"});
-      expect_error([&] { apply_ddp(model, mesh); }, {"already under fully_shard()"});
+      // Through the model's helpers the error names the entry point and the module's FQN.
+      expect_error([&] { apply_fsdp(model, mesh); }, {"apply_fsdp: layers.0: fully_shard:", "already a fully_shard unit"});
+      expect_error([&] { apply_ddp(model, mesh); }, {"apply_ddp: the model: replicate:", "already under fully_shard()"});
       Llama ddp(c);
       apply_ddp(ddp, mesh);
       expect_error([&] { apply_tensor_parallel(ddp, mesh); }, {"already under replicate()"});

@@ -13,6 +13,7 @@
 #include "dtp/models/llama_pipeline.h"
 #include "dtp/models/parallelize.h"
 #include "dtp/pp/pipeline.h"
+#include "mesh/flatten.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
@@ -187,35 +188,50 @@ TEST(PipelineTest, InterleavedEqualsOneDevice) {
 // (activations between stages are plain replicated tensors: each tp rank
 // sends its copy to the same tp rank of the next stage), activation
 // checkpointing, FSDP or DDP over (dp, tp), then 1F1B over 4 microbatches
-// of each dp rank's half of the batch. Losses (averaged over dp) and
-// parameters after AdamW steps equal one device on the whole batch.
+// of each dp rank's half of the batch. Also (pp, dp_replicate, dp_shard) =
+// (2, 2, 2): HSDP inside the stages, 2 microbatches of each dp rank's
+// quarter, the model built with deferred init (each rank allocates its
+// stage's shards only; the other stage stays on the meta device). Losses
+// (averaged over dp) and parameters after AdamW steps equal one device on
+// the whole batch.
 TEST(PipelineTest, ThreeDEqualsOneDevice) {
   const LlamaConfig c = config(4);  // tp 2 divides its heads
   const auto ref = oneDevice(c);
-  constexpr int kMicrobatches = 4;
-  for (bool fsdp : {true, false}) {
+  for (const std::string how : {"FSDP + selective AC", "DDP + full AC", "HSDP"}) {
+    const bool hsdp = how == "HSDP";
+    const int kMicrobatches = hsdp ? 2 : 4;
     std::mutex mu;
     double max_loss = 0, max_param = 0;
     int64_t sends = 0;
     dtp::test::run_ranks(8, [&](int) {
-      auto mesh = dtp::init_device_mesh("cpu", {2, 2, 2}, {"pp", "dp", "tp"});
-      const dtp::ProcessGroup dp = mesh.get_group("dp");
-      Llama full(c);
+      auto mesh = hsdp ? dtp::init_device_mesh("cpu", {2, 2, 2}, {"pp", "dp_replicate", "dp_shard"})
+                       : dtp::init_device_mesh("cpu", {2, 2, 2}, {"pp", "dp", "tp"});
+      const dtp::ProcessGroup dp = hsdp ? dtp::flattened_group(mesh, {1, 2}, "test") : mesh.get_group("dp");
+      const int64_t rows = kBatch / dp.size();
+      LlamaConfig built = c;
+      built.deferred_init = hsdp;
+      Llama full(built);
       ParallelizeOptions parallel;
-      parallel.ac = ACOptions{fsdp ? dtp::ACMode::Selective : dtp::ACMode::Full, 1};
-      parallel.data_parallel = fsdp ? DataParallel::FSDP : DataParallel::DDP;
+      if (!hsdp) parallel.ac = ACOptions{how[0] == 'F' ? dtp::ACMode::Selective : dtp::ACMode::Full, 1};
+      parallel.data_parallel = how[0] == 'D' ? DataParallel::DDP : DataParallel::FSDP;
       const LlamaPipeline pipe = pipeline_llama(full, mesh, {"1f1b", kMicrobatches}, parallel);
+      if (built.deferred_init) {
+        pipe.init_weights(full);
+        std::set<const void*> own;
+        for (const auto& p : pipe.parameters()) own.insert(p.unsafeGetTensorImpl());
+        for (const auto& p : full->parameters()) EXPECT_EQ(p.is_meta(), !own.count(p.unsafeGetTensorImpl()));
+      }
       ASSERT_EQ(pipe.stages.size(), 1u);
       ASSERT_EQ(pipe.has_last_stage, mesh.get_local_rank("pp") == 1);
       dtp::optim::AdamW opt(pipe.parameters(), torch::optim::AdamWOptions(1e-2));
       for (int step = 0; step < kSteps; ++step) {
-        const at::Tensor b = batch(c.vocab_size, step).narrow(0, dp.rank() * kBatch / 2, kBatch / 2);
+        const at::Tensor b = batch(c.vocab_size, step).narrow(0, dp.rank() * rows, rows);
         opt.zero_grad();
         dtp::CommCounter comm;
         at::Tensor loss = pipe.pipeline->step(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
         if (step == kSteps - 1) {  // m activations or m gradients out, each [B/dp/m, seq, dim]
           EXPECT_EQ(comm.count(dtp::CollectiveType::Send), kMicrobatches);
-          EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), kMicrobatches * (kBatch / 2 / kMicrobatches) * kSeq * c.dim * 8);
+          EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), rows * kSeq * c.dim * 8);
           std::lock_guard<std::mutex> lock(mu);
           sends += comm.count(dtp::CollectiveType::Send);
         }
@@ -242,9 +258,10 @@ TEST(PipelineTest, ThreeDEqualsOneDevice) {
       }
       EXPECT_GT(compared, 0);
     });
-    std::printf("3-D (pp 2, dp 2, tp 2), %s + AC, 1F1B m=%d: vs one device over %d AdamW steps, max |loss diff| "
-                "%.2g, max |param diff| %.2g; %lld p2p sends per step over the 8 ranks\n", fsdp ? "FSDP" : "DDP",
-                kMicrobatches, kSteps, max_loss, max_param, static_cast<long long>(sends));
+    std::printf("3-D (pp 2, %s), %s, 1F1B m=%d: vs one device over %d AdamW steps, max |loss diff| %.2g, "
+                "max |param diff| %.2g; %lld p2p sends per step over the 8 ranks\n",
+                hsdp ? "dp_replicate 2, dp_shard 2" : "dp 2, tp 2", how.c_str(), kMicrobatches, kSteps, max_loss,
+                max_param, static_cast<long long>(sends));
   }
 }
 

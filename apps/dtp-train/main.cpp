@@ -187,7 +187,8 @@ std::vector<std::pair<std::string, at::Tensor>> fullParams(Llama& model, const L
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& [name, p] : model->unique_named_parameters()) {
     const bool here = !pipe || mine.count(p.unsafeGetTensorImpl()) > 0;
-    at::Tensor t = !here ? at::empty(p.sizes(), p.options()) : is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone();
+    at::Tensor t = !here ? at::empty(p.sizes(), p.options().device(model->config.device))
+                   : is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone();
     if (pipe) {
       at::Tensor owner = at::full({1}, here ? pp.rank() : -1, at::kLong);
       pp.all_reduce(owner, ReduceOp::Max);
@@ -438,8 +439,8 @@ int main(int argc, char** argv) {
   app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE / dp]")->check(dtp::apps::kPositive);
   app.add_option("--dp", o.dp, "Data-parallel degree [default: WORLD_SIZE / (pp * tp)]; pp * dp * tp = WORLD_SIZE")
       ->check(dtp::apps::kPositive);
-  app.add_option("--pp", o.pp, "Pipeline-parallel degree: the layers cut into pp stages (every rank builds the "
-                 "whole model, eagerly)")->check(dtp::apps::kPositive)->capture_default_str();
+  app.add_option("--pp", o.pp, "Pipeline-parallel degree: the layers cut into pp stages, each rank allocating its "
+                 "stage only")->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--microbatches", o.microbatches, "Microbatches per step under --pp [default: pp]")
       ->check(dtp::apps::kPositive);
   app.add_option("--schedule", o.pipeline_schedule, "Pipeline schedule under --pp")
@@ -530,7 +531,7 @@ int main(int argc, char** argv) {
                       : dp > 1 || fsdp     ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
                                            : init_device_mesh(o.device, {tp}, {"tp"});
     LlamaConfig config = configOf(o);
-    config.deferred_init = !o.eager_init && pp == 1;  // each rank allocates its shards only
+    config.deferred_init = !o.eager_init;  // each rank allocates its shards (of its stages) only
     config.device = mesh.device();
     Llama model(config);
     if (world.rank() == 0)
@@ -564,7 +565,8 @@ int main(int argc, char** argv) {
                   o.ac.c_str(), o.ac != "none" && o.ac_every > 1 ? c10::str(" (every ", o.ac_every, " blocks)").c_str() : "",
                   o.clip > 0 ? c10::str("at norm ", o.clip).c_str() : "off", o.lr, static_cast<long long>(o.warmup),
                   o.schedule.c_str());
-    if (config.deferred_init) init_weights(model);
+    if (config.deferred_init && pipe) pipe->init_weights(model);
+    else if (config.deferred_init) init_weights(model);
     {
       at::Tensor rss = at::full({1}, peakRssMiB(), at::kDouble);
       if (world.size() > 1) world.all_reduce(rss, ReduceOp::Max);

@@ -27,6 +27,8 @@ struct DeviceMesh::Impl {
   std::vector<ProcessGroup> groups;  // one per mesh dimension
   int rank = 0;  // global rank of this process
   ProcessGroup world;  // what init_device_mesh made it from (root meshes only)
+  std::shared_ptr<const DeviceMesh::Impl> root;  // a slice's whole mesh (null: this is one)
+  std::vector<int64_t> root_dims;                // a slice's dimensions in the whole mesh
   mutable std::mutex flat_mu;
   mutable std::map<std::vector<int64_t>, ProcessGroup> flat;  // flattened_group's, by dims
 };
@@ -143,10 +145,12 @@ DeviceMesh select_mesh_dims(const DeviceMesh& mesh, const std::vector<int64_t>& 
     bool kept = std::find(dims.begin(), dims.end(), d) != dims.end();
     if (!kept) base += self.coordinate[d] * st[d];
   }
+  impl->root = self.root ? self.root : mesh.impl_;
   for (int64_t d : dims) {
     impl->shape.push_back(self.shape[d]);
     impl->coordinate.push_back(self.coordinate[d]);
     impl->groups.push_back(self.groups[d]);
+    impl->root_dims.push_back(self.root ? self.root_dims[d] : d);
   }
   const auto sub_st = strides(impl->shape);
   const int64_t n = std::accumulate(impl->shape.begin(), impl->shape.end(), int64_t{1},
@@ -258,9 +262,14 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
 namespace dtp {
 
 ProcessGroup flattened_group(const DeviceMesh& mesh, const std::vector<int64_t>& dims, const char* api) {
+  if (mesh.impl().root) {  // a slice: the group is made on its whole mesh, by every rank of it
+    std::vector<int64_t> in_root;
+    for (int64_t d : dims) in_root.push_back(mesh.impl().root_dims.at(d));
+    return flattened_group(DeviceMesh(mesh.impl().root), in_root, api);
+  }
   const DeviceMesh::Impl& self = mesh.impl();
-  TORCH_CHECK(self.world.valid(), api, ": ", mesh.str(), " is a slice of a mesh; pass the whole mesh from "
-              "init_device_mesh (one group over several of its dimensions is made on it, by every rank).");
+  TORCH_CHECK(self.world.valid(), api, ": ", mesh.str(), " was not made by init_device_mesh; one group over several "
+              "of its dimensions is made on the whole mesh, by every rank. Build the mesh with init_device_mesh.");
   std::lock_guard<std::mutex> lock(self.flat_mu);
   auto it = self.flat.find(dims);
   if (it != self.flat.end()) return it->second;

@@ -10,10 +10,12 @@
 
 namespace dtp {
 
-// Made once per (mesh, dims), on the first call, collectively: every rank of
-// `mesh` (a whole mesh from init_device_mesh, not a slice) calls it with the
-// same dims in the same order relative to other group creations; later calls
-// return the same group. `api` names the caller in errors.
+// Made once per (whole mesh, dims), on the first call, collectively: every
+// rank of the whole mesh from init_device_mesh (`mesh` itself, or the mesh
+// `mesh` is a slice of, as a pipeline stage's (dp_replicate, dp_shard) of
+// (pp, dp_replicate, dp_shard)) calls it for the same dimensions in the same
+// order relative to other group creations; later calls return the same
+// group. `api` names the caller in errors.
 ProcessGroup flattened_group(const DeviceMesh& mesh, const std::vector<int64_t>& dims, const char* api);
 
 }  // namespace dtp

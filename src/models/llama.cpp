@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace dtp::models {
 
@@ -68,7 +69,11 @@ at::Tensor initialValue(const std::string& name, c10::IntArrayRef sizes, const L
 // it, a meta one is replaced by it, a DTensor keeps its shard of it (copy_
 // from a replicated value: no communication). A tied parameter's second
 // entry draws too (so later draws line up) and keeps the first's value.
-void initParameters(torch::nn::Module& model, const LlamaConfig& c) {
+// Every parameter is drawn in turn (one device's values); with `only`, just
+// those parameters are set and the others (other pipeline stages') stay as
+// they are.
+void initParameters(torch::nn::Module& model, const LlamaConfig& c,
+                    const std::unordered_set<const c10::TensorImpl*>* only = nullptr) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c.seed);
   torch::NoGradGuard no_grad;
   ImplicitReplicationGuard replicated;
@@ -77,6 +82,7 @@ void initParameters(torch::nn::Module& model, const LlamaConfig& c) {
   for (const auto& item : model.named_parameters()) {
     const at::Tensor& p = item.value();
     at::Tensor full = initialValue(item.key(), p.sizes(), c, gen);
+    if (only != nullptr && !only->count(p.unsafeGetTensorImpl())) continue;
     const auto dot = item.key().rfind('.');
     torch::nn::Module& owner = dot == std::string::npos ? model : *modules[item.key().substr(0, dot)];
     const std::string name = dot == std::string::npos ? item.key() : item.key().substr(dot + 1);
@@ -223,13 +229,17 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
   if (config.tie_embeddings) set_parameter(*output, "weight", tok_embeddings->weight);
 }
 
-void init_weights(Llama& model) {
+void init_weights(Llama& model, const std::vector<at::Tensor>& only) {
   TORCH_CHECK(model->awaiting_init, "init_weights: the model was not built with LlamaConfig::deferred_init, so it "
               "is initialized already.");
-  initParameters(*model, model->config);
+  std::unordered_set<const c10::TensorImpl*> subset;
+  for (const auto& p : only) subset.insert(p.unsafeGetTensorImpl());
+  initParameters(*model, model->config, only.empty() ? nullptr : &subset);
   model->awaiting_init = false;
   for (const auto& p : model->parameters())
-    TORCH_INTERNAL_ASSERT(!p.is_meta() && !(is_dtensor(p) && to_local(p.detach()).is_meta()), "init_weights left a meta parameter");
+    TORCH_INTERNAL_ASSERT((!subset.empty() && !subset.count(p.unsafeGetTensorImpl())) ||
+                              (!p.is_meta() && !(is_dtensor(p) && to_local(p.detach()).is_meta())),
+                          "init_weights left a meta parameter");
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& input) {

@@ -61,6 +61,11 @@ std::vector<at::Tensor> LlamaPipeline::parameters() const {
   return out;
 }
 
+void LlamaPipeline::init_weights(Llama model) const {
+  models::init_weights(model, parameters());
+  for (Llama stage : stages) stage->awaiting_init = false;  // a handle: the stage itself
+}
+
 dcp::StateDict LlamaPipeline::state_dict(Llama model, torch::optim::Optimizer* optimizer) const {
   const std::set<std::string> mine = ownNames(*this, model);
   const dcp::StateDict all = dcp::get_state_dict(*model, optimizer, llama_state_dict_options());

@@ -136,7 +136,10 @@ DTP_MODULE(Llama);
 // parameter gets the values a one-device init gives for the same seed. Each
 // full parameter is drawn in turn and only this rank's shard kept, so the
 // start-up peak is the shards plus one full parameter.
-void init_weights(Llama& model);
+// With `only` (a pipeline rank's parameters, LlamaPipeline::parameters()),
+// just those are allocated and set, to the same values; every other
+// parameter stays on the meta device, holding no memory.
+void init_weights(Llama& model, const std::vector<at::Tensor>& only = {});
 
 // What the Llama's checkpoints hold: parameters, not the rope tables (rebuilt
 // from the config, like torchtitan's non-persistent freqs_cis).

@@ -52,6 +52,10 @@ struct LlamaPipeline {
   bool has_last_stage = false;              // this rank computes the loss
   // This rank's parameters, each once (for the optimizer).
   std::vector<at::Tensor> parameters() const;
+  // For `model` built with deferred_init: allocates and sets this rank's
+  // parameters only (one device's values), the rest of the model staying on
+  // the meta device (init_weights(model, parameters())).
+  void init_weights(Llama model) const;
   // A checkpoint of this rank's stages named as the whole model's (`model`:
   // what pipeline_llama cut): their parameters and `optimizer`'s state of
   // them, for dcp::save or dcp::AsyncSaver. Every rank saving its own, the
