@@ -10,6 +10,7 @@ namespace {
 
 constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kStatePrefix = "optimizer.state.";
+constexpr const char* kModelPrefix = "model.";
 
 }  // namespace
 
@@ -31,10 +32,21 @@ std::map<std::string, std::string> load_state(const std::string& dir, torch::nn:
   StateDict sd = get_model_state_dict(model, sd_options);
   StateDict osd;
   std::optional<io::CheckpointIndex> read;
+  if (sd_options.keep) {  // the entries of parameters not kept are other ranks' to load
+    read = read_index(dir);
+    for (const auto& [name, t] : read->tensors) {
+      const bool of_model = name.rfind(kModelPrefix, 0) == 0, of_state = name.rfind(kStatePrefix, 0) == 0;
+      const std::string fqn = of_model ? name.substr(std::string(kModelPrefix).size())
+                              : of_state ? name.substr(std::string(kStatePrefix).size(),
+                                                       name.rfind('.') - std::string(kStatePrefix).size())
+                                         : "";
+      if ((of_model || of_state) && !sd_options.keep(fqn)) options.ignore_prefixes.push_back(name);
+    }
+  }
   if (optimizer) {
     // The parameters that had optimizer state when saved get fresh state to
     // load into; the others (no step yet) get none.
-    read = read_index(dir);
+    if (!read) read = read_index(dir);
     const io::CheckpointIndex& index = *read;
     std::set<std::string> fqns;
     for (const auto& [name, t] : index.tensors) {

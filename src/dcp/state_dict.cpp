@@ -109,8 +109,10 @@ const at::Tensor* StateDict::find(const std::string& name) const {
 
 StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions& options) {
   StateDict sd;
-  for (auto& [name, p] : unique_named_parameters(model)) sd.add("model." + name, p);
+  for (auto& [name, p] : unique_named_parameters(model))
+    if (!options.keep || options.keep(name)) sd.add("model." + name, p);
   for (const auto& item : model.named_buffers()) {
+    if (options.keep && !options.keep(item.key())) continue;
     const auto dot = item.key().rfind('.');
     const std::string last = dot == std::string::npos ? item.key() : item.key().substr(dot + 1);
     const auto& skip = options.non_persistent_buffers;

@@ -7,6 +7,7 @@
 #include "mesh/select_dims.h"
 
 #include <algorithm>
+#include <memory>
 #include <set>
 
 namespace dtp::models {
@@ -28,17 +29,18 @@ pp::Schedule makeSchedule(const PipelineOptions& o, int ranks) {
   TORCH_CHECK(false, "pipeline_llama: unknown schedule '", o.schedule, "'. Use gpipe, 1f1b or interleaved.");
 }
 
-// "model.<fqn>" of each of `pipe`'s parameters, by the whole model's names.
-std::set<std::string> ownNames(const LlamaPipeline& pipe, Llama& model) {
+// What this rank's checkpoint entries are: its stages' parameters, by the
+// whole model's names.
+dcp::StateDictOptions ownEntries(const LlamaPipeline& pipe, Llama& model) {
   std::set<const void*> mine;
   for (const auto& p : pipe.parameters()) mine.insert(p.unsafeGetTensorImpl());
-  std::set<std::string> names;
+  auto names = std::make_shared<std::set<std::string>>();
   for (const auto& item : model->named_parameters())
-    if (mine.count(item.value().unsafeGetTensorImpl())) names.insert("model." + item.key());
-  return names;
+    if (mine.count(item.value().unsafeGetTensorImpl())) names->insert(item.key());
+  dcp::StateDictOptions options = llama_state_dict_options();
+  options.keep = [names](const std::string& fqn) { return names->count(fqn) > 0; };
+  return options;
 }
-
-constexpr const char* kStatePrefix = "optimizer.state.";
 
 }  // namespace
 
@@ -67,47 +69,12 @@ void LlamaPipeline::init_weights(Llama model) const {
 }
 
 dcp::StateDict LlamaPipeline::state_dict(Llama model, torch::optim::Optimizer* optimizer) const {
-  const std::set<std::string> mine = ownNames(*this, model);
-  const dcp::StateDict all = dcp::get_state_dict(*model, optimizer, llama_state_dict_options());
-  dcp::StateDict out;
-  out.metadata = all.metadata;
-  for (const auto& [name, t] : all.tensors)
-    if (name.rfind("model.", 0) != 0 || mine.count(name)) out.add(name, t);
-  return out;
+  return dcp::get_state_dict(*model, optimizer, ownEntries(*this, model));
 }
 
 std::map<std::string, std::string> LlamaPipeline::load_state(const std::string& dir, Llama model,
                                                              torch::optim::Optimizer* optimizer) const {
-  const std::set<std::string> mine = ownNames(*this, model);
-  const io::CheckpointIndex index = dcp::read_index(dir);
-  dcp::StateDict sd, osd;
-  for (const auto& [name, t] : dcp::get_model_state_dict(*model, llama_state_dict_options()).tensors)
-    if (mine.count(name)) sd.add(name, t);
-  if (optimizer) {
-    // The parameters that had optimizer state when saved get fresh state to
-    // load into (init_optimizer_state skips those of other stages).
-    std::vector<std::string> fqns;
-    for (const auto& [name, t] : index.tensors) {
-      if (name.rfind(kStatePrefix, 0) != 0) continue;
-      const std::string rest = name.substr(std::string(kStatePrefix).size());
-      fqns.push_back(rest.substr(0, rest.rfind('.')));
-    }
-    dcp::init_optimizer_state(*model, *optimizer, fqns);
-    osd = dcp::get_optimizer_state_dict(*model, *optimizer);
-    for (const auto& e : osd.tensors) sd.tensors.push_back(e);  // the same tensors: filled in place
-  }
-  dcp::LoadOptions options;  // what other stages load is no error here; a name this rank asks for and misses is
-  std::set<std::string> asked;
-  for (const auto& [name, t] : sd.tensors) asked.insert(name);
-  for (const auto& [name, t] : index.tensors)
-    if (!asked.count(name) && (name.rfind("model.", 0) == 0 || name.rfind(kStatePrefix, 0) == 0))
-      options.ignore_prefixes.push_back(name);
-  auto metadata = dcp::load(sd, dir, options);
-  if (optimizer) {
-    osd.metadata = metadata;
-    dcp::set_optimizer_state_dict(*model, *optimizer, osd);
-  }
-  return metadata;
+  return dcp::load_state(dir, *model, optimizer, ownEntries(*this, model));
 }
 
 LlamaPipeline pipeline_llama(const Llama& model, const DeviceMesh& mesh, const PipelineOptions& pipeline,

@@ -16,6 +16,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -35,6 +36,11 @@ struct StateDictOptions {
   // Buffers whose name (last component) is listed are not saved, as PyTorch's
   // register_buffer(persistent=False); e.g. tables rebuilt from the config.
   std::vector<std::string> non_persistent_buffers;
+  // Only the parameters and buffers whose FQN this accepts (null: all): a
+  // pipeline rank's stages, whose entries it saves and loads while the other
+  // ranks handle theirs. load_state then leaves the others' entries, and their
+  // optimizer state, in the checkpoint.
+  std::function<bool(const std::string& fqn)> keep;
 };
 
 // Parameters (each tensor once: a tied weight under its first name) and
