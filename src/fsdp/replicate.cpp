@@ -42,6 +42,12 @@ constexpr const char* kApplied = detail::technique::kReplicate;
 //   difference is added to .grad.
 // The all-reduces thus run while backward computes the earlier layers.
 // Averaging over dp and summing over tp commute, so the order is free.
+// Under activation checkpointing, a block's recomputation runs a nested
+// backward (NOTE: [Checkpoint]): the bucket's node runs in it for that
+// block's gradients (the others are zeros) and its callback finishes them
+// at the end of that nested backward. Sums being linear, the gradients are
+// the same; a bucket spanning n checkpointed blocks and the rest is
+// all-reduced 1 + n times.
 
 struct Bucket {
   std::vector<size_t> params;  // indexes into State::params

@@ -12,7 +12,11 @@
 // backward waits for the buckets and puts the averaged gradients in place
 // (a replicated TP parameter's Partial gradient is also summed over tp
 // there, one all-reduce per bucket that has one). See NOTE: [Overlapped
-// bucket reduction] in src/fsdp/replicate.cpp.
+// bucket reduction] in src/fsdp/replicate.cpp. On a mesh named for HSDP
+// (dp_replicate, dp_shard) the average runs over both dimensions together.
+// With activation checkpointing inside (apply_ac before replicate), each
+// checkpointed block's recomputation runs a backward of its own: a bucket
+// is all-reduced once in every backward that reaches it.
 #pragma once
 
 #include "dtp/device_mesh.h"
