@@ -202,7 +202,6 @@ std::vector<std::pair<std::string, at::Tensor>> fullParams(Llama& model, const L
 Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::Tensor& corpus, bool log,
           const ProcessGroup& world, const ProcessGroup& dp, const ProcessGroup& pp) {
   const std::vector<at::Tensor> params = pipe ? pipe->parameters() : model->unique_parameters();
-  const std::optional<ProcessGroup> ppGroup = pipe ? std::optional<ProcessGroup>(pp) : std::nullopt;
   dtp::optim::AdamW opt(params, torch::optim::AdamWOptions(o.lr));
   const int64_t first = startFrom(o, model, pipe, opt);
   // --save-every: saves in the background while training goes on.
@@ -257,9 +256,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
     const bool logged = log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps);
     at::Tensor grad_norm;
     if (o.clip > 0) {
-      grad_norm = clip_grad_norm_(params, o.clip, 2.0, ppGroup);
+      grad_norm = clip_grad_norm_(params, o.clip, 2.0, pp);  // pp: invalid without a pipeline
     } else if (logged && !o.metrics.empty()) {
-      notCounted([&] { grad_norm = clip_grad_norm_(params, INFINITY, 2.0, ppGroup); });  // scales by 1: exact
+      notCounted([&] { grad_norm = clip_grad_norm_(params, INFINITY, 2.0, pp); });  // scales by 1: exact
     }
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(learningRate(o, step));
     opt.step();
@@ -501,10 +500,11 @@ int main(int argc, char** argv) {
     TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
                 "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "
                 "--resume folders move between pp layouts.");
-    TORCH_CHECK(pp == 1 || (o.batch / dp) % (o.microbatches > 0 ? o.microbatches : pp) == 0, "--batch ", o.batch,
-                " over --dp ", dp, " gives ", o.batch / std::max<int64_t>(dp, 1), " sequences per rank, not divisible by ",
-                o.microbatches > 0 ? o.microbatches : pp, " microbatches. Choose --batch and --microbatches so "
-                "that batch / dp is a multiple of the microbatches.");
+    const int64_t microbatches = o.microbatches > 0 ? o.microbatches : pp;  // pipeline_llama's default too
+    TORCH_CHECK(pp == 1 || (o.batch / dp) % microbatches == 0, "--batch ", o.batch, " over --dp ", dp, " gives ",
+                o.batch / std::max<int64_t>(dp, 1), " sequences per rank, not divisible by ", microbatches,
+                " microbatches. Choose --batch and --microbatches so that batch / dp is a multiple of the "
+                "microbatches.");
     TORCH_CHECK(o.batch % dp == 0, "--batch ", o.batch, " is not divisible by --dp ", dp,
                 ": each data-parallel rank trains batch/dp sequences. Use a multiple of ", dp, ".");
     const MemoryEstimate need = estimateMemory(o, dp, tp);

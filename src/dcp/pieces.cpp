@@ -43,7 +43,6 @@ SavePlan plan_save(const StateDict& state_dict) {
       // Over Replicate mesh dims only coordinate 0 writes: the lowest rank
       // holding these bytes.
       const auto coordinate = spec.mesh.get_coordinate();
-      writer = true;
       for (size_t d = 0; d < spec.placements.size(); ++d) writer &= !spec.placements[d].is_replicate() || coordinate[d] == 0;
     } else {
       global.shape = t.sizes().vec();

@@ -41,9 +41,10 @@ DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api) {
               "dimensions named \"dp\" and \"tp\" (init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"})), or for HSDP "
               "one named \"dp_replicate\" and \"dp_shard\", with \"tp\" or not.");
   const std::optional<DeviceMesh> tp = has("tp") ? std::optional<DeviceMesh>(mesh["tp"]) : std::nullopt;
-  if (two_d)
-    return {mesh.get_group("dp"), std::nullopt, mesh.get_group("dp"), tp,
-            select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
+  if (two_d) {
+    const ProcessGroup dp = mesh.get_group("dp");
+    return {dp, std::nullopt, dp, tp, select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
+  }
   const int64_t r = mesh.dim_index("dp_replicate"), s = mesh.dim_index("dp_shard");
   std::vector<int64_t> inside = {r, s};
   if (tp) inside.insert(inside.begin(), mesh.dim_index("tp"));

@@ -27,7 +27,7 @@ constexpr const char* kApplied = detail::technique::kFullyShard;
 struct ShardedParam {
   std::vector<std::pair<torch::nn::Module*, std::string>> fields;  // where forward reads it (tied: several)
   std::string fqn;
-  at::Tensor sharded;                 // the registered leaf: DTensor [tp placement, S(0)] on (tp, dp)
+  at::Tensor sharded;                 // the registered leaf: DTensor [tp placement, (R,) S(0)] on (tp, (dp_replicate,) dp)
   SpecPtr tp_spec;                    // what forward sees: this TP DTensor (in param_dtype), or (null) a plain tensor
   std::vector<int64_t> local_shape;   // the TP shard (gathered over dp)
   std::vector<int64_t> rows;          // its rows on each dp rank (torch.chunk)
@@ -42,14 +42,14 @@ struct ShardedParam {
 
 class Unit;
 
-// NOTE: [Unit gather backward] The gathered TP shards of a unit are outputs
-// of one autograd node whose inputs are the sharded parameters' locals: the
-// engine runs it once, after every op of the unit has produced its
-// gradients, and it reduce-scatters all of them in one collective.
 // One forward's gathered TP shards, one per parameter; their memory is freed
 // when resharded. NOTE: [Gathered per forward]
 using Gathered = std::vector<at::Tensor>;
 
+// NOTE: [Unit gather backward] The gathered TP shards of a unit are outputs
+// of one autograd node whose inputs are the sharded parameters' locals: the
+// engine runs it once, after every op of the unit has produced its
+// gradients, and it reduce-scatters all of them in one collective.
 struct UnitGatherBackward : torch::autograd::Node {
   std::weak_ptr<Unit> unit;
   std::weak_ptr<Gathered> gathered;  // kept alive by the hook on the unit's output
