@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <csignal>
 #include <functional>
 #include <thread>
 
@@ -342,6 +343,16 @@ TEST(CommErrors, PointToPointBadPeersAreNamedErrors) {
     dtp::test::expect_error([&] { pg.recv(at::Tensor(), 1 - rank); }, "the tensor is undefined");
     // Nothing was sent: the groups are still usable.
     EXPECT_TRUE(pg.all_reduce(at::ones({1})).wait().equal(at::full({1}, 2.0f)));
+  });
+}
+
+// NOTE: [A dead peer is an error, not SIGPIPE]: once a group exists, a write
+// to a dead peer's socket fails with EPIPE instead of ending the process.
+TEST(CommErrors, GroupsIgnoreSigpipeSoADeadPeerIsAnError) {
+  run_ranks(2, [&](int) {
+    struct sigaction current {};
+    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &current), 0);
+    EXPECT_EQ(current.sa_handler, SIG_IGN);
   });
 }
 

@@ -42,8 +42,9 @@ Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
   if (op.tensor.numel() == 0) return Work::ready(op.tensor);
   at::Tensor buf = op.tensor.is_contiguous() ? op.tensor : op.tensor.contiguous();
   std::vector<at::Tensor> bufs{buf};
-  compat::Backend& backend = backend_for(g, buf);
-  c10::intrusive_ptr<c10d::Work> work = send ? backend.send(bufs, dst, tag) : backend.recv(bufs, src, tag);
+  c10::intrusive_ptr<c10d::Work> work = issue(g, buf, [&](compat::Backend& b) {
+    return send ? b.send(bufs, dst, tag) : b.recv(bufs, src, tag);
+  });
   at::Tensor target = op.tensor;
   // Holds the group: the Work may outlive the caller's handle.
   return Work([impl, what, src, dst, tag, n, work = std::move(work), buf, target]() mutable {

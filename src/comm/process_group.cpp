@@ -15,7 +15,9 @@
 #endif
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
 #include <thread>
 #include <sstream>
@@ -82,6 +84,21 @@ bool wantsNccl(const std::string& requested) {
 #endif
 }
 
+// NOTE: [A dead peer is an error, not SIGPIPE] A rank that writes to the
+// socket of a peer that died gets SIGPIPE, whose default action ends the
+// process silently (exit status 141) where dtp would name the peer that did
+// not arrive. Some Gloo releases (the torch 2.11 wheel's) write without
+// MSG_NOSIGNAL; Python ignores SIGPIPE at start-up, so PyTorch never sees it.
+// dtp ignores it as well when the program left it at its default: the write
+// then fails with EPIPE and the collective's error says who died.
+void ignoreSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  });
+}
+
 // Gloo (and NCCL when wanted) for group `g`, meeting under its store prefix.
 void connect(ProcessGroup::Impl& g, bool nccl) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(g.prefix, g.root_store);
@@ -139,6 +156,11 @@ compat::Backend& backend_for(const ProcessGroup::Impl& g, const at::Tensor& t) {
   return *g.cuda_backend;
 }
 
+std::mutex& gloo_issue_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 std::string to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return "sum";
@@ -185,6 +207,7 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   // GPUs (init_device_mesh("cuda") takes and checks the GPU).
   if (impl->nccl && options.backend == "nccl") detail::rank_device("cuda", rank, "dtp: process group");
   install_gloo_abort_hint();
+  ignoreSigpipe();
   detail::shm_max_bytes();  // a malformed DTP_SHM_MAX_BYTES is named here, not as a failure to connect
   try {
     connect(*impl, impl->nccl);
@@ -364,7 +387,7 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = toC10d(op);
-  auto work = backend_for(impl(), buf).allreduce(bufs, opts);
+  auto work = issue(impl(), buf, [&](compat::Backend& b) { return b.allreduce(bufs, opts); });
   const int size = impl().size;
   return finish(impl_, "all_reduce", work, [tensor, buf, op, size]() mutable {
     if (op == ReduceOp::Avg) buf.div_(size);
@@ -416,7 +439,7 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < impl().size; ++r) outs[0].push_back(wire(out[r]));
   std::vector<at::Tensor> ins{wire(in)};
-  auto work = backend_for(impl(), in).allgather(outs, ins);
+  auto work = issue(impl(), in, [&](compat::Backend& b) { return b.allgather(outs, ins); });
   const bool even = std::all_of(numels.begin(), numels.end(),
                                 [&](int64_t n) { return n == max_numel; });
   return finish(impl_, "all_gather", work, [=] {
@@ -442,7 +465,7 @@ c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, const c
                                              std::vector<int64_t> in_counts) {
   check_collective(g, {what, call, in.scalar_type(), in_counts, out_counts});
   at::Tensor out_wire = wire(out), in_wire = wire(in);
-  return backend_for(g, in).alltoall_base(out_wire, in_wire, out_counts, in_counts);
+  return issue(g, in, [&](compat::Backend& b) { return b.alltoall_base(out_wire, in_wire, out_counts, in_counts); });
 }
 
 // Shape of `t` with `dim` moved to the front and resized.
@@ -588,7 +611,7 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
-  auto work = backend_for(impl(), buf).broadcast(bufs, opts);
+  auto work = issue(impl(), buf, [&](compat::Backend& b) { return b.broadcast(bufs, opts); });
   return finish(impl_, "broadcast", work, [tensor, buf]() mutable {
     if (!buf.is_same(tensor)) tensor.copy_(buf);
     return tensor;
@@ -650,7 +673,12 @@ void ProcessGroup::barrier() const {
     });
     return;
   }
-  finish(impl_, "barrier", impl().backend->barrier(), [] { return at::Tensor(); }, /*async_op=*/false);
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    std::lock_guard<std::mutex> lock(gloo_issue_mutex());  // NOTE: [One Gloo call at a time]
+    work = impl().backend->barrier();
+  }
+  finish(impl_, "barrier", work, [] { return at::Tensor(); }, /*async_op=*/false);
 }
 
 ProcessGroup default_process_group() {

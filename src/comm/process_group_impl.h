@@ -7,6 +7,7 @@
 
 #include <exception>
 #include <map>
+#include <mutex>
 #include <tuple>
 #include <string>
 
@@ -34,6 +35,29 @@ struct ProcessGroup::Impl {
 // The backend that carries `t`: Gloo for CPU tensors, NCCL for CUDA ones
 // (a named error when the group has none).
 compat::Backend& backend_for(const ProcessGroup::Impl& g, const at::Tensor& t);
+
+// NOTE: [One Gloo call at a time] c10d records every Gloo collective in a
+// process-wide flight recorder (on by default since torch 2.10: 2000 entries,
+// TORCH_FR_BUFFER_SIZE), whose first record of each group inserts into a
+// std::map before taking its lock. Two threads issuing their groups' first
+// collectives at once (ranks as threads in tests, an async checkpoint's group
+// beside training's) corrupt that map: segfaults in
+// FlightRecorder::recordWithResetEnabled on the torch 2.11 wheel. dtp issues
+// every Gloo call under one process-wide mutex; issuing only enqueues (the
+// wait happens outside it), so it costs an uncontended lock per collective.
+// NCCL calls are not serialized: their first call may block in communicator
+// set-up until the peers arrive, and dtp issues them from one thread.
+std::mutex& gloo_issue_mutex();
+
+// Issues `call(backend)` on the backend that carries `t`, under
+// gloo_issue_mutex() for Gloo.
+template <class Call>
+auto issue(const ProcessGroup::Impl& g, const at::Tensor& t, Call&& call) {
+  compat::Backend& backend = backend_for(g, t);
+  if (t.is_cuda()) return call(backend);
+  std::lock_guard<std::mutex> lock(gloo_issue_mutex());
+  return call(backend);
+}
 
 // Throws the one-line error of a failed collective: `what` #n (the group's
 // collective count) on `g`, the ranks that did not reach it and why.
