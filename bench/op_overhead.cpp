@@ -22,7 +22,9 @@
 #include <dtp/comm_counter.h>
 #include <dtp/device_mesh.h>
 #include <dtp/dtensor.h>
+#include <dtp/explicit_redistribute.h>
 #include <dtp/module_utils.h>
+#include <dtp/nn/modules.h>
 #include <dtp/process_group.h>
 
 #include "dtensor/sharding_prop.h"  // clear_propagation_cache
@@ -219,6 +221,28 @@ void registerBenchmarks() {
           for (auto _ : state) benchmark::DoNotOptimize(step().unsafeGetTensorImpl());
         })
         ->Unit(benchmark::kMicrosecond);
+  }
+
+  // (6b) dtp::nn::rms_norm forward + backward on an S(0) [16, 64] input
+  // (local [8, 64]) with a replicated weight: one local graph under one
+  // DTensor-level node (NOTE: [Fused rms_norm under autograd]); the
+  // "Decomposed" pair runs the six ops and their backward as DTensor ops
+  // (explicit-redistribution mode turns the fused path off).
+  for (bool decomposed : {false, true}) {
+    pair(decomposed ? "RmsNormDecomposed" : "RmsNormFwdBwd",
+         [](bool d) {
+           Inputs in{make(d, {16, 64}, Shard(0)), make(d, {64}, Replicate()), make(d, {16, 64}, Shard(0))};
+           in[0].requires_grad_(true);
+           in[1].requires_grad_(true);
+           return in;
+         },
+         [decomposed](const Inputs& in) {
+           std::optional<dtp::ExplicitRedistributeGuard> guard;
+           if (decomposed) guard.emplace();
+           at::Tensor y = dtp::nn::rms_norm(in[0], in[1], 1e-5);
+           y.backward(in[2]);
+           return y;
+         });
   }
 
   // (7) one AdamW step on that Linear's parameters (gradients fixed). Its

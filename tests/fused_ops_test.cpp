@@ -108,32 +108,50 @@ TEST_P(FusedOps, OtherShapesAndTapesDecompose) {
   });
 }
 
-// dtp::nn::rms_norm: no DTensor op without a graph where the rows are whole
-// on each rank, the same local values as the decomposition, equal to one
-// device; the decomposition with a graph, a tape, a sharded last dim, a
-// Partial input or a sharded weight (the values equal either way).
+// dtp::nn::rms_norm: no DTensor op where the rows are whole on each rank,
+// with a graph (NOTE: [Fused rms_norm under autograd]: a plain graph between two
+// DTensor-level nodes, no DTensor op in its backward either) or without; the same local values as the
+// decomposition, equal to one device, gradients of x and of the weight too,
+// also where the output's gradient comes back Partial(sum) (a Colwise
+// matmul after the norm); the decomposition with a tape, a sharded last
+// dim, a Partial input or a sharded weight (the values equal either way).
 TEST_P(FusedOps, RmsNormNormalizesEachRanksRows) {
   run([&](const DeviceMesh& mesh, int64_t ranks) {
-    const at::Tensor x = data({3, 5, 8}, 0.3), w = data({8}, 0.2) + 1;
+    const at::Tensor x = data({3, 5, 8}, 0.3), w = data({8}, 0.2) + 1, m = data({8, 6}, 0.1);
     const at::Tensor ref = x * at::rsqrt(x.pow(2).mean({-1}, true) + 1e-6) * w;
     const at::Tensor dw = distribute_tensor(w, mesh, on(mesh, Replicate()));
     for (auto px : {Shard(0), Shard(1), Shard(2), Replicate()}) {
       SCOPED_TRACE(px.str());
+      const bool whole_rows = !(px.is_shard() && px.dim == 2);
       const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, px));
-      at::Tensor fused, decomposed;
+      at::Tensor fused, graphed;
       {
         at::NoGradGuard no_grad;
-        EXPECT_EQ(dtensorOps([&] { fused = nn::rms_norm(dx, dw, 1e-6); }), px.is_shard() && px.dim == 2 ? 6 : 0);
+        EXPECT_EQ(dtensorOps([&] { fused = nn::rms_norm(dx, dw, 1e-6); }), whole_rows ? 0 : 6);
       }
+      // Gradients through a matmul by a Colwise (Shard(1)) matrix: with a
+      // replicated x the norm's output gradient is Partial(sum).
       const at::Tensor gx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, px));
-      EXPECT_EQ(dtensorOps([&] { decomposed = nn::rms_norm(gx, dw, 1e-6); }), 6);
-      EXPECT_EQ(placements(fused), placements(decomposed));
-      EXPECT_TRUE(to_local(fused).equal(to_local(decomposed).detach()));
+      const at::Tensor gw = distribute_tensor(w.clone().requires_grad_(), mesh, on(mesh, Replicate()));
+      const at::Tensor dm = distribute_tensor(m, mesh, on(mesh, Shard(1)));
+      EXPECT_EQ(dtensorOps([&] { graphed = nn::rms_norm(gx, gw, 1e-6); }), whole_rows ? 0 : 6);
+      EXPECT_EQ(placements(fused), placements(graphed));
+      EXPECT_TRUE(to_local(fused).equal(to_local(graphed).detach()));
       EXPECT_LE((full_tensor(fused) - ref).abs().max().item<double>(), 1e-15);
-      decomposed.sum().backward();  // the graph is the decomposition's: gradients as before
-      at::Tensor xr = x.clone().requires_grad_();
-      (xr * at::rsqrt(xr.pow(2).mean({-1}, true) + 1e-6) * w).sum().backward();
+      const at::Tensor y = at::matmul(graphed, dm);
+      const at::Tensor ones = at::ones_like(y);  // a DTensor like y
+      int64_t backward_ops = dtensorOps([&] { y.backward(ones); });
+      if (whole_rows) {
+        EXPECT_EQ(graphed.grad_fn()->name(), "dtp::FusedOutBackward");
+        // The matmul's backward (about 4 ops) and none of the norm's (the decomposition: about 10 more).
+        EXPECT_LE(backward_ops, 6);
+      }
+      at::Tensor xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_();
+      at::matmul(xr * at::rsqrt(xr.pow(2).mean({-1}, true) + 1e-6) * wr, m).sum().backward();
+      EXPECT_EQ(placements(gx.grad()), placements(gx));
+      EXPECT_EQ(placements(gw.grad()), placements(gw));
       EXPECT_LE((full_tensor(gx.grad()) - xr.grad()).abs().max().item<double>(), 1e-14);
+      EXPECT_LE((full_tensor(gw.grad()) - wr.grad()).abs().max().item<double>(), 1e-14);
     }
     at::NoGradGuard no_grad;
     const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, Shard(0)));

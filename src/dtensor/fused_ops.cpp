@@ -17,14 +17,17 @@
 // The fallback runs ATen's op on the local shards, i.e. the same local ops
 // as the decomposition: the values are the same bit for bit.
 // dtp::nn::rms_norm (six DTensor ops: pow, mean, add, rsqrt, mul, mul) is
-// fused the same way, without an ATen op of its own: with no graph and no
-// tape, an input sharded on any dim but the normalized last one (or
-// replicated) and a replicated weight, each rank normalizes its own rows:
-// the same local ops, no DTensor op at all (fused_rms_norm).
+// fused the same way, without an ATen op of its own: with no tape, an input
+// sharded on any dim but the normalized last one (or replicated) and a
+// replicated weight, each rank normalizes its own rows: the same local ops,
+// no DTensor op at all (fused_rms_norm). With a graph, see
+// NOTE: [Fused rms_norm under autograd].
 #include "dtensor/fused_ops.h"
 
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/explicit_redistribute.h"
+#include "dtensor/redistribute.h"
 
 #include "comm/collective_tape.h"
 
@@ -34,6 +37,8 @@
 #include <ATen/ops/linear_ops.h>
 #include <ATen/ops/matmul_native.h>
 #include <ATen/ops/matmul_ops.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 namespace dtp::detail {
@@ -77,23 +82,119 @@ void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, at::native::matmul(self, other));
 }
 
+// NOTE: [Fused rms_norm under autograd]
+// In training, the six DTensor ops of rms_norm and the ten or so of its
+// backward cost dispatch on every rank (a sixth of a reference Llama step's
+// DTensor ops). Their backward is linear in the gradient and local to each
+// row, so the whole norm runs on the shards as one plain graph instead, as
+// local_map would run it: x and the weight enter as local aliases whose
+// node (dtp::FusedInBackward) wraps their local gradients into DTensors;
+// the plain ops (`local`) record an ordinary autograd graph; the output is
+// wrapped, and its node (dtp::FusedOutBackward) hands the local part of the
+// output's gradient to that graph. The engine runs it all in one pass, the
+// same kernels as on one device: the values equal the decomposition's bit
+// for bit. Gradient placements, per mesh dim, as the decomposition's
+// propagation gives them, decided by the output node when the gradient
+// arrives (the input nodes run after it: they are reached only through it):
+//  - x Shard(d): the gradient must be Shard(d) (redistributed when it is
+//    not); x's gradient is Shard(d), the weight's Partial(sum) (each rank
+//    summed its own rows).
+//  - x Replicate: a Partial(sum) gradient stays partial (the backward is
+//    linear in it: both gradients are Partial(sum)); a Replicate one gives
+//    Replicate gradients; anything else is redistributed to Replicate.
+// The graph holds what the decomposition's nodes would have saved. Not
+// taken under an activation-checkpointing tape (both passes must make the
+// same DTensor ops) nor in explicit-redistribution mode (which names the
+// redistributions the decomposition makes): the decomposition runs there.
+struct FusedGradPlacements {
+  Placements x, weight;
+};
+
+struct FusedOutBackward : torch::autograd::Node {
+  SpecPtr x_spec;
+  std::shared_ptr<FusedGradPlacements> decided;
+  std::string name() const override { return "dtp::FusedOutBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return {at::Tensor()};
+    const DTensorImpl* gi = maybeGetDTensorImpl(g);
+    TORCH_INTERNAL_ASSERT(gi != nullptr, name(), ": the gradient is not a DTensor");
+    const DTensorSpec& gs = gi->spec();
+    Placements want = x_spec->placements, weight(want.size(), Replicate());
+    for (size_t m = 0; m < want.size(); ++m) {
+      const Placement& have = gs.placements[m];
+      if (want[m].is_replicate() && have.is_partial() && have.op == ReduceOp::Sum) want[m] = have;
+      if (!want[m].is_replicate()) weight[m] = Partial(ReduceOp::Sum);
+    }
+    decided->x = want;
+    decided->weight = std::move(weight);
+    if (gs.placements == want) return {gi->local()};
+    return {redistribute_local(gi->local(), gs, want, /*backward=*/true, solely_owned(g))};
+  }
+};
+
+struct FusedInBackward : torch::autograd::Node {
+  SpecPtr spec;
+  bool weight = false;
+  std::shared_ptr<const FusedGradPlacements> decided;
+  std::string name() const override { return "dtp::FusedInBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return {at::Tensor()};
+    const Placements& placements = weight ? decided->weight : decided->x;
+    if (placements == spec->placements && g.scalar_type() == spec->dtype) return {makeDTensor(g, spec)};
+    return {makeDTensor(g, make_spec(spec->mesh, placements, spec->shape, g.scalar_type()))};
+  }
+};
+
+// The local alias of DTensor `t` that enters the plain graph: its gradient
+// goes back to `t` through a FusedInBackward.
+at::Tensor enterLocal(const at::Tensor& t, bool weight, const std::shared_ptr<FusedGradPlacements>& decided) {
+  const DTensorImpl& impl = *unsafeGetDTensorImpl(t);
+  at::Tensor local = detachedAlias(impl.local());
+  if (!t.requires_grad()) return local;
+  auto node = std::make_shared<FusedInBackward>();
+  node->spec = impl.spec_ptr();
+  node->weight = weight;
+  node->decided = decided;
+  node->set_next_edges(torch::autograd::collect_next_edges(t));
+  torch::autograd::set_history(local, node);
+  return local;
+}
+
 }  // namespace
 
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, LocalRmsNorm local) {
   const DTensorImpl* xi = maybeGetDTensorImpl(x);
   const DTensorImpl* wi = maybeGetDTensorImpl(weight);
-  if (xi == nullptr || wi == nullptr || x.dim() == 0 || weight.dim() != 1 || weight.size(0) != x.size(-1) ||
-      recordsGraph({&x, &weight}) || taped())
+  if (xi == nullptr || wi == nullptr || x.dim() == 0 || weight.dim() != 1 || weight.size(0) != x.size(-1) || taped())
     return {};
+  const bool graph = recordsGraph({&x, &weight});
+  if (graph && explicit_redistribute_active()) return {};
   const DTensorSpec& xs = xi->spec();
   if (!(xs.mesh == wi->spec().mesh)) return {};
   for (const Placement& p : xs.placements)
     if (p.is_partial() || (p.is_shard() && p.dim == x.dim() - 1)) return {};
   for (const Placement& p : wi->spec().placements)
     if (!p.is_replicate()) return {};
-  at::Tensor out = local(xi->local(), wi->local(), eps);
-  const auto dtype = out.scalar_type();
-  return makeDTensor(std::move(out), make_spec(xs.mesh, xs.placements, xs.shape, dtype));
+  if (!graph) {
+    at::Tensor out = local(xi->local(), wi->local(), eps);
+    const auto dtype = out.scalar_type();
+    return makeDTensor(std::move(out), make_spec(xs.mesh, xs.placements, xs.shape, dtype));
+  }
+  auto decided = std::make_shared<FusedGradPlacements>();
+  const at::Tensor lout = local(enterLocal(x, false, decided), enterLocal(weight, true, decided), eps);
+  auto node = std::make_shared<FusedOutBackward>();
+  node->x_spec = xi->spec_ptr();
+  node->decided = std::move(decided);
+  node->set_next_edges({torch::autograd::impl::gradient_edge(lout)});
+  at::Tensor out = makeDTensor(detachedAlias(lout), lout.scalar_type() == xs.dtype
+                                                        ? xi->spec_ptr()
+                                                        : make_spec(xs.mesh, xs.placements, xs.shape, lout.scalar_type()));
+  torch::autograd::set_history(out, node);
+  return out;
 }
 
 void register_fused_ops() {
