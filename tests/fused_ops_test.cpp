@@ -9,6 +9,7 @@
 
 #include "comm/collective_tape.h"
 #include "dtensor/sharding_prop.h"
+#include "dtp/explicit_redistribute.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/modules.h"
 
@@ -152,6 +153,24 @@ TEST_P(FusedOps, RmsNormNormalizesEachRanksRows) {
       EXPECT_EQ(placements(gw.grad()), placements(gw));
       EXPECT_LE((full_tensor(gx.grad()) - xr.grad()).abs().max().item<double>(), 1e-14);
       EXPECT_LE((full_tensor(gw.grad()) - wr.grad()).abs().max().item<double>(), 1e-14);
+      // The decomposition (explicit-redistribution mode turns the fused path
+      // off) gives the same gradients, bit for bit where the output's
+      // gradient needs no redistribution (a replicated x keeps it Partial);
+      // a sharded x takes it reduce-scattered first, where the decomposition
+      // reduces later: the same values to rounding (checked above).
+      const at::Tensor hx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, px));
+      const at::Tensor hw = distribute_tensor(w.clone().requires_grad_(), mesh, on(mesh, Replicate()));
+      {
+        ExplicitRedistributeGuard warn(ExplicitRedistributeMode::Warn);
+        at::Tensor decomposed;
+        EXPECT_EQ(dtensorOps([&] { decomposed = nn::rms_norm(hx, hw, 1e-6); }), 6);
+        EXPECT_TRUE(to_local(decomposed).equal(to_local(graphed)));
+        at::matmul(decomposed, dm).backward(ones);
+      }
+      if (px.is_replicate() || !whole_rows) {
+        EXPECT_TRUE(to_local(hx.grad()).equal(to_local(gx.grad())));
+        EXPECT_TRUE(to_local(hw.grad()).equal(to_local(gw.grad())));
+      }
     }
     at::NoGradGuard no_grad;
     const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, Shard(0)));

@@ -93,7 +93,10 @@ void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // wrapped, and its node (dtp::FusedOutBackward) hands the local part of the
 // output's gradient to that graph. The engine runs it all in one pass, the
 // same kernels as on one device: the values equal the decomposition's bit
-// for bit. Gradient placements, per mesh dim, as the decomposition's
+// for bit where the output's gradient comes in the placements below (a
+// sharded x given a Partial gradient reduce-scatters it first, one
+// collective, where the decomposition reduces later, in two: equal to
+// rounding). Gradient placements, per mesh dim, as the decomposition's
 // propagation gives them, decided by the output node when the gradient
 // arrives (the input nodes run after it: they are reached only through it):
 //  - x Shard(d): the gradient must be Shard(d) (redistributed when it is
