@@ -48,15 +48,83 @@ TEST_P(FusedOps, OneDTensorOpWithoutAGraph) {
           EXPECT_EQ(dtensorOps([&] { fused_linear = at::linear(dx, dw, db); }), 1);
           EXPECT_EQ(dtensorOps([&] { fused_matmul = at::matmul(dx, dwt); }), 1);
         }
-        // With a graph: the decomposition (several DTensor ops), as before.
+        // With a graph: a bias decomposes (several DTensor ops); a matmul
+        // by a 2-D weight is fused where its placements have a plan
+        // (NOTE: [Fused ops under autograd], FusedOps.ProductsUnderAutograd).
         const at::Tensor gx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, px));
         EXPECT_GT(dtensorOps([&] { decomposed_linear = at::linear(gx, dw, db); }), 1);
-        EXPECT_GT(dtensorOps([&] { decomposed_matmul = at::matmul(gx, dwt); }), 1);
+        const bool planned = (px.is_replicate() && !(pw.is_shard() && pw.dim == 0)) ||
+                             (px.is_shard() && px.dim == 2 && pw.is_shard() && pw.dim == 0) ||
+                             (px.is_shard() && px.dim < 2 && pw.is_replicate());
+        const int64_t ops = dtensorOps([&] { decomposed_matmul = at::matmul(gx, dwt); });
+        if (planned) EXPECT_EQ(ops, 0);
+        else EXPECT_GT(ops, 1);
         EXPECT_TRUE(full_tensor(fused_linear).allclose(ref_linear, 1e-12, 1e-12));
         EXPECT_TRUE(full_tensor(fused_matmul).allclose(ref_matmul, 1e-12, 1e-12));
         // Where both keep the placements, the local ops are the same ones.
         if (placements(fused_matmul) == placements(decomposed_matmul))
           EXPECT_TRUE(to_local(fused_matmul).equal(to_local(decomposed_matmul).detach()));
+      }
+    }
+  });
+}
+
+// Bias-free linear and matmul by a 2-D weight with a graph: no DTensor op
+// where the placements have a plan (column-wise, row-wise, rows of x, all
+// replicated), the decomposition elsewhere; values and gradients of x and
+// the weight equal one device's and the decomposition's (explicit-
+// redistribution mode turns the fused path off), on every mesh.
+TEST_P(FusedOps, ProductsUnderAutograd) {
+  run([&](const DeviceMesh& mesh, int64_t) {
+    const at::Tensor x = data({2, 5, 7}, 0.1), w = data({3, 7}, 0.2), g = data({2, 5, 3}, 0.3);
+    const at::Tensor dg = distribute_tensor(g, mesh, on(mesh, Replicate()));
+    for (bool transposed : {true, false}) {
+      const at::Tensor wm = transposed ? w : w.t().contiguous();
+      at::Tensor xr = x.clone().requires_grad_(), wr = wm.clone().requires_grad_();
+      const at::Tensor ref = transposed ? at::linear(xr, wr) : at::matmul(xr, wr);
+      (ref * g).sum().backward();
+      for (auto px : {Shard(0), Shard(1), Shard(2), Replicate()}) {
+        for (auto pw : {Shard(0), Shard(1), Replicate()}) {
+          SCOPED_TRACE(std::string(transposed ? "linear " : "matmul ") + px.str() + " x " + pw.str());
+          const int64_t out_dim = transposed ? 0 : 1;
+          const bool planned = (px.is_replicate() && !(pw.is_shard() && pw.dim != out_dim)) ||
+                               (px.is_shard() && px.dim == 2 && pw.is_shard() && pw.dim != out_dim) ||
+                               (px.is_shard() && px.dim < 2 && pw.is_replicate());
+          auto product = [&](const at::Tensor& a, const at::Tensor& b) {
+            return transposed ? at::linear(a, b) : at::matmul(a, b);
+          };
+          const at::Tensor fx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, px));
+          const at::Tensor fw = distribute_tensor(wm.clone().requires_grad_(), mesh, on(mesh, pw));
+          at::Tensor fy;
+          const int64_t ops = dtensorOps([&] { fy = product(fx, fw); });
+          if (planned) {
+            EXPECT_EQ(ops, 0);
+            EXPECT_EQ(fy.grad_fn()->name(), "dtp::FusedOutBackward");
+          } else {
+            EXPECT_GT(ops, 1);
+          }
+          EXPECT_LE((full_tensor(fy) - ref).abs().max().item<double>(), 1e-12);
+          (fy * dg).sum().backward();
+          EXPECT_LE((full_tensor(fx.grad()) - xr.grad()).abs().max().item<double>(), 1e-12);
+          EXPECT_LE((full_tensor(fw.grad()) - wr.grad()).abs().max().item<double>(), 1e-12);
+          if (planned) {
+            // The output is the no-graph path's (one DTensor op and its rule), bit for bit.
+            at::NoGradGuard no_grad;
+            const at::Tensor ny = product(fx.detach(), fw.detach());
+            EXPECT_EQ(placements(ny), placements(fy));
+            EXPECT_TRUE(to_local(ny).equal(to_local(fy)));
+          }
+          const at::Tensor hx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, px));
+          const at::Tensor hw = distribute_tensor(wm.clone().requires_grad_(), mesh, on(mesh, pw));
+          {
+            // The decomposition may place the output elsewhere (x Shard(1) is
+            // flattened: all_to_all to Shard(0)); its gradients are the same.
+            ExplicitRedistributeGuard warn(ExplicitRedistributeMode::Warn);
+            (product(hx, hw) * dg).sum().backward();
+          }
+          EXPECT_LE((full_tensor(hx.grad()) - full_tensor(fx.grad())).abs().max().item<double>(), 1e-15);
+          EXPECT_LE((full_tensor(hw.grad()) - full_tensor(fw.grad())).abs().max().item<double>(), 1e-15);
+        }
       }
     }
   });
@@ -110,7 +178,7 @@ TEST_P(FusedOps, OtherShapesAndTapesDecompose) {
 }
 
 // dtp::nn::rms_norm: no DTensor op where the rows are whole on each rank,
-// with a graph (NOTE: [Fused rms_norm under autograd]: a plain graph between two
+// with a graph (NOTE: [Fused ops under autograd]: a plain graph between two
 // DTensor-level nodes, no DTensor op in its backward either) or without; the same local values as the
 // decomposition, equal to one device, gradients of x and of the weight too,
 // also where the output's gradient comes back Partial(sum) (a Colwise

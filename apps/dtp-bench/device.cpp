@@ -3,6 +3,7 @@
 #include "profile.h"
 #include "stats.h"
 
+#include "dtensor/sharding_prop.h"
 #include "dtp/device_mesh.h"
 #include "dtp/optim/adamw.h"
 
@@ -28,7 +29,13 @@ struct Variant {
   std::function<double()> step;  // one training step; its loss (read on the host: the step's end)
   std::vector<double> ms;
   double first_loss = 0;
+  int64_t dtensor_ops = 0;  // per step on rank 0: each asks the propagator once
 };
+
+int64_t propagatorCalls() {
+  const PropagationCacheStats s = propagation_cache_stats();
+  return s.hits + s.misses;
+}
 
 bool runSize(const Size& s, const std::string& device_type, const std::vector<bool>& sps, int reps, int warmup,
              const ProcessGroup& world, const std::string& profile_dir, std::string& profiles) {
@@ -69,7 +76,9 @@ bool runSize(const Size& s, const std::string& device_type, const std::vector<bo
       Variant& v = vs[k];
       const double ms = timed_max(world, [&] {
         if (!v.all_ranks && world.rank() != 0) return;
+        const int64_t before = propagatorCalls();
         const double l = v.step();
+        v.dtensor_ops = propagatorCalls() - before;
         if (r == 0) v.first_loss = l;
       });
       if (r >= warmup) v.ms.push_back(ms);
@@ -92,8 +101,8 @@ bool runSize(const Size& s, const std::string& device_type, const std::vector<bo
     std::vector<double> paired;
     for (size_t k = 0; k < vs[i].ms.size(); ++k) paired.push_back(vs[i].ms[k] / plain_v.ms[k]);
     const double a = median(vs[i].ms);
-    std::printf("| %s | %s | %.2f | %.2f | %.3f | %.3f | %.2f |\n", s.name, vs[i].name, a, b, a / b, median(paired),
-                a - b);
+    std::printf("| %s | %s | %.2f | %.2f | %.3f | %.3f | %.2f | %lld |\n", s.name, vs[i].name, a, b, a / b,
+                median(paired), a - b, static_cast<long long>(vs[i].dtensor_ops));
     if (std::abs(vs[i].first_loss - plain_v.first_loss) > 1e-4 * std::abs(plain_v.first_loss)) {
       std::fprintf(stderr, "dtp-bench: %s (SP %s): dtp's first loss %.7f differs from plain libtorch's %.7f\n",
                    s.name, vs[i].name, vs[i].first_loss, plain_v.first_loss);
@@ -111,8 +120,8 @@ bool run_device(const std::vector<const Size*>& sizes, const std::string& device
     std::printf("\n## dtp (TP=%d) vs plain libtorch on %s: training step (forward, loss, backward, AdamW) "
                 "until the loss is on the host; median of %d reps, interleaved\n\n",
                 world.size(), device_type.c_str(), reps);
-    std::printf("| size | SP | dtp ms | plain ms | dtp / plain | dtp / plain, paired | dtp - plain ms |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("| size | SP | dtp ms | plain ms | dtp / plain | dtp / plain, paired | dtp - plain ms | DTensor ops/step |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
   }
   bool ok = true;
   std::string profiles;

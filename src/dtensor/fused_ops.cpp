@@ -21,7 +21,7 @@
 // sharded on any dim but the normalized last one (or replicated) and a
 // replicated weight, each rank normalizes its own rows: the same local ops,
 // no DTensor op at all (fused_rms_norm). With a graph, see
-// NOTE: [Fused rms_norm under autograd].
+// NOTE: [Fused ops under autograd].
 #include "dtensor/fused_ops.h"
 
 #include "dtensor/dispatch.h"
@@ -30,6 +30,7 @@
 #include "dtensor/redistribute.h"
 
 #include "comm/collective_tape.h"
+#include "comm/trace_span.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/stack.h>
@@ -57,9 +58,200 @@ bool taped() {
   return active_tape(TapeKind::Collectives) != nullptr || active_tape(TapeKind::SavedOps) != nullptr;
 }
 
+// NOTE: [Fused ops under autograd]
+// In training, dtp::nn::rms_norm is six DTensor ops and its backward about
+// ten; a bias-free aten::linear, or aten::matmul by a 2-D weight (libtorch's
+// Linear: input.matmul(weight.t())), decomposes into view, mm, _unsafe_view
+// (and t) and about seven more in its backward. Each costs dispatch on every rank (the
+// two were over half of a reference Llama step's DTensor ops). Both are
+// local to each shard and linear in the output's gradient, so each runs on
+// the shards as one plain graph instead, as local_map would run it: the
+// input x and the weight enter as local aliases whose node
+// (dtp::FusedInBackward, one for both) wraps their local gradients into DTensors; the
+// plain ops record an ordinary autograd graph; the output is wrapped, and
+// its node (dtp::FusedOutBackward) hands the local part of the output's
+// gradient to that graph. The engine runs it all in one pass, the same
+// kernels as on one device: the values equal the decomposition's bit for bit
+// where the output's gradient comes in the placement planned for it (else it
+// is redistributed first, where the decomposition may reduce later: equal to
+// rounding). Each mesh dim has a plan (FusedGradPlan), the placements the
+// decomposition's propagation gives:
+//  - rms_norm, x Shard(d) (d not the normalized last dim): output and
+//    gradients Shard(d), the weight's gradient Partial(sum) (each rank summed
+//    its own rows). x Replicate: all Replicate.
+//  - linear (weight [out, in]; matmul's [in, out] the same, dims swapped):
+//    x Replicate and weight Shard(0) (column-wise): output Shard(-1), x's
+//    gradient Partial(sum), the weight's Shard(0); x Shard(-1) and weight
+//    Shard(1) (row-wise): output Partial(sum), its gradient Replicate, x's
+//    Shard(-1), the weight's Shard(1); x Shard(d), d < -1, and weight
+//    Replicate: output and x's gradient Shard(d), the weight's Partial(sum);
+//    both Replicate: all Replicate.
+//  - Where x and the weight are Replicate, a Partial(sum) gradient of the
+//    output stays partial (the backward is linear in it) and makes both
+//    gradients Partial(sum); this is decided by the output node when the
+//    gradient arrives (the input nodes run after it: they are reached only
+//    through it).
+// Other placements (a Partial input, a sharded normalized dim, a bias) run
+// the decomposition, as do activation-checkpointing tapes (both passes must
+// make the same DTensor ops) and explicit-redistribution mode (which names
+// the redistributions the decomposition makes). The graph holds what the
+// decomposition's nodes would have saved.
+struct FusedGradPlan {
+  Placements grad_out, x, weight;
+  std::vector<bool> partial_passes;  // mesh dims where a Partial(sum) gradient stays partial
+};
+
+struct FusedOutBackward : torch::autograd::Node {
+  SpecPtr out_spec;
+  std::shared_ptr<FusedGradPlan> plan;  // x's and the weight's placements settled here
+  std::string name() const override { return "dtp::FusedOutBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return {at::Tensor()};
+    const DTensorImpl* gi = maybeGetDTensorImpl(g);
+    TORCH_INTERNAL_ASSERT(gi != nullptr, name(), ": the gradient is not a DTensor");
+    const DTensorSpec& gs = gi->spec();
+    Placements want = plan->grad_out;
+    for (size_t m = 0; m < want.size(); ++m) {
+      const Placement& have = gs.placements[m];
+      if (plan->partial_passes[m] && have.is_partial() && have.op == ReduceOp::Sum)
+        want[m] = plan->x[m] = plan->weight[m] = have;
+    }
+    if (gs.placements == want) return {gi->local()};
+    return {redistribute_local(gi->local(), gs, want, /*backward=*/true, solely_owned(g))};
+  }
+};
+
+// The node of both local inputs (x's and the weight's alias, in that order
+// among those that require grad): wraps their local gradients.
+struct FusedInBackward : torch::autograd::Node {
+  SpecPtr x_spec, weight_spec;
+  bool x_grad = false, weight_grad = false;
+  std::shared_ptr<const FusedGradPlan> plan;
+  std::string name() const override { return "dtp::FusedInBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list out(2);
+    size_t next = 0;
+    auto wrap = [&](const SpecPtr& spec, const Placements& placements) {
+      const at::Tensor& g = grads[next++];
+      if (!g.defined()) return at::Tensor();
+      if (placements == spec->placements && g.scalar_type() == spec->dtype) return makeDTensor(g, spec);
+      return makeDTensor(g, make_spec(spec->mesh, placements, spec->shape, g.scalar_type()));
+    };
+    if (x_grad) out[0] = wrap(x_spec, plan->x);
+    if (weight_grad) out[1] = wrap(weight_spec, plan->weight);
+    return out;
+  }
+};
+
+// The local aliases of x and the weight that enter the plain graph, their
+// gradients going back to them through one FusedInBackward.
+std::pair<at::Tensor, at::Tensor> enterLocal(const at::Tensor& x, const at::Tensor& weight,
+                                             const std::shared_ptr<FusedGradPlan>& plan) {
+  const DTensorImpl &xi = *unsafeGetDTensorImpl(x), &wi = *unsafeGetDTensorImpl(weight);
+  std::pair<at::Tensor, at::Tensor> local{detachedAlias(xi.local()), detachedAlias(wi.local())};
+  if (!x.requires_grad() && !weight.requires_grad()) return local;
+  auto node = std::make_shared<FusedInBackward>();
+  node->x_spec = xi.spec_ptr();
+  node->weight_spec = wi.spec_ptr();
+  node->x_grad = x.requires_grad();
+  node->weight_grad = weight.requires_grad();
+  node->plan = plan;
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight));
+  if (node->x_grad) torch::autograd::set_history(local.first, node);
+  if (node->weight_grad) torch::autograd::set_history(local.second, node);
+  return local;
+}
+
+// Runs `local` (plain tensors in, a plain tensor out, recording a graph) on
+// the shards of x and the weight and wraps its result as `out` placements
+// of `out_shape` (NOTE: [Fused ops under autograd]).
+// Profilers see it as "DTensor fused <what> (x's, the weight's placements)
+// -> (the output's)" (NOTE: [Trace spans]).
+template <class Local>
+at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& weight, Placements out,
+                      std::vector<int64_t> out_shape, FusedGradPlan plan, Local&& local) {
+  const DTensorSpec& xs = unsafeGetDTensorImpl(x)->spec();
+  const detail::TraceSpan span([&] {
+    return c10::str("DTensor fused ", what, " (", to_string(xs.placements), ", ",
+                    to_string(unsafeGetDTensorImpl(weight)->spec().placements), ") -> (", to_string(out), ")");
+  });
+  auto shared = std::make_shared<FusedGradPlan>(std::move(plan));
+  const auto [lx, lw] = enterLocal(x, weight, shared);
+  const at::Tensor lout = local(lx, lw);
+  SpecPtr spec = out == xs.placements && out_shape == xs.shape && lout.scalar_type() == xs.dtype
+                     ? unsafeGetDTensorImpl(x)->spec_ptr()
+                     : make_spec(xs.mesh, std::move(out), std::move(out_shape), lout.scalar_type());
+  auto node = std::make_shared<FusedOutBackward>();
+  node->out_spec = spec;
+  node->plan = std::move(shared);
+  node->set_next_edges({torch::autograd::impl::gradient_edge(lout)});
+  at::Tensor result = makeDTensor(detachedAlias(lout), std::move(spec));
+  torch::autograd::set_history(result, node);
+  return result;
+}
+
+// Whether x and the weight are DTensors on one mesh that a fused graph may
+// take: a graph is recorded, no tape, not in explicit-redistribution mode.
+bool fusableWithGraph(const DTensorImpl* xi, const DTensorImpl* wi, const at::Tensor& x, const at::Tensor& weight) {
+  return xi != nullptr && wi != nullptr && recordsGraph({&x, &weight}) && !taped() &&
+         !explicit_redistribute_active() && xi->spec().mesh == wi->spec().mesh;
+}
+
+// x times a 2-D weight as a fused graph, where every mesh dim has a plan;
+// else undefined. `transposed`: linear's weight [out, in]; else matmul's
+// [in, out] (libtorch's Linear computes input.matmul(weight.t())).
+at::Tensor fusedProduct(const at::Tensor& x, const at::Tensor& weight, bool transposed) {
+  const DTensorImpl* xi = maybeGetDTensorImpl(x);
+  const DTensorImpl* wi = maybeGetDTensorImpl(weight);
+  const int64_t out_dim = transposed ? 0 : 1, in_dim = 1 - out_dim;
+  if (!fusableWithGraph(xi, wi, x, weight) || weight.dim() != 2 || x.dim() < 2 || x.size(-1) != weight.size(in_dim))
+    return {};
+  const int64_t last = x.dim() - 1;
+  const Placements& px = xi->spec().placements;
+  const Placements& pw = wi->spec().placements;
+  const size_t n = px.size();
+  Placements out(n, Replicate());
+  FusedGradPlan plan{Placements(n, Replicate()), Placements(n, Replicate()), Placements(n, Replicate()),
+                     std::vector<bool>(n, false)};
+  for (size_t m = 0; m < n; ++m) {
+    const Placement &a = px[m], &b = pw[m];
+    if (a.is_replicate() && b.is_shard() && b.dim == out_dim) {  // column-wise
+      out[m] = plan.grad_out[m] = Shard(last);
+      plan.x[m] = Partial(ReduceOp::Sum);
+      plan.weight[m] = b;
+    } else if (a.is_shard() && a.dim == last && b.is_shard() && b.dim == in_dim) {  // row-wise
+      out[m] = Partial(ReduceOp::Sum);
+      plan.x[m] = a;
+      plan.weight[m] = b;
+    } else if (a.is_shard() && a.dim < last && b.is_replicate()) {  // rows of x
+      out[m] = plan.grad_out[m] = plan.x[m] = a;
+      plan.weight[m] = Partial(ReduceOp::Sum);
+    } else if (a.is_replicate() && b.is_replicate()) {
+      plan.partial_passes[m] = true;
+    } else {
+      return {};
+    }
+  }
+  std::vector<int64_t> shape = xi->spec().shape;
+  shape.back() = weight.size(out_dim);
+  return fusedGraph(transposed ? "aten::linear" : "aten::matmul", x, weight, std::move(out), std::move(shape),
+                    std::move(plan), [transposed](const at::Tensor& lx, const at::Tensor& lw) {
+                      return transposed ? at::linear(lx, lw) : at::matmul(lx, lw);
+                    });
+}
+
 at::Tensor linearAutograd(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   const at::Tensor none;
-  if (recordsGraph({&input, &weight, bias ? &*bias : &none}) || taped()) return at::native::linear(input, weight, bias);
+  if (recordsGraph({&input, &weight, bias ? &*bias : &none}) || taped()) {
+    if (!bias || !bias->defined()) {
+      at::Tensor fused = fusedProduct(input, weight, /*transposed=*/true);
+      if (fused.defined()) return fused;
+    }
+    return at::native::linear(input, weight, bias);
+  }
   return at::_ops::linear::redispatch(kDTensorKey, input, weight, bias);
 }
 
@@ -71,7 +263,10 @@ void linearDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 at::Tensor matmulAutograd(const at::Tensor& self, const at::Tensor& other) {
-  if (recordsGraph({&self, &other}) || taped()) return at::native::matmul(self, other);
+  if (recordsGraph({&self, &other}) || taped()) {
+    at::Tensor fused = fusedProduct(self, other, /*transposed=*/false);
+    return fused.defined() ? fused : at::native::matmul(self, other);
+  }
   return at::_ops::matmul::redispatch(kDTensorKey, self, other);
 }
 
@@ -82,102 +277,17 @@ void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, at::native::matmul(self, other));
 }
 
-// NOTE: [Fused rms_norm under autograd]
-// In training, the six DTensor ops of rms_norm and the ten or so of its
-// backward cost dispatch on every rank (a sixth of a reference Llama step's
-// DTensor ops). Their backward is linear in the gradient and local to each
-// row, so the whole norm runs on the shards as one plain graph instead, as
-// local_map would run it: x and the weight enter as local aliases whose
-// node (dtp::FusedInBackward) wraps their local gradients into DTensors;
-// the plain ops (`local`) record an ordinary autograd graph; the output is
-// wrapped, and its node (dtp::FusedOutBackward) hands the local part of the
-// output's gradient to that graph. The engine runs it all in one pass, the
-// same kernels as on one device: the values equal the decomposition's bit
-// for bit where the output's gradient comes in the placements below (a
-// sharded x given a Partial gradient reduce-scatters it first, one
-// collective, where the decomposition reduces later, in two: equal to
-// rounding). Gradient placements, per mesh dim, as the decomposition's
-// propagation gives them, decided by the output node when the gradient
-// arrives (the input nodes run after it: they are reached only through it):
-//  - x Shard(d): the gradient must be Shard(d) (redistributed when it is
-//    not); x's gradient is Shard(d), the weight's Partial(sum) (each rank
-//    summed its own rows).
-//  - x Replicate: a Partial(sum) gradient stays partial (the backward is
-//    linear in it: both gradients are Partial(sum)); a Replicate one gives
-//    Replicate gradients; anything else is redistributed to Replicate.
-// The graph holds what the decomposition's nodes would have saved. Not
-// taken under an activation-checkpointing tape (both passes must make the
-// same DTensor ops) nor in explicit-redistribution mode (which names the
-// redistributions the decomposition makes): the decomposition runs there.
-struct FusedGradPlacements {
-  Placements x, weight;
-};
-
-struct FusedOutBackward : torch::autograd::Node {
-  SpecPtr x_spec;
-  std::shared_ptr<FusedGradPlacements> decided;
-  std::string name() const override { return "dtp::FusedOutBackward"; }
-
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    const at::Tensor& g = grads[0];
-    if (!g.defined()) return {at::Tensor()};
-    const DTensorImpl* gi = maybeGetDTensorImpl(g);
-    TORCH_INTERNAL_ASSERT(gi != nullptr, name(), ": the gradient is not a DTensor");
-    const DTensorSpec& gs = gi->spec();
-    Placements want = x_spec->placements, weight(want.size(), Replicate());
-    for (size_t m = 0; m < want.size(); ++m) {
-      const Placement& have = gs.placements[m];
-      if (want[m].is_replicate() && have.is_partial() && have.op == ReduceOp::Sum) want[m] = have;
-      if (!want[m].is_replicate()) weight[m] = Partial(ReduceOp::Sum);
-    }
-    decided->x = want;
-    decided->weight = std::move(weight);
-    if (gs.placements == want) return {gi->local()};
-    return {redistribute_local(gi->local(), gs, want, /*backward=*/true, solely_owned(g))};
-  }
-};
-
-struct FusedInBackward : torch::autograd::Node {
-  SpecPtr spec;
-  bool weight = false;
-  std::shared_ptr<const FusedGradPlacements> decided;
-  std::string name() const override { return "dtp::FusedInBackward"; }
-
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    const at::Tensor& g = grads[0];
-    if (!g.defined()) return {at::Tensor()};
-    const Placements& placements = weight ? decided->weight : decided->x;
-    if (placements == spec->placements && g.scalar_type() == spec->dtype) return {makeDTensor(g, spec)};
-    return {makeDTensor(g, make_spec(spec->mesh, placements, spec->shape, g.scalar_type()))};
-  }
-};
-
-// The local alias of DTensor `t` that enters the plain graph: its gradient
-// goes back to `t` through a FusedInBackward.
-at::Tensor enterLocal(const at::Tensor& t, bool weight, const std::shared_ptr<FusedGradPlacements>& decided) {
-  const DTensorImpl& impl = *unsafeGetDTensorImpl(t);
-  at::Tensor local = detachedAlias(impl.local());
-  if (!t.requires_grad()) return local;
-  auto node = std::make_shared<FusedInBackward>();
-  node->spec = impl.spec_ptr();
-  node->weight = weight;
-  node->decided = decided;
-  node->set_next_edges(torch::autograd::collect_next_edges(t));
-  torch::autograd::set_history(local, node);
-  return local;
-}
-
 }  // namespace
 
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, LocalRmsNorm local) {
   const DTensorImpl* xi = maybeGetDTensorImpl(x);
   const DTensorImpl* wi = maybeGetDTensorImpl(weight);
-  if (xi == nullptr || wi == nullptr || x.dim() == 0 || weight.dim() != 1 || weight.size(0) != x.size(-1) || taped())
+  if (xi == nullptr || wi == nullptr || x.dim() == 0 || weight.dim() != 1 || weight.size(0) != x.size(-1) || taped() ||
+      !(xi->spec().mesh == wi->spec().mesh))
     return {};
   const bool graph = recordsGraph({&x, &weight});
-  if (graph && explicit_redistribute_active()) return {};
+  if (graph && !fusableWithGraph(xi, wi, x, weight)) return {};
   const DTensorSpec& xs = xi->spec();
-  if (!(xs.mesh == wi->spec().mesh)) return {};
   for (const Placement& p : xs.placements)
     if (p.is_partial() || (p.is_shard() && p.dim == x.dim() - 1)) return {};
   for (const Placement& p : wi->spec().placements)
@@ -187,17 +297,14 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
     const auto dtype = out.scalar_type();
     return makeDTensor(std::move(out), make_spec(xs.mesh, xs.placements, xs.shape, dtype));
   }
-  auto decided = std::make_shared<FusedGradPlacements>();
-  const at::Tensor lout = local(enterLocal(x, false, decided), enterLocal(weight, true, decided), eps);
-  auto node = std::make_shared<FusedOutBackward>();
-  node->x_spec = xi->spec_ptr();
-  node->decided = std::move(decided);
-  node->set_next_edges({torch::autograd::impl::gradient_edge(lout)});
-  at::Tensor out = makeDTensor(detachedAlias(lout), lout.scalar_type() == xs.dtype
-                                                        ? xi->spec_ptr()
-                                                        : make_spec(xs.mesh, xs.placements, xs.shape, lout.scalar_type()));
-  torch::autograd::set_history(out, node);
-  return out;
+  const size_t n = xs.placements.size();
+  FusedGradPlan plan{xs.placements, xs.placements, Placements(n, Replicate()), std::vector<bool>(n, false)};
+  for (size_t m = 0; m < n; ++m) {
+    if (xs.placements[m].is_shard()) plan.weight[m] = Partial(ReduceOp::Sum);
+    else plan.partial_passes[m] = true;
+  }
+  return fusedGraph("dtp::rms_norm", x, weight, xs.placements, xs.shape, std::move(plan),
+                    [&](const at::Tensor& lx, const at::Tensor& lw) { return local(lx, lw, eps); });
 }
 
 void register_fused_ops() {

@@ -29,14 +29,14 @@ echo "metrics: 3 lines, every field a number, $per_step collectives per step"
 for rank in 0 1; do
   trace="$dir/trace/rank$rank.json"
   [ -s "$trace" ] || fail "$trace is missing"
-  grep -q 'DTensor aten::mm (' "$trace" || fail "no DTensor aten::mm span in $trace"
+  grep -q 'DTensor fused aten::matmul (' "$trace" || fail "no DTensor fused aten::matmul span in $trace"
   grep -q 'DTensor aten::[a-z_.]* (S(1)' "$trace" || fail "no DTensor op span with an S(1) input in $trace"
   grep -q 'redistribute f32\[' "$trace" || fail "no redistribute span in $trace"
   grep -q 'all_gather [0-9]* B over ranks \[0, 1\]' "$trace" || fail "no all_gather span with bytes in $trace"
   grep -q 'reduce_scatter [0-9]* B over ranks \[0, 1\]' "$trace" || fail "no reduce_scatter span with bytes in $trace"
 done
 echo "trace: per rank, DTensor op spans with placements, redistributions, collectives with bytes"
-grep -o '"DTensor aten::mm ([^"]*"' "$dir/trace/rank0.json" | sort | uniq -c | head -3
+grep -o '"DTensor fused [^"]*"' "$dir/trace/rank0.json" | sort | uniq -c | head -3
 
 if command -v gnuplot >/dev/null; then
   "$here/../../scripts/plot.sh" "$dir/metrics.jsonl" "$dir/metrics.png"
