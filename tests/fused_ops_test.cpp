@@ -130,6 +130,29 @@ TEST_P(FusedOps, ProductsUnderAutograd) {
   });
 }
 
+// A graph kept for a second backward (retain_graph) may get its output's
+// gradient in another placement: each pass settles the input gradients'
+// placements anew (all replicated: a Partial(sum) gradient, then a
+// Replicate one).
+TEST_P(FusedOps, RetainedGraphSettlesPlacementsPerPass) {
+  run([&](const DeviceMesh& mesh, int64_t ranks) {
+    const at::Tensor x = data({2, 5, 7}, 0.1), w = data({7, 3}, 0.2), g = data({2, 5, 3}, 0.3);
+    const at::Tensor dx = distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, Replicate()));
+    const at::Tensor dw = distribute_tensor(w, mesh, on(mesh, Replicate()));
+    const at::Tensor y = at::matmul(dx, dw);
+    ASSERT_EQ(y.grad_fn()->name(), "dtp::FusedOutBackward");
+    const at::Tensor partial = from_local(g / static_cast<double>(ranks), mesh, on(mesh, Partial()), false,
+                                          g.sizes().vec());
+    const at::Tensor replicated = distribute_tensor(g, mesh, on(mesh, Replicate()));
+    const at::Tensor once = at::matmul(g, w.t());
+    y.backward(partial, /*retain_graph=*/true);
+    EXPECT_LE((full_tensor(dx.grad()) - once).abs().max().item<double>(), 1e-14);
+    y.backward(replicated);
+    EXPECT_EQ(placements(dx.grad()), placements(dx));
+    EXPECT_LE((full_tensor(dx.grad()) - 2 * once).abs().max().item<double>(), 1e-14);
+  });
+}
+
 TEST_P(FusedOps, ModulesAndInferenceMode) {
   run([&](const DeviceMesh& mesh, int64_t) {
     nn::Linear lin(torch::nn::LinearOptions(7, 4).bias(false));

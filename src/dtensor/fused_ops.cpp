@@ -101,9 +101,16 @@ struct FusedGradPlan {
   std::vector<bool> partial_passes;  // mesh dims where a Partial(sum) gradient stays partial
 };
 
+// The input gradients' placements of the backward pass under way, settled
+// by the output node (again on each pass: retain_graph may bring another
+// gradient placement).
+struct FusedGradPlacements {
+  Placements x, weight;
+};
+
 struct FusedOutBackward : torch::autograd::Node {
-  SpecPtr out_spec;
-  std::shared_ptr<FusedGradPlan> plan;  // x's and the weight's placements settled here
+  FusedGradPlan plan;
+  std::shared_ptr<FusedGradPlacements> decided;
   std::string name() const override { return "dtp::FusedOutBackward"; }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
@@ -112,11 +119,12 @@ struct FusedOutBackward : torch::autograd::Node {
     const DTensorImpl* gi = maybeGetDTensorImpl(g);
     TORCH_INTERNAL_ASSERT(gi != nullptr, name(), ": the gradient is not a DTensor");
     const DTensorSpec& gs = gi->spec();
-    Placements want = plan->grad_out;
+    Placements want = plan.grad_out;
+    *decided = {plan.x, plan.weight};
     for (size_t m = 0; m < want.size(); ++m) {
       const Placement& have = gs.placements[m];
-      if (plan->partial_passes[m] && have.is_partial() && have.op == ReduceOp::Sum)
-        want[m] = plan->x[m] = plan->weight[m] = have;
+      if (plan.partial_passes[m] && have.is_partial() && have.op == ReduceOp::Sum)
+        want[m] = decided->x[m] = decided->weight[m] = have;
     }
     if (gs.placements == want) return {gi->local()};
     return {redistribute_local(gi->local(), gs, want, /*backward=*/true, solely_owned(g))};
@@ -128,7 +136,7 @@ struct FusedOutBackward : torch::autograd::Node {
 struct FusedInBackward : torch::autograd::Node {
   SpecPtr x_spec, weight_spec;
   bool x_grad = false, weight_grad = false;
-  std::shared_ptr<const FusedGradPlan> plan;
+  std::shared_ptr<const FusedGradPlacements> decided;
   std::string name() const override { return "dtp::FusedInBackward"; }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
@@ -140,8 +148,8 @@ struct FusedInBackward : torch::autograd::Node {
       if (placements == spec->placements && g.scalar_type() == spec->dtype) return makeDTensor(g, spec);
       return makeDTensor(g, make_spec(spec->mesh, placements, spec->shape, g.scalar_type()));
     };
-    if (x_grad) out[0] = wrap(x_spec, plan->x);
-    if (weight_grad) out[1] = wrap(weight_spec, plan->weight);
+    if (x_grad) out[0] = wrap(x_spec, decided->x);
+    if (weight_grad) out[1] = wrap(weight_spec, decided->weight);
     return out;
   }
 };
@@ -149,7 +157,7 @@ struct FusedInBackward : torch::autograd::Node {
 // The local aliases of x and the weight that enter the plain graph, their
 // gradients going back to them through one FusedInBackward.
 std::pair<at::Tensor, at::Tensor> enterLocal(const at::Tensor& x, const at::Tensor& weight,
-                                             const std::shared_ptr<FusedGradPlan>& plan) {
+                                             const std::shared_ptr<FusedGradPlacements>& decided) {
   const DTensorImpl &xi = *unsafeGetDTensorImpl(x), &wi = *unsafeGetDTensorImpl(weight);
   std::pair<at::Tensor, at::Tensor> local{detachedAlias(xi.local()), detachedAlias(wi.local())};
   if (!x.requires_grad() && !weight.requires_grad()) return local;
@@ -158,7 +166,7 @@ std::pair<at::Tensor, at::Tensor> enterLocal(const at::Tensor& x, const at::Tens
   node->weight_spec = wi.spec_ptr();
   node->x_grad = x.requires_grad();
   node->weight_grad = weight.requires_grad();
-  node->plan = plan;
+  node->decided = decided;
   node->set_next_edges(torch::autograd::collect_next_edges(x, weight));
   if (node->x_grad) torch::autograd::set_history(local.first, node);
   if (node->weight_grad) torch::autograd::set_history(local.second, node);
@@ -178,15 +186,15 @@ at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& w
     return c10::str("DTensor fused ", what, " (", to_string(xs.placements), ", ",
                     to_string(unsafeGetDTensorImpl(weight)->spec().placements), ") -> (", to_string(out), ")");
   });
-  auto shared = std::make_shared<FusedGradPlan>(std::move(plan));
-  const auto [lx, lw] = enterLocal(x, weight, shared);
+  auto decided = std::make_shared<FusedGradPlacements>();
+  const auto [lx, lw] = enterLocal(x, weight, decided);
   const at::Tensor lout = local(lx, lw);
   SpecPtr spec = out == xs.placements && out_shape == xs.shape && lout.scalar_type() == xs.dtype
                      ? unsafeGetDTensorImpl(x)->spec_ptr()
                      : make_spec(xs.mesh, std::move(out), std::move(out_shape), lout.scalar_type());
   auto node = std::make_shared<FusedOutBackward>();
-  node->out_spec = spec;
-  node->plan = std::move(shared);
+  node->plan = std::move(plan);
+  node->decided = std::move(decided);
   node->set_next_edges({torch::autograd::impl::gradient_edge(lout)});
   at::Tensor result = makeDTensor(detachedAlias(lout), std::move(spec));
   torch::autograd::set_history(result, node);
