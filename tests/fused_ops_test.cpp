@@ -10,11 +10,13 @@
 #include "comm/collective_tape.h"
 #include "dtensor/sharding_prop.h"
 #include "dtp/explicit_redistribute.h"
+#include "dtp/fused_ops.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/modules.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 using namespace dtp;
 using dtp::test::data;
@@ -150,6 +152,42 @@ TEST_P(FusedOps, RetainedGraphSettlesPlacementsPerPass) {
     y.backward(replicated);
     EXPECT_EQ(placements(dx.grad()), placements(dx));
     EXPECT_LE((full_tensor(dx.grad()) - 2 * once).abs().max().item<double>(), 1e-14);
+  });
+}
+
+// A backward with create_graph=true through a fused op is refused by name
+// (its gradient would not be differentiable again); under
+// DecomposeFusedOpsGuard the same forward decomposes, and the second
+// derivative equals one device's.
+TEST_P(FusedOps, CreateGraphNeedsTheDecomposition) {
+  run([&](const DeviceMesh& mesh, int64_t) {
+    const at::Tensor x = data({2, 5, 7}, 0.1), w = data({7, 3}, 0.2);
+    at::Tensor xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_();
+    const at::Tensor gr = torch::autograd::grad({at::matmul(xr, wr).pow(2).sum()}, {xr}, {}, true, true)[0];
+    gr.pow(2).sum().backward();
+    auto make = [&] {
+      return std::make_pair(distribute_tensor(x.clone().requires_grad_(), mesh, on(mesh, Replicate())),
+                            distribute_tensor(w.clone().requires_grad_(), mesh, on(mesh, Shard(1))));
+    };
+    {
+      auto [dx, dw] = make();
+      const at::Tensor loss = at::matmul(dx, dw).pow(2).sum();
+      dtp::test::expect_error([&] { torch::autograd::grad({loss}, {dx}, {}, true, true); },
+                              "create_graph=true through aten::matmul");
+    }
+    auto [dx, dw] = make();
+    at::Tensor loss;
+    {
+      DecomposeFusedOpsGuard decompose;
+      EXPECT_TRUE(DecomposeFusedOpsGuard::enabled());
+      EXPECT_GT(dtensorOps([&] { loss = at::matmul(dx, dw).pow(2).sum(); }), 2);
+      at::NoGradGuard no_grad;
+      EXPECT_GT(dtensorOps([&] { (void)at::matmul(dx, dw); }), 1);
+    }
+    EXPECT_FALSE(DecomposeFusedOpsGuard::enabled());
+    const at::Tensor g = torch::autograd::grad({loss}, {dx}, {}, true, true)[0];
+    g.pow(2).sum().backward();
+    EXPECT_LE((full_tensor(dw.grad()) - wr.grad()).abs().max().item<double>(), 1e-12);
   });
 }
 

@@ -23,6 +23,7 @@
 // no DTensor op at all (fused_rms_norm). With a graph, see
 // NOTE: [Fused ops under autograd].
 #include "dtensor/fused_ops.h"
+#include "dtp/fused_ops.h"
 
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor_impl.h"
@@ -46,6 +47,18 @@ namespace dtp::detail {
 namespace {
 
 const c10::DispatchKeySet kDTensorKey(c10::DispatchKey::PrivateUse1);
+
+thread_local bool decompose_fused = false;  // DecomposeFusedOpsGuard
+
+// The fused graph's gradients are wrapped without history: a backward that
+// records a graph of its own (create_graph=true) would lose the second
+// derivative silently.
+void refuseCreateGraph(const char* node) {
+  TORCH_CHECK(!at::GradMode::is_enabled(), "dtp: backward with create_graph=true through ", node,
+              ", an op dtp ran fused on DTensors (NOTE: [Fused ops under autograd]): its gradient is not "
+              "differentiable again. Run that forward under dtp::DecomposeFusedOpsGuard (each piece a DTensor "
+              "op, differentiable twice), or use create_graph=false.");
+}
 
 bool recordsGraph(std::initializer_list<const at::Tensor*> inputs) {
   if (!at::GradMode::is_enabled()) return false;
@@ -93,9 +106,11 @@ bool taped() {
 //    through it).
 // Other placements (a Partial input, a sharded normalized dim, a bias) run
 // the decomposition, as do activation-checkpointing tapes (both passes must
-// make the same DTensor ops) and explicit-redistribution mode (which names
-// the redistributions the decomposition makes). The graph holds what the
-// decomposition's nodes would have saved.
+// make the same DTensor ops), explicit-redistribution mode (which names the
+// redistributions the decomposition makes) and DecomposeFusedOpsGuard. The
+// graph holds what the decomposition's nodes would have saved. Its
+// gradients are wrapped without history: a backward with create_graph=true
+// is refused (refuseCreateGraph), naming the guard.
 struct FusedGradPlan {
   Placements grad_out, x, weight;
   std::vector<bool> partial_passes;  // mesh dims where a Partial(sum) gradient stays partial
@@ -109,11 +124,13 @@ struct FusedGradPlacements {
 };
 
 struct FusedOutBackward : torch::autograd::Node {
+  const char* what = nullptr;  // the fused op, for errors
   FusedGradPlan plan;
   std::shared_ptr<FusedGradPlacements> decided;
   std::string name() const override { return "dtp::FusedOutBackward"; }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    refuseCreateGraph(what);
     const at::Tensor& g = grads[0];
     if (!g.defined()) return {at::Tensor()};
     const DTensorImpl* gi = maybeGetDTensorImpl(g);
@@ -193,6 +210,7 @@ at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& w
                      ? unsafeGetDTensorImpl(x)->spec_ptr()
                      : make_spec(xs.mesh, std::move(out), std::move(out_shape), lout.scalar_type());
   auto node = std::make_shared<FusedOutBackward>();
+  node->what = what;
   node->plan = std::move(plan);
   node->decided = std::move(decided);
   node->set_next_edges({torch::autograd::impl::gradient_edge(lout)});
@@ -204,7 +222,7 @@ at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& w
 // Whether x and the weight are DTensors on one mesh that a fused graph may
 // take: a graph is recorded, no tape, not in explicit-redistribution mode.
 bool fusableWithGraph(const DTensorImpl* xi, const DTensorImpl* wi, const at::Tensor& x, const at::Tensor& weight) {
-  return xi != nullptr && wi != nullptr && recordsGraph({&x, &weight}) && !taped() &&
+  return xi != nullptr && wi != nullptr && !decompose_fused && recordsGraph({&x, &weight}) && !taped() &&
          !explicit_redistribute_active() && xi->spec().mesh == wi->spec().mesh;
 }
 
@@ -253,7 +271,7 @@ at::Tensor fusedProduct(const at::Tensor& x, const at::Tensor& weight, bool tran
 
 at::Tensor linearAutograd(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   const at::Tensor none;
-  if (recordsGraph({&input, &weight, bias ? &*bias : &none}) || taped()) {
+  if (decompose_fused || recordsGraph({&input, &weight, bias ? &*bias : &none}) || taped()) {
     if (!bias || !bias->defined()) {
       at::Tensor fused = fusedProduct(input, weight, /*transposed=*/true);
       if (fused.defined()) return fused;
@@ -264,14 +282,14 @@ at::Tensor linearAutograd(const at::Tensor& input, const at::Tensor& weight, con
 }
 
 void linearDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (torch::jit::peek(*stack, 1, 3).toTensor().dim() == 2) return dtensor_fallback(op, stack);
+  if (!decompose_fused && torch::jit::peek(*stack, 1, 3).toTensor().dim() == 2) return dtensor_fallback(op, stack);
   auto bias = torch::jit::pop(*stack).toOptional<at::Tensor>();
   at::Tensor weight = torch::jit::pop(*stack).toTensor(), input = torch::jit::pop(*stack).toTensor();
   torch::jit::push(*stack, at::native::linear(input, weight, bias));
 }
 
 at::Tensor matmulAutograd(const at::Tensor& self, const at::Tensor& other) {
-  if (recordsGraph({&self, &other}) || taped()) {
+  if (decompose_fused || recordsGraph({&self, &other}) || taped()) {
     at::Tensor fused = fusedProduct(self, other, /*transposed=*/false);
     return fused.defined() ? fused : at::native::matmul(self, other);
   }
@@ -279,7 +297,8 @@ at::Tensor matmulAutograd(const at::Tensor& self, const at::Tensor& other) {
 }
 
 void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (torch::jit::peek(*stack, 0, 2).toTensor().dim() >= 2 && torch::jit::peek(*stack, 1, 2).toTensor().dim() == 2)
+  if (!decompose_fused && torch::jit::peek(*stack, 0, 2).toTensor().dim() >= 2 &&
+      torch::jit::peek(*stack, 1, 2).toTensor().dim() == 2)
     return dtensor_fallback(op, stack);
   at::Tensor other = torch::jit::pop(*stack).toTensor(), self = torch::jit::pop(*stack).toTensor();
   torch::jit::push(*stack, at::native::matmul(self, other));
@@ -290,8 +309,8 @@ void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, LocalRmsNorm local) {
   const DTensorImpl* xi = maybeGetDTensorImpl(x);
   const DTensorImpl* wi = maybeGetDTensorImpl(weight);
-  if (xi == nullptr || wi == nullptr || x.dim() == 0 || weight.dim() != 1 || weight.size(0) != x.size(-1) || taped() ||
-      !(xi->spec().mesh == wi->spec().mesh))
+  if (xi == nullptr || wi == nullptr || decompose_fused || x.dim() == 0 || weight.dim() != 1 ||
+      weight.size(0) != x.size(-1) || taped() || !(xi->spec().mesh == wi->spec().mesh))
     return {};
   const bool graph = recordsGraph({&x, &weight});
   if (graph && !fusableWithGraph(xi, wi, x, weight)) return {};
@@ -327,3 +346,11 @@ void register_fused_ops() {
 }
 
 }  // namespace dtp::detail
+
+namespace dtp {
+
+DecomposeFusedOpsGuard::DecomposeFusedOpsGuard() : prev_(detail::decompose_fused) { detail::decompose_fused = true; }
+DecomposeFusedOpsGuard::~DecomposeFusedOpsGuard() { detail::decompose_fused = prev_; }
+bool DecomposeFusedOpsGuard::enabled() { return detail::decompose_fused; }
+
+}  // namespace dtp
