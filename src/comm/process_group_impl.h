@@ -37,8 +37,8 @@ struct ProcessGroup::Impl {
 compat::Backend& backend_for(const ProcessGroup::Impl& g, const at::Tensor& t);
 
 // NOTE: [One Gloo call at a time] c10d records every Gloo collective in a
-// process-wide flight recorder (on by default since torch 2.10: 2000 entries,
-// TORCH_FR_BUFFER_SIZE), whose first record of each group inserts into a
+// process-wide flight recorder (on by default in recent releases, 2000
+// entries, TORCH_FR_BUFFER_SIZE; off in 2.6), whose first record of each group inserts into a
 // std::map before taking its lock. Two threads issuing their groups' first
 // collectives at once (ranks as threads in tests, an async checkpoint's group
 // beside training's) corrupt that map: segfaults in
