@@ -3,7 +3,6 @@
 #include "groups.h"
 #include "stats.h"
 
-#include "dtensor/sharding_prop.h"
 #include "dtp/comm_counter.h"
 #include "dtp/device_mesh.h"
 #include "dtp/dtensor.h"
@@ -49,22 +48,6 @@ LlamaConfig configOf(const DecodeSize& s, int64_t max_seq) {
   c.seed = 1;
   return c;
 }
-
-// Counts the ATen ops that reach dtp's DTensor fallback on this thread while
-// alive: each asks the sharding propagator once (linear and matmul without
-// autograd are one op there, NOTE: [Fused ops without autograd]). The ops the
-// fallback runs on local shards are plain: not counted.
-class DTensorOpCounter {
- public:
-  int64_t ops() const { return calls() - start_; }
-
- private:
-  static int64_t calls() {
-    const PropagationCacheStats s = propagation_cache_stats();
-    return s.hits + s.misses;
-  }
-  int64_t start_ = calls();
-};
 
 // One way to decode: the prefill of [B, P] prompts, then one token per step.
 class Decoder {

@@ -3,7 +3,6 @@
 #include "profile.h"
 #include "stats.h"
 
-#include "dtensor/sharding_prop.h"
 #include "dtp/device_mesh.h"
 #include "dtp/optim/adamw.h"
 
@@ -29,13 +28,8 @@ struct Variant {
   std::function<double()> step;  // one training step; its loss (read on the host: the step's end)
   std::vector<double> ms;
   double first_loss = 0;
-  int64_t dtensor_ops = 0;  // per step on rank 0: each asks the propagator once
+  int64_t dtensor_ops = 0;  // per step on rank 0
 };
-
-int64_t propagatorCalls() {
-  const PropagationCacheStats s = propagation_cache_stats();
-  return s.hits + s.misses;
-}
 
 bool runSize(const Size& s, const std::string& device_type, const std::vector<bool>& sps, int reps, int warmup,
              const ProcessGroup& world, const std::string& profile_dir, std::string& profiles) {
@@ -76,9 +70,9 @@ bool runSize(const Size& s, const std::string& device_type, const std::vector<bo
       Variant& v = vs[k];
       const double ms = timed_max(world, [&] {
         if (!v.all_ranks && world.rank() != 0) return;
-        const int64_t before = propagatorCalls();
+        const DTensorOpCounter ops;
         const double l = v.step();
-        v.dtensor_ops = propagatorCalls() - before;
+        v.dtensor_ops = ops.ops();
         if (r == 0) v.first_loss = l;
       });
       if (r >= warmup) v.ms.push_back(ms);

@@ -1,6 +1,7 @@
 // dtp-bench's timings: one rep on every rank, and the summary of reps.
 #pragma once
 
+#include "dtensor/sharding_prop.h"
 #include "dtp/process_group.h"
 
 #include <ATen/ATen.h>
@@ -28,5 +29,21 @@ inline double timed_max(const ProcessGroup& world, const std::function<void()>& 
   world.all_reduce(ms, ReduceOp::Max);
   return ms.item<double>();
 }
+
+// Counts the ATen ops that reach dtp's DTensor fallback on this thread while
+// alive: each asks the sharding propagator once (linear and matmul without
+// autograd are one op there, NOTE: [Fused ops without autograd]). The ops the
+// fallback runs on local shards are plain: not counted.
+class DTensorOpCounter {
+ public:
+  int64_t ops() const { return calls() - start_; }
+
+ private:
+  static int64_t calls() {
+    const PropagationCacheStats s = propagation_cache_stats();
+    return s.hits + s.misses;
+  }
+  int64_t start_ = calls();
+};
 
 }  // namespace dtp::bench

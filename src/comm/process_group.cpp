@@ -673,11 +673,7 @@ void ProcessGroup::barrier() const {
     });
     return;
   }
-  c10::intrusive_ptr<c10d::Work> work;
-  {
-    std::lock_guard<std::mutex> lock(gloo_issue_mutex());  // NOTE: [One Gloo call at a time]
-    work = impl().backend->barrier();
-  }
+  auto work = issue(impl(), at::Tensor(), [](compat::Backend& b) { return b.barrier(); });
   finish(impl_, "barrier", work, [] { return at::Tensor(); }, /*async_op=*/false);
 }
 

@@ -50,11 +50,11 @@ compat::Backend& backend_for(const ProcessGroup::Impl& g, const at::Tensor& t);
 std::mutex& gloo_issue_mutex();
 
 // Issues `call(backend)` on the backend that carries `t`, under
-// gloo_issue_mutex() for Gloo.
+// gloo_issue_mutex() for Gloo; without a tensor (barrier), on Gloo.
 template <class Call>
 auto issue(const ProcessGroup::Impl& g, const at::Tensor& t, Call&& call) {
-  compat::Backend& backend = backend_for(g, t);
-  if (t.is_cuda()) return call(backend);
+  compat::Backend& backend = t.defined() ? backend_for(g, t) : *g.backend;
+  if (t.defined() && t.is_cuda()) return call(backend);
   std::lock_guard<std::mutex> lock(gloo_issue_mutex());
   return call(backend);
 }

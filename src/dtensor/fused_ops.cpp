@@ -123,6 +123,14 @@ struct FusedGradPlacements {
   Placements x, weight;
 };
 
+// `like` itself where it already says `placements`, `shape` and `dtype` (no
+// new spec to build on every step); else a new spec on its mesh.
+SpecPtr specAs(const SpecPtr& like, const Placements& placements, const std::vector<int64_t>& shape,
+               c10::ScalarType dtype) {
+  if (placements == like->placements && shape == like->shape && dtype == like->dtype) return like;
+  return make_spec(like->mesh, placements, shape, dtype);
+}
+
 struct FusedOutBackward : torch::autograd::Node {
   const char* what = nullptr;  // the fused op, for errors
   FusedGradPlan plan;
@@ -162,8 +170,7 @@ struct FusedInBackward : torch::autograd::Node {
     auto wrap = [&](const SpecPtr& spec, const Placements& placements) {
       const at::Tensor& g = grads[next++];
       if (!g.defined()) return at::Tensor();
-      if (placements == spec->placements && g.scalar_type() == spec->dtype) return makeDTensor(g, spec);
-      return makeDTensor(g, make_spec(spec->mesh, placements, spec->shape, g.scalar_type()));
+      return makeDTensor(g, specAs(spec, placements, spec->shape, g.scalar_type()));
     };
     if (x_grad) out[0] = wrap(x_spec, decided->x);
     if (weight_grad) out[1] = wrap(weight_spec, decided->weight);
@@ -196,9 +203,10 @@ std::pair<at::Tensor, at::Tensor> enterLocal(const at::Tensor& x, const at::Tens
 // Profilers see it as "DTensor fused <what> (x's, the weight's placements)
 // -> (the output's)" (NOTE: [Trace spans]).
 template <class Local>
-at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& weight, Placements out,
-                      std::vector<int64_t> out_shape, FusedGradPlan plan, Local&& local) {
-  const DTensorSpec& xs = unsafeGetDTensorImpl(x)->spec();
+at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& weight, const Placements& out,
+                      const std::vector<int64_t>& out_shape, FusedGradPlan plan, Local&& local) {
+  const SpecPtr& x_spec = unsafeGetDTensorImpl(x)->spec_ptr();
+  const DTensorSpec& xs = *x_spec;
   const detail::TraceSpan span([&] {
     return c10::str("DTensor fused ", what, " (", to_string(xs.placements), ", ",
                     to_string(unsafeGetDTensorImpl(weight)->spec().placements), ") -> (", to_string(out), ")");
@@ -206,9 +214,7 @@ at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& w
   auto decided = std::make_shared<FusedGradPlacements>();
   const auto [lx, lw] = enterLocal(x, weight, decided);
   const at::Tensor lout = local(lx, lw);
-  SpecPtr spec = out == xs.placements && out_shape == xs.shape && lout.scalar_type() == xs.dtype
-                     ? unsafeGetDTensorImpl(x)->spec_ptr()
-                     : make_spec(xs.mesh, std::move(out), std::move(out_shape), lout.scalar_type());
+  SpecPtr spec = specAs(x_spec, out, out_shape, lout.scalar_type());
   auto node = std::make_shared<FusedOutBackward>();
   node->what = what;
   node->plan = std::move(plan);
@@ -263,7 +269,7 @@ at::Tensor fusedProduct(const at::Tensor& x, const at::Tensor& weight, bool tran
   }
   std::vector<int64_t> shape = xi->spec().shape;
   shape.back() = weight.size(out_dim);
-  return fusedGraph(transposed ? "aten::linear" : "aten::matmul", x, weight, std::move(out), std::move(shape),
+  return fusedGraph(transposed ? "aten::linear" : "aten::matmul", x, weight, out, shape,
                     std::move(plan), [transposed](const at::Tensor& lx, const at::Tensor& lw) {
                       return transposed ? at::linear(lx, lw) : at::matmul(lx, lw);
                     });
@@ -313,7 +319,7 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
       weight.size(0) != x.size(-1) || taped() || !(xi->spec().mesh == wi->spec().mesh))
     return {};
   const bool graph = recordsGraph({&x, &weight});
-  if (graph && !fusableWithGraph(xi, wi, x, weight)) return {};
+  if (graph && explicit_redistribute_active()) return {};  // the rest of fusableWithGraph is checked above
   const DTensorSpec& xs = xi->spec();
   for (const Placement& p : xs.placements)
     if (p.is_partial() || (p.is_shard() && p.dim == x.dim() - 1)) return {};
@@ -321,8 +327,8 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
     if (!p.is_replicate()) return {};
   if (!graph) {
     at::Tensor out = local(xi->local(), wi->local(), eps);
-    const auto dtype = out.scalar_type();
-    return makeDTensor(std::move(out), make_spec(xs.mesh, xs.placements, xs.shape, dtype));
+    SpecPtr spec = specAs(xi->spec_ptr(), xs.placements, xs.shape, out.scalar_type());
+    return makeDTensor(std::move(out), std::move(spec));
   }
   const size_t n = xs.placements.size();
   FusedGradPlan plan{xs.placements, xs.placements, Placements(n, Replicate()), std::vector<bool>(n, false)};
