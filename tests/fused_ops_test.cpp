@@ -197,20 +197,26 @@ TEST_P(FusedOps, CreateGraphNeedsTheDecomposition) {
 TEST_P(FusedOps, ModulesAndInferenceMode) {
   run([&](const DeviceMesh& mesh, int64_t) {
     nn::Linear lin(torch::nn::LinearOptions(7, 4).bias(false));
+    torch::nn::Linear stock(torch::nn::LinearOptions(7, 4).bias(false));
     const at::Tensor x = data({2, 5, 7}, 0.4), w = data({4, 7}, 0.9), ref = at::matmul(x, w.t());
     set_parameter(*lin, "weight", distribute_tensor(w, mesh, on(mesh, Shard(0))));
+    set_parameter(*stock, "weight", distribute_tensor(w, mesh, on(mesh, Shard(0))));
     const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, Replicate()));
-    at::Tensor out;
+    at::Tensor out, stock_out;
     {
-      // libtorch's Linear computes input.matmul(weight.t()): t and one matmul.
+      // dtp's Linear calls aten::linear: one DTensor op. libtorch's computes
+      // input.matmul(weight.t()): t and one matmul.
       at::NoGradGuard no_grad;
-      EXPECT_EQ(dtensorOps([&] { out = lin(dx); }), 2);
+      EXPECT_EQ(dtensorOps([&] { out = lin(dx); }), 1);
+      EXPECT_EQ(dtensorOps([&] { stock_out = stock(dx); }), 2);
     }
     EXPECT_EQ(placements(out), on(mesh, Shard(2)));
     EXPECT_TRUE(full_tensor(out).allclose(ref, 1e-12, 1e-12));
+    EXPECT_TRUE(at::equal(full_tensor(out), full_tensor(stock_out)));
     {
       c10::InferenceMode inference;  // no autograd keys: straight to the DTensor kernel
-      EXPECT_EQ(dtensorOps([&] { out = lin(dx); }), 2);
+      EXPECT_EQ(dtensorOps([&] { out = lin(dx); }), 1);
+      EXPECT_EQ(dtensorOps([&] { stock_out = stock(dx); }), 2);
       EXPECT_TRUE(full_tensor(out).allclose(ref, 1e-12, 1e-12));
     }
   });

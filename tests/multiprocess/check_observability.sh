@@ -29,7 +29,7 @@ echo "metrics: 3 lines, every field a number, $per_step collectives per step"
 for rank in 0 1; do
   trace="$dir/trace/rank$rank.json"
   [ -s "$trace" ] || fail "$trace is missing"
-  grep -q 'DTensor fused aten::matmul (' "$trace" || fail "no DTensor fused aten::matmul span in $trace"
+  grep -q 'DTensor fused aten::linear (' "$trace" || fail "no DTensor fused aten::linear span in $trace"
   grep -q 'DTensor aten::[a-z_.]* (S(1)' "$trace" || fail "no DTensor op span with an S(1) input in $trace"
   grep -q 'redistribute f32\[' "$trace" || fail "no redistribute span in $trace"
   grep -q 'all_gather [0-9]* B over ranks \[0, 1\]' "$trace" || fail "no all_gather span with bytes in $trace"

@@ -1,15 +1,29 @@
 // Hooked versions of the stock libtorch modules, and RMSNorm (which libtorch
-// 1.13 lacks). Each is the stock Impl: same options, fields and forward.
+// 1.13 lacks). Each is the stock Impl: same options, fields and forward,
+// except that Linear's forward calls aten::linear, as Python's nn.Linear
+// does. libtorch's LinearImpl::forward (F::linear) spells it
+// input.matmul(weight.t()): two DTensor ops (t, matmul) on every call where
+// aten::linear is one (NOTE: [Fused ops without autograd]). On plain
+// tensors it is the same kernels, but for a bias on a 3-d input, which
+// aten::linear folds into one addmm (rounding may differ in the last bit).
 #pragma once
 
 #include "dtp/nn/hooked.h"
 
+#include <ATen/ops/linear.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 namespace dtp::nn {
+
+template <>
+class HookedImpl<torch::nn::LinearImpl> : public torch::nn::LinearImpl, public HookHost {
+ public:
+  using torch::nn::LinearImpl::LinearImpl;
+  at::Tensor forward(const at::Tensor& input) { return at::linear(input, weight, bias); }
+};
 
 class Linear : public Hooked<torch::nn::LinearImpl> {
  public:
