@@ -11,6 +11,7 @@
 #include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
 
+#include <limits>
 #include <mutex>
 
 using namespace dtp;
@@ -214,6 +215,30 @@ TEST(GenerateTest, DecodeStepCollectivesMatchTheClosedForm) {
     EXPECT_EQ(comm.bytes(CollectiveType::AllGather), 2 * B * 2 * 8);  // gathered output: 2 ranks x B x (logit, index)
     EXPECT_EQ(comm.total_count(), 2 * L + 2) << comm.str();
   });
+}
+
+// Greedy picks what at::argmax picks on the whole row: the first of equal
+// logits (ties across and within shards), NaN above all, on vocabularies
+// split evenly (2 ranks) and unevenly (4 ranks: 3, 3, 3, 1).
+TEST(SamplingTest, GreedyPicksTheFirstOfEqualLogitsAsArgmax) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const at::Tensor logits = at::tensor({0.5, 1., 3., 0., 1., 2., 0., 3., 1., 0.,      // tie across shards: 2
+                                        4., 4., 0., 1., 2., 3., 0., 0., 1., 2.,       // tie in shard 0: 0
+                                        0., 1., 2., 3., 4., 5., 6., 7., nan, nan,     // NaN first: 8
+                                        -1., -2., -3., -4., -5., -6., -7., -8., -9., -0.5},  // last: 9
+                                       at::kDouble).view({4, 1, 10});
+  const at::Tensor want = logits.view({4, 10}).argmax(-1);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  std::vector<int64_t> expected(want.data_ptr<int64_t>(), want.data_ptr<int64_t>() + 4);
+  EXPECT_EQ(expected, (std::vector<int64_t>{2, 0, 8, 9}));
+  EXPECT_EQ(inference::sample(logits, {}, gen), expected);
+  for (int w : {2, 4}) {
+    run_ranks(w, [&](int) {
+      const DeviceMesh mesh = init_device_mesh("cpu", {w}, {"tp"});
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(0);
+      EXPECT_EQ(inference::sample(distribute_tensor(logits, mesh, {Shard(2)}), {}, g), expected) << w << " ranks";
+    });
+  }
 }
 
 // Decode changes the attention's shapes at every token, but those run on

@@ -7,7 +7,9 @@
 
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <sstream>
+#include <unordered_set>
 
 namespace dtp {
 
@@ -172,13 +174,28 @@ Decision compute(const OpCall& call) {
   for (const auto& r : returns)
     all_inplace &= r.alias_info() != nullptr && r.alias_info()->isWrite();
   if (!all_inplace) {
+    // An op whose meta kernel threw once goes to its rule's shape function
+    // from then on: a c10::Error records a backtrace (about a millisecond),
+    // and an embedding misses the cache at every new prompt length.
+    static std::mutex no_meta_mutex;
+    static std::unordered_set<const c10::FunctionSchema*> no_meta;
+    bool meta_failed = false;
+    if (rule->shape) {
+      const std::lock_guard<std::mutex> lock(no_meta_mutex);
+      meta_failed = no_meta.count(&call.op.schema()) > 0;
+    }
     try {
-      meta = runOnMeta(call);
+      if (!meta_failed) meta = runOnMeta(call);
     } catch (const c10::Error& e) {
       TORCH_CHECK(rule->shape, "dtp: cannot infer the output shape of ", op_name(call.op),
                   " on meta tensors (inputs: ", describeInputs(call),
                   "): ", e.what_without_backtrace(), "\nRegister a Meta kernel for the op, or give its rule a "
                   "shape function (dtp::RegisterShardingOptions::shape).");
+      const std::lock_guard<std::mutex> lock(no_meta_mutex);
+      no_meta.insert(&call.op.schema());
+      meta_failed = true;
+    }
+    if (meta_failed) {
       meta = rule->shape(call);
       TORCH_INTERNAL_ASSERT(!meta.shapes.empty() && meta.shapes.size() == meta.dtypes.size(), "the shape function of ",
                             op_name(call.op), "'s rule returned ", meta.shapes.size(), " shapes and ", meta.dtypes.size(),

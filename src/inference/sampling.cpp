@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <limits>
 
 namespace dtp::inference {
@@ -70,6 +71,27 @@ std::pair<at::Tensor, at::Tensor> canonical(const at::Tensor& cand) {
   return {val.gather(-1, byValue), idx.gather(-1, byValue)};
 }
 
+// Each row's first candidate in canonical's order, without sorting: the
+// largest logit (NaN above all, as sort and argmax order it), the lowest
+// vocab index among equals.
+std::vector<int64_t> firstOf(const at::Tensor& cand) {
+  const at::Tensor c = cand.cpu().contiguous();
+  const auto a = c.accessor<double, 3>();
+  TORCH_CHECK(a.size(1) > 0, "sample: the logits have an empty vocabulary dim: no token to pick.");
+  std::vector<int64_t> out(a.size(0));
+  for (int64_t b = 0; b < a.size(0); ++b) {
+    int64_t best = 0;
+    for (int64_t j = 1; j < a.size(1); ++j) {
+      const double v = a[b][j][0], w = a[b][best][0];
+      const bool nan = std::isnan(v), best_nan = std::isnan(w);
+      const bool tie = nan == best_nan && (nan || v == w);
+      if (tie ? a[b][j][1] < a[b][best][1] : nan || (!best_nan && v > w)) best = j;
+    }
+    out[b] = static_cast<int64_t>(a[b][best][1]);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, at::Generator& gen) {
@@ -91,12 +113,10 @@ std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, 
     cand.select(-1, 0).copy_(val);
     cand.select(-1, 1).copy_(idx.to(at::kDouble) + static_cast<double>(s.offset));
   }
-  auto [val, idx] = canonical(gather(s, cand, sizes));  // [B, n] each
+  const at::Tensor all = gather(s, cand, sizes);
+  if (greedy) return firstOf(all);
+  auto [val, idx] = canonical(all);  // [B, n] each
   std::vector<int64_t> out(batch);
-  if (greedy) {
-    for (int64_t b = 0; b < batch; ++b) out[b] = static_cast<int64_t>(idx[b][0].item<double>());
-    return out;
-  }
   if (o.top_k > 0 && val.size(1) > o.top_k) {
     val = val.narrow(1, 0, o.top_k);
     idx = idx.narrow(1, 0, o.top_k);
@@ -108,7 +128,9 @@ std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, 
     probs = probs.masked_fill(before >= o.top_p, 0.0);
   }
   const at::Tensor pick = at::multinomial(probs, 1, /*replacement=*/false, gen);
-  for (int64_t b = 0; b < batch; ++b) out[b] = static_cast<int64_t>(idx[b][pick[b][0].item<int64_t>()].item<double>());
+  const at::Tensor picked = idx.gather(1, pick).cpu().contiguous();  // [B, 1]
+  const auto p = picked.accessor<double, 2>();
+  for (int64_t b = 0; b < batch; ++b) out[b] = static_cast<int64_t>(p[b][0]);
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -67,9 +68,14 @@ at::Tensor LlamaImpl::forward(const at::Tensor& tokens, KVCache& cache, const st
     }
   }
   const at::Tensor local = dt ? to_local(h) : h;
-  std::vector<at::Tensor> rows;
-  for (int64_t b = 0; b < batch; ++b) rows.push_back(local[b].narrow(0, valid[b] - 1, 1));
-  at::Tensor last = at::stack(rows);  // [B, 1, dim]
+  at::Tensor last;  // [B, 1, dim]
+  if (std::all_of(valid.begin(), valid.end(), [&](int64_t n) { return n == valid[0]; })) {
+    last = local.narrow(1, valid[0] - 1, 1);  // every decode step, and a prefill of equal lengths
+  } else {
+    std::vector<at::Tensor> rows;
+    for (int64_t b = 0; b < batch; ++b) rows.push_back(local[b].narrow(0, valid[b] - 1, 1));
+    last = at::stack(rows);
+  }
   if (dt) last = from_local(last, device_mesh(h), placements(h), /*run_check=*/false, std::vector<int64_t>{batch, 1, config.dim});
   at::Tensor logits = output(norm(last));
   cache.end(valid);
