@@ -6,6 +6,7 @@
 #include "dtensor/rules/common.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 
@@ -74,7 +75,7 @@ void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   at::Tensor weight = args[0].toTensor(), indices = args[1].toTensor();
   bool rows_only = true;  // every placement S(0) or R: the backward handler's case
   for (const auto& p : wspec.placements) rows_only &= p.is_shard(0) || p.is_replicate();
-  if (rows_only) rememberVocabLookup(indices, d.in_specs[0]);
+  if (rows_only && c10::GradMode::is_enabled()) rememberVocabLookup(indices, d.in_specs[0]);  // a backward may follow
   const int64_t start = wspec.local_offset()[0], rows = wspec.local_sizes[0];
   if (rows == wspec.shape[0]) {  // every row here (mesh dims of one rank): nothing to mask
     op.callBoxed(stack);
