@@ -62,9 +62,12 @@ struct ToLocalBackward : torch::autograd::Node {
   }
 };
 
-template <class NodeT>
-at::Tensor connect(at::Tensor out, const at::Tensor& input, std::shared_ptr<NodeT> node) {
+// Gives `out` the backward node make_node() makes when `input` records a
+// graph; with no graph to record (decode, no_grad) no node is made.
+template <class MakeNode>
+at::Tensor connect(at::Tensor out, const at::Tensor& input, MakeNode make_node) {
   if (input.requires_grad() && at::GradMode::is_enabled()) {
+    auto node = make_node();
     node->set_next_edges(torch::autograd::collect_next_edges(input));
     torch::autograd::set_history(out, node);
   }
@@ -184,20 +187,24 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
               local.sizes(), " does not match ", spec->str(), ", which puts ",
               c10::IntArrayRef(spec->local_sizes), " on this rank. Pass the global shape=.");
   at::Tensor out = makeDTensor(detachedAlias(local), spec);
-  auto node = std::make_shared<RedistributeBackward>();
-  node->src = spec;
-  node->to_plain = true;
-  return connect(out, local, node);
+  return connect(out, local, [&] {
+    auto node = std::make_shared<RedistributeBackward>();
+    node->src = spec;
+    node->to_plain = true;
+    return node;
+  });
 }
 
 at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placements) {
   const auto& impl = checkedDTensorImpl(t, "to_local");
   at::Tensor out = detachedAlias(impl.local());
-  auto node = std::make_shared<ToLocalBackward>();
-  node->grad_spec = grad_placements ? make_spec(impl.spec().mesh, *grad_placements,
-                                                impl.spec().shape, impl.spec().dtype)
-                                    : impl.spec_ptr();
-  return connect(out, t, node);
+  return connect(out, t, [&] {
+    auto node = std::make_shared<ToLocalBackward>();
+    node->grad_spec = grad_placements ? make_spec(impl.spec().mesh, *grad_placements, impl.spec().shape,
+                                                  impl.spec().dtype)
+                                      : impl.spec_ptr();
+    return node;
+  });
 }
 
 namespace {
@@ -218,10 +225,12 @@ at::Tensor redistributeImpl(const at::Tensor& t, const DeviceMesh& mesh, const P
   } else {
     out = makeDTensor(redistribute_local(impl.local(), impl.spec(), spec->placements, /*backward=*/false, consume), spec);
   }
-  auto node = std::make_shared<RedistributeBackward>();
-  node->src = impl.spec_ptr();
-  node->to_plain = false;
-  return connect(out, t, node);
+  return connect(out, t, [&] {
+    auto node = std::make_shared<RedistributeBackward>();
+    node->src = impl.spec_ptr();
+    node->to_plain = false;
+    return node;
+  });
 }
 
 }  // namespace
