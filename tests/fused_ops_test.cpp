@@ -162,8 +162,8 @@ TEST_P(FusedOps, RetainedGraphSettlesPlacementsPerPass) {
 TEST_P(FusedOps, CreateGraphNeedsTheDecomposition) {
   run([&](const DeviceMesh& mesh, int64_t) {
     const at::Tensor x = data({2, 5, 7}, 0.1), w = data({7, 3}, 0.2);
-    // The gradient is taken at a non-leaf (x * 2): a leaf's gradient passes
-    // its placement hook, which on libtorch 2.x returns it without history.
+    // The gradient is taken at a non-leaf (x * 2); a leaf's, which passes its
+    // placement hook: GradReductionTest.LeafGradientKeepsItsHistoryUnderCreateGraph.
     at::Tensor xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_();
     const at::Tensor x2r = xr * 2;
     const at::Tensor gr = torch::autograd::grad({at::matmul(x2r, wr).pow(2).sum()}, {x2r}, {}, true, true)[0];

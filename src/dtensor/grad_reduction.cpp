@@ -204,6 +204,9 @@ void keep_grad_placements(const at::Tensor& param) {
     // AccumulateGrad then copies a gradient laid out unlike its parameter
     // into the parameter's layout (NOTE: [DTensor strides]).
     if (gi->spec().placements == spec->placements) return g;
+    // create_graph: the returned gradient keeps its history (libtorch 2.x
+    // hands what this hook returns to torch::autograd::grad's caller).
+    if (at::GradMode::is_enabled() && g.requires_grad()) return redistribute(g, spec->mesh, spec->placements);
     const int64_t dim = bucketableDim(gi->spec().placements, spec->placements);
     const at::Tensor local = dim >= 0 && spec->mesh.size(dim) > 1 && !at::GradMode::is_enabled()
                                  ? deferReduction(spec, order, weak_param, *gi, dim)
