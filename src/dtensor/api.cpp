@@ -198,11 +198,13 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
 at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placements) {
   const auto& impl = checkedDTensorImpl(t, "to_local");
   at::Tensor out = detachedAlias(impl.local());
+  // Built even without a graph: a wrong grad_placements is an error at the call.
+  SpecPtr grad_spec = grad_placements
+                          ? make_spec(impl.spec().mesh, *grad_placements, impl.spec().shape, impl.spec().dtype)
+                          : impl.spec_ptr();
   return connect(out, t, [&] {
     auto node = std::make_shared<ToLocalBackward>();
-    node->grad_spec = grad_placements ? make_spec(impl.spec().mesh, *grad_placements, impl.spec().shape,
-                                                  impl.spec().dtype)
-                                      : impl.spec_ptr();
+    node->grad_spec = std::move(grad_spec);
     return node;
   });
 }
