@@ -325,13 +325,13 @@ TEST_F(SafetensorsTest, FailedSaveLeavesExistingFileByteForByte) {
   EXPECT_EQ(load_safetensors(p).metadata.at("step"), "1");
 }
 
-TEST_F(SafetensorsTest, FailedRenameRemovesTempFile) {
-  // The data is fully written and synced, then rename(2) onto a non-empty
-  // directory fails: the temp file must not be left behind.
+TEST_F(SafetensorsTest, SaveOntoAFolderIsRefusedBeforeWriting) {
+  // A folder at the path is not a file dtp wrote: refused before any
+  // temporary file exists (NOTE: [Nothing dtp did not write]).
   const std::string p = file("taken");
   fs::create_directories(p);
   dtp::test::write_bytes(p + "/keep", "x");
-  EXPECT_ERROR(save_safetensors(p, {{"w", at::ones({1000})}}), "renaming '" + p + ".tmp.");
+  EXPECT_ERROR(save_safetensors(p, {{"w", at::ones({1000})}}), "'" + p + "' exists and is not a file");
   EXPECT_EQ(listing(), std::vector<std::string>{"taken"});
   EXPECT_EQ(dtp::test::read_bytes(p + "/keep"), "x");
 }

@@ -286,8 +286,9 @@ TEST_F(ShardedCheckpointTest, BadCheckpointsAreNamedErrorsThatChangeNothing) {
 }
 
 // A save that cannot write (a file size limit stands in for a full disk)
-// fails on every rank naming the cause; the previous checkpoint stays whole
-// and loads, and the next save succeeds over it.
+// fails on every rank naming the cause and removes what it staged; the
+// previous checkpoint stays whole and loads, and the next save succeeds over
+// it.
 TEST_F(ShardedCheckpointTest, FailedSaveLeavesThePreviousCheckpoint) {
   const std::string dir = file("ck");
   Values v1;
@@ -310,7 +311,7 @@ TEST_F(ShardedCheckpointTest, FailedSaveLeavesThePreviousCheckpoint) {
   });
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, previous);
-  EXPECT_TRUE(fs::exists(dir + ".incomplete"));
+  EXPECT_FALSE(fs::exists(dir + ".incomplete")) << "a failed save left its staging folder";
   run_ranks(2, [&](int) {
     Llama model = buildLlama({1, 2, ""}, 9);
     EXPECT_EQ(dcp::load_state(dir, *model, nullptr, llama_state_dict_options()).at("step"), "1");

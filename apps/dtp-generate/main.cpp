@@ -1,7 +1,9 @@
 // dtp-generate: samples text with tensor parallelism from a dtp-train
-// checkpoint (any layout it was saved at) or a Hugging Face Llama folder:
-//   dtprun -n 2 dtp-generate --checkpoint ck
+// checkpoint (any layout it was saved at; the model's config comes from it)
+// or a Hugging Face Llama folder:
+//   dtprun -n 2 dtp-generate --checkpoint ck          (its newest step-<N>/)
 //   dtprun -n 2 dtp-generate --hf Llama-2-7b-hf --prompt "The capital of France is"
+#include "../common/checkpoint_flags.h"
 #include "../common/model_flags.h"
 
 #include "dtp/dcp/checkpoint.h"
@@ -30,7 +32,9 @@ int main(int argc, char** argv) {
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   CLI::App app{"dtp-generate: sample text from a dtp-train checkpoint or a Hugging Face Llama with tensor parallelism"};
-  auto* ck = app.add_option("--checkpoint", checkpoint, "Folder written by dtp-train --save (or an older single file)");
+  auto* ck = app.add_option("--checkpoint", checkpoint, "Folder written by dtp-train --save (its newest complete "
+                            "step-<N>/), one step folder, or an older single file; the model flags are then taken "
+                            "from it");
   app.add_option("--hf", hf, "Hugging Face Llama folder (config.json, safetensors, tokenizer.model)")->excludes(ck);
   app.add_option("--tokenizer", tokenizer_path,
                  "tokenizer.model (sentencepiece) or \"byte\" [default: the --hf folder's tokenizer.model, else byte]");
@@ -61,6 +65,15 @@ int main(int argc, char** argv) {
     TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "pass --checkpoint DIR or --hf DIR.");
     ProcessGroup world = init_process_group();
     LlamaConfig config = apps::config_of(model_flags, context > 0 ? context : 256, 0.0, 0);
+    if (!checkpoint.empty() && !std::filesystem::is_regular_file(checkpoint)) {
+      const apps::SavedCheckpoint saved = apps::find_saved_checkpoint(checkpoint, world.rank() == 0);
+      checkpoint = saved.path;
+      if (saved.config) {
+        apps::adopt_saved_config(app, model_flags, *saved.config, saved.path);
+        config = *saved.config;
+        config.max_seq_len = context > 0 ? context : 256;  // as without a recorded config
+      }
+    }
     if (!hf.empty()) {
       config = llama_config_from_hf(hf, context);
       config.dtype = apps::dtype_of(model_flags.dtype);

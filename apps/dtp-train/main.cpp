@@ -2,6 +2,7 @@
 // parallelism (FSDP or DDP) and pipeline parallelism on a (pp, dp, tp) mesh,
 // on byte-level English text. Run it under the launcher:
 // `dtprun -n 4 dtp-train --dp 2 --tp 2`, `dtprun -n 8 dtp-train --pp 2 --dp 2 --tp 2`.
+#include "../common/checkpoint_flags.h"
 #include "../common/corpus.h"
 #include "../common/model_flags.h"
 #include "../common/proc_status.h"
@@ -50,7 +51,9 @@ struct Options {
   uint64_t seed = 0;
   bool no_sp = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
   std::string save, resume, mp, device = "cpu", init_from_hf, save_hf, comm_debug, metrics, profile;
-  int64_t save_every = 0, profile_steps = 3;
+  int64_t save_every = 0, keep_last = 0, profile_steps = 3;
+  // --resume: the config the checkpoint records (NOTE: [Config in the checkpoint]).
+  std::optional<LlamaConfig> saved_config;
 };
 
 // One JSON object per rank, in rank order, to `path` (rank 0 writes it): the
@@ -93,6 +96,14 @@ double peakRssMiB() { return apps::proc_field_kb("/proc/self/status", "VmHWM:") 
 
 // The model flags' config, or with --init-from-hf the folder's (fine-tuning).
 LlamaConfig configOf(const Options& o) {
+  if (o.saved_config) {
+    LlamaConfig c = *o.saved_config;
+    c.max_seq_len = o.seq;
+    c.dropout = o.dropout;
+    c.seed = o.seed;
+    c.dtype = apps::dtype_of(o.model.dtype);
+    return c;
+  }
   if (o.init_from_hf.empty()) return apps::config_of(o.model, o.seq, o.dropout, o.seed);
   LlamaConfig c = llama_config_from_hf(o.init_from_hf, o.seq);
   c.dropout = o.dropout;
@@ -101,8 +112,9 @@ LlamaConfig configOf(const Options& o) {
   return c;
 }
 
-// Where the run starts: a checkpoint (a dcp folder, or an earlier dtp's
-// single file), HF weights, or the init. Returns the first step.
+// Where the run starts: a checkpoint (a dcp folder that find_checkpoint
+// chose, or an earlier dtp's single file), HF weights, or the init. Returns
+// the first step.
 int64_t startFrom(const Options& o, Llama& model, const LlamaPipeline* pipe, torch::optim::AdamW& opt) {
   if (!o.resume.empty()) {
     const bool file = std::filesystem::is_regular_file(o.resume);
@@ -210,7 +222,16 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
   auto stateAt = [&](int64_t step) {
     dcp::StateDict sd = pipe ? pipe->state_dict(model, &opt) : dcp::get_state_dict(*model, &opt, llama_state_dict_options());
     sd.metadata["step"] = std::to_string(step);
+    sd.metadata[kLlamaConfigKey] = llama_config_to_json(configOf(o));
     return sd;
+  };
+  // --keep-last: rank 0 removes dtp's own older step folders once a save is
+  // committed (a save in flight is still "step-N.incomplete": not counted).
+  auto keepLast = [&] {
+    if (o.keep_last == 0 || world.rank() != 0) return;
+    for (const auto& gone : dcp::remove_old_steps(o.save, o.keep_last)) {
+      if (log) std::printf("removed the older checkpoint %s (--keep-last %lld)\n", gone.c_str(), static_cast<long long>(o.keep_last));
+    }
   };
   Run run;
   CommCounter comm;
@@ -278,8 +299,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
     }
     tokens += o.batch * o.seq;
     if (saver && (step + 1) % o.save_every == 0 && step + 1 < o.steps) {
-      saver->save(stateAt(step + 1), o.save);
-      if (log && world.rank() == 0) std::printf("step %5lld  saving to %s in the background\n", static_cast<long long>(step + 1), o.save.c_str());
+      saver->save(stateAt(step + 1), dcp::step_folder(o.save, step + 1));
+      if (log && world.rank() == 0) std::printf("step %5lld  saving to %s in the background\n", static_cast<long long>(step + 1), dcp::step_folder(o.save, step + 1).c_str());
+      keepLast();  // the previous save is committed: save() waited for it
     }
     if (logged) {
       const auto now = std::chrono::steady_clock::now();
@@ -313,7 +335,10 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
     }
   }
   if (saver) saver->wait();
-  if (!o.save.empty()) dcp::save(stateAt(o.steps), o.save);
+  if (!o.save.empty()) {
+    dcp::save(stateAt(o.steps), dcp::step_folder(o.save, o.steps));
+    keepLast();
+  }
   if (!o.save_hf.empty()) {
     HFSaveOptions hf;
     hf.source_dir = o.init_from_hf;
@@ -358,6 +383,7 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
   o.save.clear();
   o.save_hf.clear();
   o.resume.clear();
+  o.saved_config.reset();
   auto one = ProcessGroup::create(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   DeviceMesh alone = init_device_mesh(o.device, {1}, {"dp"}, one);
   LlamaConfig c = configOf(o);
@@ -470,10 +496,14 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu, or cuda: each rank on GPU LOCAL_RANK")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--save", o.save, "Write a sharded checkpoint folder here at the end (atomically)");
+  app.add_option("--save", o.save, "Write sharded checkpoints into this folder, one step-<N>/ folder per save "
+                 "(each atomic; nothing else in the folder is touched)");
   app.add_option("--save-every", o.save_every, "Also save every N steps, in the background (needs --save)")
       ->check(dtp::apps::kPositive);
-  app.add_option("--resume", o.resume, "Continue from this checkpoint folder (any dp/tp layout)");
+  app.add_option("--keep-last", o.keep_last, "Keep only the newest K step folders of --save (removes only dtp's own "
+                 "older step-<N>/ folders)")->check(dtp::apps::kPositive);
+  app.add_option("--resume", o.resume, "Continue from a --save folder (its newest complete step-<N>/) or one step "
+                 "folder, at any dp/tp/pp layout; the model config comes from the checkpoint");
   app.add_option("--init-from-hf", o.init_from_hf,
                  "Fine-tune a Hugging Face Llama folder: its config, weights and tokenizer.model (the model size "
                  "flags are ignored)");
@@ -492,6 +522,19 @@ int main(int argc, char** argv) {
   try {
     ProcessGroup world = init_process_group();
     const int64_t W = world.size();
+    TORCH_CHECK(o.keep_last == 0 || !o.save.empty(), "--keep-last needs --save DIR: which folder's steps to keep.");
+    TORCH_CHECK(o.save.empty() || !std::filesystem::exists(o.save + "/" + io::CheckpointIndex::kFileName),
+                "--save '", o.save, "' is a checkpoint of the older flat layout; --save writes step-<N>/ folders "
+                "inside the folder it names. Pass a new folder (--resume '", o.save, "' still loads this one).");
+    if (!o.resume.empty() && !std::filesystem::is_regular_file(o.resume)) {
+      const apps::SavedCheckpoint saved = apps::find_saved_checkpoint(o.resume, world.rank() == 0);
+      if (world.rank() == 0) std::printf("dtp-train: resuming from %s\n", saved.path.c_str());
+      o.resume = saved.path;
+      if (saved.config && o.init_from_hf.empty()) {
+        apps::adopt_saved_config(app, o.model, *saved.config, saved.path);
+        o.saved_config = saved.config;
+      }
+    }
     const int64_t pp = o.pp, tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp) : W / pp,
                   dp = o.dp > 0 ? o.dp : W / (pp * tp);
     TORCH_CHECK(pp * dp * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp, " x --tp ", tp, " = ",

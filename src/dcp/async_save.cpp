@@ -32,6 +32,7 @@ AsyncSaver::~AsyncSaver() {
 
 void AsyncSaver::save(const StateDict& state_dict, const std::string& dir) {
   wait();
+  agree_on_value(group_, "AsyncSaver::save", "folders", dir);
   SavePlan plan;
   agree(group_, error_of([&] { plan = plan_save(state_dict); }),
         "async save of '" + dir + "'");

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace dtp::dcp {
@@ -41,6 +42,31 @@ void agree(const std::optional<ProcessGroup>& group, const std::string& error, c
   }
   TORCH_CHECK(failed == 0, what, " failed", errors.size() > 1 ? " on " + std::to_string(failed) + " rank(s):" : ":",
               text);
+}
+
+void agree_on_value(const std::optional<ProcessGroup>& group, const std::string& api, const std::string& argument,
+                    const std::string& value) {
+  const auto values = all_gather_strings(group, value);
+  // Long values are shown around where the first of them departs from rank 0's.
+  size_t at = 0;
+  bool same = true;
+  for (const auto& v : values) {
+    if (v == values[0]) continue;
+    same = false;
+    const auto [a, b] = std::mismatch(v.begin(), v.end(), values[0].begin(), values[0].end());
+    at = std::max(at, static_cast<size_t>(a - v.begin()));
+  }
+  if (same) return;
+  const size_t from = at > 60 ? at - 60 : 0;
+  std::string each;
+  for (size_t r = 0; r < values.size(); ++r) {
+    const std::string& v = values[r];
+    const std::string shown = v.size() <= 120 ? v : (from > 0 ? "..." : "") + v.substr(from, 120) +
+                                                        (from + 120 < v.size() ? "..." : "");
+    each += "\n  rank " + std::to_string(r) + ": '" + shown + "'" +
+            (v.size() > 120 ? " (" + std::to_string(v.size()) + " bytes)" : "");
+  }
+  TORCH_CHECK(false, api, ": the ranks passed different ", argument, " (every rank must pass the same):", each);
 }
 
 }  // namespace dtp::dcp

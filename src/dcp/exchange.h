@@ -23,6 +23,17 @@ std::vector<std::string> all_gather_strings(const std::optional<ProcessGroup>& g
 // error listing each failed rank's text, prefixed by `what`.
 void agree(const std::optional<ProcessGroup>& group, const std::string& error, const std::string& what);
 
+// NOTE: [Ranks agree on arguments] A one-time collective API (save, load,
+// export, generate, pipeline set-up) first checks that every rank passed the
+// same value of each argument that must match: ranks that disagree would
+// otherwise pass the collectives that follow and leave wrong state (a folder
+// half written, replicas that differ). Collective: throws on every rank an
+// error naming `api`, `argument` and each rank's value (120 bytes of it
+// around the first difference). One small all_gather; never on a per-op
+// path.
+void agree_on_value(const std::optional<ProcessGroup>& group, const std::string& api, const std::string& argument,
+                    const std::string& value);
+
 // Runs `f`, returning its error text ("" when it succeeded).
 template <class F>
 std::string error_of(F&& f) {

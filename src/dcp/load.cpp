@@ -7,7 +7,7 @@
 #include "dcp/pieces.h"
 #include "dtp/dtensor.h"
 #include "dtp/io/box_io.h"
-#include "io/atomic_dir.h"
+#include "io/staged_dir.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -115,6 +115,7 @@ std::map<std::string, std::string> load_with_index(StateDict& state_dict, const 
   const auto group = checkpoint_group(options.group);
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const std::string what = "load of '" + dir + "'";
+  agree_on_value(group, "dcp::load", "folders", dir);
   io::CheckpointIndex index;
   std::vector<Target> targets;
   Files files(dir, index);
@@ -122,7 +123,7 @@ std::map<std::string, std::string> load_with_index(StateDict& state_dict, const 
   // the files this rank reads, and (shared round-robin) the checksums.
   agree(group, error_of([&] {
     index = known ? std::move(*known) : read_index(dir);
-    std::vector<std::string> missing, mismatched, unexpected;
+    std::vector<std::string> missing, mismatched, unexpected, on_meta;
     std::set<std::string> asked;
     for (auto& [name, t] : state_dict.tensors) {
       asked.insert(name);
@@ -138,7 +139,11 @@ std::map<std::string, std::string> load_with_index(StateDict& state_dict, const 
         continue;
       }
       targets.push_back({name, &it->second, local_box(t)});
+      if (targets.back().box.local.is_meta()) on_meta.push_back(name);
     }
+    TORCH_CHECK(on_meta.empty(), "'", dir, "' cannot be loaded into tensors on the meta device (deferred init: no "
+                "memory yet): ", name_list(on_meta), ". Call init_weights(model) (or materialize the parameters) "
+                "first; a load fills the tensors' memory in place.");
     for (const auto& [name, stored] : index.tensors) {
       bool ignored = asked.count(name) > 0;
       for (const auto& prefix : options.ignore_prefixes) ignored |= name.rfind(prefix, 0) == 0;

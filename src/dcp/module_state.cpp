@@ -30,7 +30,6 @@ std::map<std::string, std::string> load_state(const std::string& dir, torch::nn:
                                               torch::optim::Optimizer* optimizer, const StateDictOptions& sd_options,
                                               LoadOptions options) {
   StateDict sd = get_model_state_dict(model, sd_options);
-  StateDict osd;
   std::optional<io::CheckpointIndex> read;
   if (sd_options.keep) {  // the entries of parameters not kept are other ranks' to load
     read = read_index(dir);
@@ -43,29 +42,34 @@ std::map<std::string, std::string> load_state(const std::string& dir, torch::nn:
       if ((of_model || of_state) && !sd_options.keep(fqn)) options.ignore_prefixes.push_back(name);
     }
   }
-  if (optimizer) {
-    // The parameters that had optimizer state when saved get fresh state to
-    // load into; the others (no step yet) get none.
-    if (!read) read = read_index(dir);
-    const io::CheckpointIndex& index = *read;
-    std::set<std::string> fqns;
-    for (const auto& [name, t] : index.tensors) {
-      if (name.rfind(kStatePrefix, 0) != 0) continue;
-      const std::string rest = name.substr(std::string(kStatePrefix).size());
-      fqns.insert(rest.substr(0, rest.rfind('.')));
-    }
-    init_optimizer_state(model, *optimizer, {fqns.begin(), fqns.end()});
-    osd = get_optimizer_state_dict(model, *optimizer);
-    for (const auto& e : osd.tensors) sd.tensors.push_back(e);  // the same tensors: filled in place
-  } else {
+  if (!optimizer) {
     options.ignore_prefixes.push_back(kOptimizerPrefix);
+    return load_with_index(sd, dir, std::move(read), options);
   }
-  auto metadata = load_with_index(sd, dir, std::move(read), options);
-  if (optimizer) {
-    osd.metadata = metadata;
+  // The parameters that had optimizer state when saved get fresh state to
+  // load into; the others (no step yet) get none. A load that fails leaves
+  // the optimizer as it was: its state is set aside and put back on error.
+  if (!read) read = read_index(dir);
+  check_optimizer_metadata(*optimizer, read->metadata);
+  std::set<std::string> fqns;
+  for (const auto& [name, t] : read->tensors) {
+    if (name.rfind(kStatePrefix, 0) != 0) continue;
+    const std::string rest = name.substr(std::string(kStatePrefix).size());
+    fqns.insert(rest.substr(0, rest.rfind('.')));
+  }
+  auto previous = std::move(optimizer->state());
+  optimizer->state().clear();
+  try {
+    init_optimizer_state(model, *optimizer, {fqns.begin(), fqns.end()});
+    StateDict osd = get_optimizer_state_dict(model, *optimizer);
+    for (const auto& e : osd.tensors) sd.tensors.push_back(e);  // the same tensors: filled in place
+    osd.metadata = load_with_index(sd, dir, std::move(read), options);
     set_optimizer_state_dict(model, *optimizer, osd);
+    return osd.metadata;
+  } catch (...) {
+    optimizer->state() = std::move(previous);
+    throw;
   }
-  return metadata;
 }
 
 }  // namespace dtp::dcp

@@ -2,11 +2,13 @@
 
 #include "dcp/exchange.h"
 #include "dtp/dtensor.h"
+#include "dtp/io/checkpoint_index.h"
 #include "dtp/io/safetensors_file.h"
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <set>
 
 namespace dtp::dcp {
@@ -15,6 +17,16 @@ std::string rank_file_name(int rank) {
   char name[32];
   std::snprintf(name, sizeof(name), "rank-%05d.safetensors", rank);
   return name;
+}
+
+bool is_checkpoint_entry(const std::string& name) {
+  if (name == io::CheckpointIndex::kFileName) return true;
+  const std::string head = "rank-", tail = ".safetensors";
+  if (name.size() < head.size() + 5 + tail.size() || name.rfind(head, 0) != 0 ||
+      name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+    return false;
+  }
+  return std::all_of(name.begin() + head.size(), name.end() - tail.size(), ::isdigit);
 }
 
 LocalBox local_box(const at::Tensor& t) {

@@ -44,5 +44,8 @@ void keep_lowest_holders(std::vector<LocalPiece>& pieces, const std::optional<Pr
 
 // The file rank `rank` writes its pieces to.
 std::string rank_file_name(int rank);
+// index.json or a rank file: the entries a checkpoint folder holds (NOTE:
+// [Nothing dtp did not write] in io/staged_dir.h).
+bool is_checkpoint_entry(const std::string& name);
 
 }  // namespace dtp::dcp

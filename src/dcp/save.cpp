@@ -6,10 +6,13 @@
 #include "dcp/pieces.h"
 #include "dcp/save_plan.h"
 #include "dtp/io/safetensors.h"
-#include "io/atomic_dir.h"
+#include "io/staged_dir.h"
 #include "io/file_util.h"
 
 #include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
 
 namespace dtp::dcp {
 namespace {
@@ -65,6 +68,22 @@ std::map<std::string, io::IndexedTensor> mergeGlobals(const std::vector<std::str
   return out;
 }
 
+// An index.json in the folder a save replaces must be dtp's own.
+void checkOwnIndex(const std::string& dir) {
+  const std::string path = dir + "/" + io::CheckpointIndex::kFileName;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  std::ifstream in(path);
+  std::string format;
+  try {
+    format = Json::parse(in).value("format", "");
+  } catch (const Json::exception&) {
+  }
+  TORCH_CHECK(format.rfind("dtp-checkpoint-", 0) == 0, "save: '", path, "' is not the index of a dtp checkpoint "
+              "(format '", format, "'), so dtp does not replace the folder. Save to a new folder, or move '", dir,
+              "' away.");
+}
+
 }  // namespace
 
 void write_plan(SavePlan plan, const std::string& dir, const std::optional<ProcessGroup>& group) {
@@ -72,7 +91,12 @@ void write_plan(SavePlan plan, const std::string& dir, const std::optional<Proce
   keep_lowest_holders(plan.pieces, group, rank);
   const std::string folder = io::incomplete_dir(dir);
   const std::string what = "save of '" + dir + "'";
-  agree(group, rank == 0 ? error_of([&] { io::prepare_incomplete_dir(dir); }) : "", what);
+  // Rank 0 stages the folder (NOTE: [Nothing dtp did not write]).
+  std::optional<io::StagedDir> staged;
+  agree(group, rank != 0 ? "" : error_of([&] {
+    checkOwnIndex(dir);
+    staged.emplace(dir, is_checkpoint_entry, io::StagedDir::Mode::kReplace, "save");
+  }), what);
 
   std::string record;
   const std::string error = error_of([&] {
@@ -101,12 +125,13 @@ void write_plan(SavePlan plan, const std::string& dir, const std::optional<Proce
       }
     }
     io::write_file_synced(folder + "/" + io::CheckpointIndex::kFileName, index.to_json());
-    io::commit_dir(dir);
+    staged->commit();
   }), what);
 }
 
 void save(const StateDict& state_dict, const std::string& dir, const SaveOptions& options) {
   const auto group = checkpoint_group(options.group);
+  agree_on_value(group, "dcp::save", "folders", dir);
   SavePlan plan;
   agree(group, error_of([&] { plan = plan_save(state_dict); }), "save of '" + dir + "'");
   write_plan(std::move(plan), dir, group);

@@ -109,15 +109,23 @@ const at::Tensor* StateDict::find(const std::string& name) const {
 
 StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions& options) {
   StateDict sd;
-  for (auto& [name, p] : unique_named_parameters(model))
+  std::vector<std::string> all;  // for the error of a keep that accepts nothing
+  for (auto& [name, p] : unique_named_parameters(model)) {
+    all.push_back(name);
     if (!options.keep || options.keep(name)) sd.add("model." + name, p);
+  }
+  const bool keptParam = !sd.tensors.empty();
   for (const auto& item : model.named_buffers()) {
+    all.push_back(item.key());
     if (options.keep && !options.keep(item.key())) continue;
     const auto dot = item.key().rfind('.');
     const std::string last = dot == std::string::npos ? item.key() : item.key().substr(dot + 1);
     const auto& skip = options.non_persistent_buffers;
     if (std::find(skip.begin(), skip.end(), last) == skip.end()) sd.add("model." + item.key(), item.value());
   }
+  TORCH_CHECK(!options.keep || all.empty() || keptParam || !sd.tensors.empty(), "get_model_state_dict: "
+              "StateDictOptions::keep accepts none of the module's ", all.size(), " parameters and buffers (such as '",
+              all.front(), "'), so nothing would be saved or loaded. Check the FQNs it tests (a misspelt prefix?).");
   return sd;
 }
 
@@ -201,13 +209,33 @@ void init_optimizer_state(torch::nn::Module& model, torch::optim::Optimizer& opt
   }
 }
 
-void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optimizer, const StateDict& sd) {
+void check_optimizer_metadata(torch::optim::Optimizer& optimizer, const std::map<std::string, std::string>& metadata) {
   const Kind kind = kindOf(optimizer);
-  auto kindIt = sd.metadata.find(kKindKey);
-  TORCH_CHECK(kindIt != sd.metadata.end() && kindIt->second == kindName(kind), "load_state: the checkpoint holds ",
-              kindIt == sd.metadata.end() ? std::string("no optimizer") : kindIt->second + " state",
+  auto kindIt = metadata.find(kKindKey);
+  TORCH_CHECK(kindIt != metadata.end() && kindIt->second == kindName(kind), "load_state: the checkpoint holds ",
+              kindIt == metadata.end() ? std::string("no optimizer") : kindIt->second + " state",
               ", but the optimizer given is ", kindName(kind),
               ". Pass the optimizer type that saved it, or no optimizer to load the model alone.");
+  auto groupsIt = metadata.find(kGroupsKey);
+  TORCH_CHECK(groupsIt != metadata.end(), "load_state: the checkpoint has ", kindName(kind), " state but no \"",
+              kGroupsKey, "\" metadata (the optimizer's learning rates and other options), which every dtp save "
+              "writes. The checkpoint is corrupt; load the previous one.");
+  Json groups;
+  try {
+    groups = Json::parse(groupsIt->second);
+  } catch (const Json::exception& e) {
+    TORCH_CHECK(false, "load_state: the checkpoint's \"", kGroupsKey, "\" is not valid JSON (", e.what(),
+                "). The checkpoint is corrupt; load the previous one.");
+  }
+  TORCH_CHECK(groups.is_array() && groups.size() == optimizer.param_groups().size(), "load_state: the checkpoint's "
+              "optimizer has ", groups.is_array() ? groups.size() : 0, " param groups, this one ",
+              optimizer.param_groups().size(), ". Build the optimizer with the same param groups as the run that "
+              "saved it.");
+}
+
+void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optimizer, const StateDict& sd) {
+  check_optimizer_metadata(optimizer, sd.metadata);
+  const Kind kind = kindOf(optimizer);
   auto& state = optimizer.state();
   forEachParam(model, optimizer, [&](const std::string& fqn, const at::Tensor& p) {
     const at::Tensor* step = sd.find(kStatePrefix + fqn + ".step");
@@ -216,12 +244,7 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
     if (kind == Kind::AdamW) static_cast<torch::optim::AdamWParamState&>(*it->second).step(step->item<int64_t>());
     if (kind == Kind::Adam) static_cast<torch::optim::AdamParamState&>(*it->second).step(step->item<int64_t>());
   });
-  auto groupsIt = sd.metadata.find(kGroupsKey);
-  if (groupsIt == sd.metadata.end()) return;
-  const Json groups = Json::parse(groupsIt->second);
-  TORCH_CHECK(groups.size() == optimizer.param_groups().size(), "load_state: the checkpoint's optimizer has ",
-              groups.size(), " param groups, this one ", optimizer.param_groups().size(),
-              ". Build the optimizer with the same param groups as the run that saved it.");
+  const Json groups = Json::parse(sd.metadata.at(kGroupsKey));
   for (size_t i = 0; i < groups.size(); ++i) setGroupOptions(kind, optimizer.param_groups()[i], groups[i]);
 }
 

@@ -1,6 +1,7 @@
 #include "dtp/io/checkpoint_index.h"
 
 #include "dtp/io/safetensors_file.h"
+#include "io/crc32.h"
 
 #include <c10/util/Exception.h>
 
@@ -62,6 +63,8 @@ std::string CheckpointIndex::to_json() const {
     tensorsJson[name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"pieces", pieces}};
   }
   Json j = {{"format", kFormat}, {"metadata", metadata}, {"files", files}, {"tensors", tensorsJson}};
+  const std::string body = j.dump(1);
+  j["checksum"] = crc32Of(body.data(), body.size());
   return j.dump(1);
 }
 
@@ -76,9 +79,20 @@ CheckpointIndex CheckpointIndex::from_json(const std::string& text, const std::s
   }
   std::string where = "the header";
   try {
-    TORCH_CHECK(j.is_object() && j.value("format", "") == kFormat, "load_checkpoint: '", path, "' has format '",
-                j.is_object() ? j.value("format", "(none)") : "(not an object)", "', expected '", kFormat,
-                "'. It was not written by dtp's checkpoint save.");
+    const std::string format = j.is_object() ? j.value("format", "(none)") : "(not an object)";
+    TORCH_CHECK(format == kFormat || format == kFormatV1, "load_checkpoint: '", path, "' has format '", format,
+                "', expected '", kFormat, "'. It was not written by dtp's checkpoint save, or its index is corrupt; "
+                "load the previous checkpoint.");
+    if (format == kFormat) {
+      TORCH_CHECK(j.contains("checksum") && j.at("checksum").is_string(), "load_checkpoint: '", path,
+                  "' has no \"checksum\" entry. The index is corrupt; load the previous checkpoint.");
+      const std::string recorded = j.at("checksum").get<std::string>();
+      j.erase("checksum");
+      const std::string body = j.dump(1);
+      TORCH_CHECK(crc32Of(body.data(), body.size()) == recorded, "load_checkpoint: '", path,
+                  "' fails its checksum: the index was changed after it was written. The index is corrupt; load "
+                  "the previous checkpoint.");
+    }
     index.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
     index.files = j.at("files").get<std::map<std::string, uint64_t>>();
     for (const auto& [name, t] : j.at("tensors").items()) {

@@ -45,7 +45,7 @@ bool pwrite_all(int fd, const void* data, size_t n, uint64_t offset) {
 }
 
 void write_file_synced(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   TORCH_CHECK(fd >= 0, "cannot create '", path, "': ", errno_text(), ".");
   const bool ok = write_all(fd, text.data(), text.size()) && ::fsync(fd) == 0;
   const std::string err = errno_text();

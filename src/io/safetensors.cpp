@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,25 @@ using Json = nlohmann::ordered_json;
 
 // See NOTE: [Tensor checksums] in src/io/safetensors_file.cpp.
 constexpr const char* kChecksumPrefix = "dtp.crc32:";
+
+// NOTE: [Nothing dtp did not write] (io/staged_dir.h) for single files: an
+// existing file is replaced only when dtp wrote it, as its tensor checksums
+// show. A file of another writer, one saved without checksums (dtp cannot
+// tell it from another writer's) and anything not a file are refused.
+void checkReplaceable(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  TORCH_CHECK(S_ISREG(st.st_mode), "save_safetensors: '", path, "' exists and is not a file; dtp never replaces it. "
+              "Save to another path, or move it away.");
+  bool ours = false;
+  try {
+    const SafetensorsFile file(path);
+    for (const auto& t : file.tensors()) ours |= !t.crc32.empty();
+  } catch (const c10::Error&) {
+  }
+  TORCH_CHECK(ours, "save_safetensors: '", path, "' exists and was not written by dtp (no dtp tensor checksums), so "
+              "dtp does not replace it. Save to another path, or remove the file yourself.");
+}
 
 }  // namespace
 
@@ -103,10 +123,12 @@ SavedFile save_safetensors(
   // NOTE: [Atomic checkpoint save] Write a sibling temp file, fsync it, then
   // rename(2) it over `path`: readers see the old file or the new one, never
   // a torn one, even if this process dies midway.
+  checkReplaceable(path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   TORCH_CHECK(fd >= 0, "save_safetensors: cannot create temporary file '", tmp, "' for '", path, "': ",
-      errno_text(), ". Check that the directory exists and is writable.");
+      errno_text(), errno == EEXIST ? ". dtp does not overwrite it; remove it if it is a leftover."
+                                    : ". Check that the directory exists and is writable.");
   auto fail = [&](const std::string& what) {
     const std::string err = errno_text();
     if (fd >= 0) ::close(fd);

@@ -1,5 +1,6 @@
 #include "dtp/models/generate.h"
 
+#include "dcp/exchange.h"
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 
@@ -36,6 +37,29 @@ void checkAgree(const at::Tensor& logits, const std::vector<int64_t>& tokens) {
   }
 }
 
+// NOTE: [Ranks agree on arguments] (src/dcp/exchange.h) for generate: ranks
+// that pass other prompts of the same length, or other options, would run
+// the same collectives and return tokens that match neither prompt.
+void checkSameArguments(Llama& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {
+  const DeviceMesh* mesh = nullptr;
+  for (const auto& p : model->parameters()) {
+    if (is_dtensor(p)) {
+      mesh = &device_mesh(p);
+      break;
+    }
+  }
+  if (mesh == nullptr) return;
+  std::string prompt_text, options_text = c10::str("max_new_tokens=", o.max_new_tokens, " temperature=",
+                                                   o.sampling.temperature, " top_k=", o.sampling.top_k, " top_p=",
+                                                   o.sampling.top_p, " seed=", o.seed, " stop_tokens=",
+                                                   c10::IntArrayRef(o.stop_tokens));
+  for (const auto& p : prompts) prompt_text += c10::str(c10::IntArrayRef(p));
+  for (int64_t d = 0; d < mesh->ndim(); ++d) {
+    dcp::agree_on_value(mesh->get_group(d), "generate", "prompts (token ids)", prompt_text);
+    dcp::agree_on_value(mesh->get_group(d), "generate", "options", options_text);
+  }
+}
+
 }  // namespace
 
 void apply_tensor_parallel_for_inference(Llama& model, const DeviceMesh& mesh) {
@@ -65,6 +89,7 @@ std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const s
               " tokens) plus max_new_tokens=", o.max_new_tokens, " needs ", longest + o.max_new_tokens - 1,
               " cached positions, but the cache holds ", cache.max_seq(), " (max_seq). Build the KVCache with max_seq >= ",
               longest + o.max_new_tokens - 1, ", or shorten the prompt.");
+  checkSameArguments(model, prompts, o);
   cache.reset(batch);
   torch::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);

@@ -3,6 +3,7 @@
 #include "dtp/models/hf_llama.h"
 
 #include "models/hf_common.h"
+#include "models/json_fields.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
@@ -68,23 +69,16 @@ namespace {
 
 using Json = nlohmann::json;
 
+constexpr const char* kApi = "llama_config_from_hf";
+
 template <class T>
 T field(const Json& j, const std::string& path, const char* key) {
-  auto it = j.find(key);
-  TORCH_CHECK(it != j.end() && !it->is_null(), "llama_config_from_hf: '", path, "' has no \"", key,
-              "\". A LlamaForCausalLM config.json needs it.");
-  try {
-    return it->get<T>();
-  } catch (const Json::exception&) {
-    TORCH_CHECK(false, "llama_config_from_hf: '", path, "': \"", key, "\" is ", it->dump(),
-                ", expected a ", std::is_same_v<T, bool> ? "boolean" : "number", ".");
-  }
+  return json_field<T>(j, kApi, path, key);
 }
 
 template <class T>
 T optional(const Json& j, const std::string& path, const char* key, T fallback) {
-  auto it = j.find(key);
-  return it == j.end() || it->is_null() ? fallback : field<T>(j, path, key);
+  return json_field_or<T>(j, kApi, path, key, fallback);
 }
 
 }  // namespace
@@ -100,7 +94,8 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   } catch (const Json::exception& e) {
     TORCH_CHECK(false, "llama_config_from_hf: '", path, "' is not valid JSON: ", e.what());
   }
-  const std::string type = j.value("model_type", "");
+  TORCH_CHECK(j.is_object(), "llama_config_from_hf: '", path, "' is ", j.type_name(), ", expected a JSON object.");
+  const std::string type = optional<std::string>(j, path, "model_type", "");
   TORCH_CHECK(type == "llama", "llama_config_from_hf: '", path, "' has model_type '", type,
               "'. NYI: only \"llama\" (LlamaForCausalLM) folders are supported.");
   auto nyi = [&](const char* key, const std::string& why) {
@@ -109,8 +104,8 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     nyi("rope_scaling", "dtp's rotary embedding has no scaling (Llama 3.1's \"llama3\", linear, dynamic, yarn)");
   }
-  if (j.value("attention_bias", false)) nyi("attention_bias", "the reference Llama's projections have no bias");
-  if (j.value("mlp_bias", false)) nyi("mlp_bias", "the reference Llama's MLP has no bias");
+  if (optional<bool>(j, path, "attention_bias", false)) nyi("attention_bias", "the reference Llama's projections have no bias");
+  if (optional<bool>(j, path, "mlp_bias", false)) nyi("mlp_bias", "the reference Llama's MLP has no bias");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") nyi("hidden_act", "the reference Llama's MLP is SwiGLU (silu)");
   LlamaConfig c;
   c.vocab_size = field<int64_t>(j, path, "vocab_size");

@@ -92,6 +92,14 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
               "\nBuild the model from this folder's config (llama_config_from_hf)",
               model->config.tie_embeddings ? "; tie_word_embeddings is true, so lm_head.weight must be absent" : "",
               ".");
+  // Deferred init: nothing to load into yet.
+  std::vector<std::string> on_meta;
+  for (const auto& t : tensors) {
+    if (dcp::local_box(t.param).local.is_meta()) on_meta.push_back(t.fqn);
+  }
+  TORCH_CHECK(on_meta.empty(), "load_hf_weights: the model's parameters are on the meta device (deferred init: no "
+              "memory yet): ", name_list(on_meta), ". Call init_weights(model) first; a load fills the parameters' "
+              "memory in place.");
   // Shapes and dtypes, before anything changes.
   std::vector<const io::StoredTensor*> stored;
   for (const auto& t : tensors) {

@@ -8,8 +8,8 @@
 #include "dtp/dtensor.h"
 #include "dtp/io/box_io.h"
 #include "dtp/io/safetensors.h"
-#include "io/atomic_dir.h"
 #include "io/file_util.h"
+#include "io/staged_dir.h"
 #include "models/hf_common.h"
 
 #include <ATen/ATen.h>
@@ -18,8 +18,10 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace dtp::models {
 namespace {
@@ -66,6 +68,34 @@ std::vector<FileLayout> layout(const std::vector<HFTensor>& tensors, at::ScalarT
   return files;
 }
 
+constexpr const char* kTokenizerFiles[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                                           "special_tokens_map.json", "generation_config.json"};
+
+// save_pretrained's names for the weights: "model.safetensors",
+// "model-00001-of-00003.safetensors" and the index of the shards.
+bool isModelFile(const std::string& name) {
+  if (name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+  // model-DDDDD-of-DDDDD.safetensors
+  if (name.size() != 32 || name.rfind("model-", 0) != 0 || name.compare(11, 4, "-of-") != 0 ||
+      name.compare(20, 12, ".safetensors") != 0) {
+    return false;
+  }
+  for (size_t i : {6, 7, 8, 9, 10, 15, 16, 17, 18, 19}) {
+    if (!std::isdigit(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
+}
+
+// What an export writes: the weights, config.json, and the tokenizer files
+// it copies from the source folder (only where the target has none).
+bool isExportFile(const std::string& name) {
+  if (isModelFile(name) || name == "config.json") return true;
+  for (const char* t : kTokenizerFiles) {
+    if (name == t) return true;
+  }
+  return false;
+}
+
 const char* dtypeName(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "float32";
@@ -108,18 +138,22 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
   const auto group = dcp::checkpoint_group(options.group);
   const int rank = group ? group->rank() : 0;
   const std::string what = "save_hf of '" + dir + "'", folder = io::incomplete_dir(dir);
+  dcp::agree_on_value(group, "save_hf", "folders", dir);
   const at::ScalarType dtype = options.dtype.value_or(model->config.dtype);
   const auto tensors = hf_tensors(model);
   std::vector<FileLayout> files;
+  // NOTE: [Nothing dtp did not write]: the export joins the folder's other
+  // entries; only its own older shards go.
+  std::optional<io::StagedDir> staged;
   // Rank 0 lays out the files: headers written, data zero-filled.
   dcp::agree(group, dcp::error_of([&] {
     dtypeName(dtype);
     files = layout(tensors, dtype, options.max_shard_bytes);
     if (rank != 0) return;
-    io::prepare_incomplete_dir(dir);
+    staged.emplace(dir, isExportFile, io::StagedDir::Mode::kMerge, "save_hf");
     for (const auto& f : files) {
       const std::string path = folder + "/" + f.name;
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       TORCH_CHECK(fd >= 0, "cannot create '", path, "': ", io::errno_text(), ".");
       const bool ok = io::write_all(fd, f.header.data(), f.header.size()) &&
                       ::ftruncate(fd, static_cast<off_t>(f.size)) == 0;
@@ -183,12 +217,13 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
       io::write_file_synced(folder + "/model.safetensors.index.json", index.dump(2) + "\n");
     }
     io::write_file_synced(folder + "/config.json", configJson(model->config, dtype, options.source_dir).dump(2) + "\n");
-    for (const char* extra : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                              "special_tokens_map.json", "generation_config.json"}) {
+    // The source's tokenizer files, unless the folder has its own (kept).
+    for (const char* extra : kTokenizerFiles) {
       const fs::path from = fs::path(options.source_dir) / extra;
-      if (!options.source_dir.empty() && fs::exists(from)) fs::copy_file(from, fs::path(folder) / extra);
+      if (options.source_dir.empty() || !fs::exists(from) || fs::exists(fs::path(dir) / extra)) continue;
+      fs::copy_file(from, fs::path(folder) / extra);
     }
-    io::commit_dir(dir);
+    staged->commit(/*stale=*/isModelFile);
   }), what);
 }
 

@@ -39,7 +39,8 @@ struct StateDictOptions {
   // Only the parameters and buffers whose FQN this accepts (null: all): a
   // pipeline rank's stages, whose entries it saves and loads while the other
   // ranks handle theirs. load_state then leaves the others' entries, and their
-  // optimizer state, in the checkpoint.
+  // optimizer state, in the checkpoint. A keep that accepts none of the
+  // module's entries is an error (a misspelt FQN).
   std::function<bool(const std::string& fqn)> keep;
 };
 
@@ -61,6 +62,11 @@ StateDict get_state_dict(torch::nn::Module& model, torch::optim::Optimizer* opti
 // drops the state of the others (they had none when saved: before step 1).
 void init_optimizer_state(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                           const std::vector<std::string>& fqns);
+
+// The checks set_optimizer_state_dict makes of a checkpoint's metadata (the
+// optimizer's kind, its param groups present and as many), for load_state to
+// make before anything changes.
+void check_optimizer_metadata(torch::optim::Optimizer& optimizer, const std::map<std::string, std::string>& metadata);
 
 // After `sd` (from get_optimizer_state_dict on this optimizer) was loaded:
 // copies the loaded step counts into the optimizer's state and restores the

@@ -19,4 +19,13 @@ void save_checkpoint(const std::string& path, Llama& model, torch::optim::AdamW&
 // the mismatch; nothing is changed then.
 int64_t load_checkpoint(const std::string& path, Llama& model, torch::optim::AdamW* optimizer);
 
+// NOTE: [Config in the checkpoint] dtp-train records the model's config in
+// its checkpoints' metadata under kLlamaConfigKey, as JSON of the fields that
+// fix the model (sizes, norm eps, rope theta, tied embeddings, dtype,
+// max_seq_len), so that dtp-generate and --resume need only the folder.
+constexpr const char* kLlamaConfigKey = "model.config";
+std::string llama_config_to_json(const LlamaConfig& c);
+// Errors name `where` and the key (missing, or of another type).
+LlamaConfig llama_config_from_json(const std::string& text, const std::string& where);
+
 }  // namespace dtp::models

@@ -43,7 +43,9 @@ struct GenerateStats {
 };
 
 // The new tokens of each prompt (stop token included when one was hit).
-// Collective under TP. `cache` is reset to the batch and reused.
+// Collective under TP: every rank of the model's mesh passes the same
+// prompts and options, which it checks first (ranks that differ get an
+// error naming each rank's value). `cache` is reset to the batch and reused.
 std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerateOptions& options, GenerateStats* stats = nullptr);
 

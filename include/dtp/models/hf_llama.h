@@ -68,7 +68,13 @@ struct HFSaveOptions {
 // Collective. Writes `model` as a HF folder: each rank writes the bytes of
 // the shards it owns straight into the shared files (pwrite; replicas by the
 // lowest rank holding them), rank 0 the headers, the index and config.json.
-// Atomic as dcp::save (NOTE: [Atomic checkpoint folders]).
+// Into an existing folder, as save_pretrained: the files are staged in
+// "<dir>.incomplete", then moved in; model shards of the exporter's naming
+// ("model.safetensors", "model-NNNNN-of-NNNNN.safetensors" and their index)
+// that this export does not reuse are removed, and everything else stays:
+// tokenizer files (the source's are copied only where the folder has none),
+// README, the user's files. Exporting into the folder the model was loaded
+// from works. Every rank must pass the same `dir`.
 void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options = {});
 
 // The HF name of a dtp parameter FQN ("layers.0.attention.wq.weight" ->
