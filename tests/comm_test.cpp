@@ -346,6 +346,28 @@ TEST(CommErrors, PointToPointBadPeersAreNamedErrors) {
   });
 }
 
+// NOTE: [Point-to-point]: a receiving tensor of another dtype or element
+// count with the same bytes, or another shape, filled it with the sender's
+// bytes silently. Now an error naming both; messages that fit go on.
+TEST(CommErrors, PointToPointReceiveOfAnotherDtypeOrShapeIsNamed) {
+  run_ranks(2, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    const at::Tensor sent = at::arange(6, at::kFloat).reshape({2, 3});
+    if (rank == 0) {
+      for (int i = 0; i < 4; ++i) pg.send(sent, 1, /*tag=*/3);
+      return;
+    }
+    dtp::test::expect_error([&] { pg.recv(at::empty({3}, at::kDouble), 0, 3); },
+                            "message #1 from global rank 0 (tag 3) is Float[2, 3], but the receiving tensor is "
+                            "Double[3]. Receive into a tensor of the sender's dtype and shape");
+    dtp::test::expect_error([&] { pg.recv(at::empty({6}, at::kInt), 0, 3); }, "is Float[2, 3], but the receiving tensor is Int[6]");
+    dtp::test::expect_error([&] { pg.recv(at::empty({3, 2}), 0, 3); }, "is Float[2, 3], but the receiving tensor is Float[3, 2]");
+    at::Tensor got = at::empty({2, 3});
+    pg.recv(got, 0, 3);
+    EXPECT_TRUE(got.equal(sent));
+  });
+}
+
 // NOTE: [A dead peer is an error, not SIGPIPE]: once a group exists, a write
 // to a dead peer's socket fails with EPIPE instead of ending the process.
 TEST(CommErrors, GroupsIgnoreSigpipeSoADeadPeerIsAnError) {

@@ -12,6 +12,8 @@
 #include "dtp/models/generate.h"
 #include "dtp/models/kv_cache.h"
 
+#include <memory>
+
 using namespace dtp;
 using namespace dtp::models;
 using dtp::test::data;
@@ -47,6 +49,19 @@ TEST(ExplicitRedistribute, ImplicitCollectivesAreNamedErrorsOrOneWarning) {
     // Outside the guard (and without DTP_EXPLICIT_REDISTRIBUTE) it is off.
     EXPECT_LE((full_tensor(a + b) - want).abs().max().item<double>(), 0.0);
   });
+}
+
+// Guards destroyed out of order (held on the heap) left the mode of the
+// one destroyed first behind; now the innermost live guard decides.
+TEST(ExplicitRedistribute, GuardsDestroyedOutOfOrderLeaveNoModeBehind) {
+  EXPECT_EQ(ExplicitRedistributeGuard::mode(), ExplicitRedistributeMode::Off);
+  auto strict = std::make_unique<ExplicitRedistributeGuard>(ExplicitRedistributeMode::Error);
+  auto warn = std::make_unique<ExplicitRedistributeGuard>(ExplicitRedistributeMode::Warn);
+  EXPECT_EQ(ExplicitRedistributeGuard::mode(), ExplicitRedistributeMode::Warn);
+  strict.reset();
+  EXPECT_EQ(ExplicitRedistributeGuard::mode(), ExplicitRedistributeMode::Warn);
+  warn.reset();
+  EXPECT_EQ(ExplicitRedistributeGuard::mode(), ExplicitRedistributeMode::Off) << "a destroyed guard's mode stuck";
 }
 
 class ExplicitRedistributeLlama : public ::testing::TestWithParam<int> {};

@@ -10,10 +10,13 @@
 #include "dtp/comm_counter.h"
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
+#include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
 #include "dtp/optim/adamw.h"
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <filesystem>
 #include <fstream>
@@ -155,6 +158,27 @@ TEST_F(OneTimeApisTest, HfConfigValuesOfAnotherTypeAreNamed) {
   expect_error([&] { llama_config_from_hf(file("hf")); }, {"\"attention_bias\" is \"no\", expected a boolean"});
   with("model_type", 7);
   expect_error([&] { llama_config_from_hf(file("hf")); }, {"\"model_type\" is 7, expected a string"});
+}
+
+// A KVCache reused for a model of another dtype or head size, and a
+// temperature too small for the logits: named, not raw ATen errors.
+TEST_F(OneTimeApisTest, CacheReuseAndTinyTemperaturesAreNamed) {
+  Llama model(config());
+  KVCache cache(1, 16);
+  GenerateOptions o;
+  o.max_new_tokens = 2;
+  generate(model, cache, {{1, 5}}, o);
+  LlamaConfig f32 = config();
+  f32.dtype = at::kFloat;
+  Llama other(f32);
+  expect_error([&] { generate(other, cache, {{1, 5}}, o); },
+               {"KVCache: layer 0 holds", "in Double", "this model's are", "in Float", "Build a KVCache for each model"});
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  const at::Tensor logits = at::tensor({1.0, 500.0, -3.0}, at::kDouble).view({1, 3});
+  expect_error([&] { inference::sample(logits, {1e-310, 0, 1.0}, gen); }, {"temperature=1e-310 is subnormal"});
+  expect_error([&] { inference::sample(logits, {1e-306, 0, 1.0}, gen); },
+               {"softmax(logits / temperature=1e-306) is not finite", "Use temperature=0"});
+  EXPECT_EQ(inference::sample(logits, {1e-3, 0, 1.0}, gen)[0], 1);
 }
 
 // What the agreement check costs at one generate call: printed, not

@@ -98,6 +98,14 @@ TEST(PipelineSchedule, SchedulesThatCannotRunAreNamedErrors) {
                           {{{A::Forward, 0, 0}, {A::Backward, 0, 0}, {A::Forward, 0, 1}, {A::Backward, 0, 1}},
                            {{A::Forward, 1, 0}, {A::Forward, 1, 1}, {A::Backward, 1, 0}, {A::Backward, 1, 1}}});
   expect_error([&] { deadlock.simulate(); }, "the ranks would deadlock: rank 0 at 0B0, rank 1 at 1F1");
+  // NOTE: [Microbatch order]: it simulates (no deadlock), but stage 1 would
+  // take microbatch 0's activation for microbatch 1, and so on.
+  expect_error([&] { custom({{{A::Forward, 0, 0}, {A::Forward, 0, 1}, {A::Backward, 0, 0}, {A::Backward, 0, 1}},
+                             {{A::Forward, 1, 1}, {A::Forward, 1, 0}, {A::Backward, 1, 1}, {A::Backward, 1, 0}}}); },
+               "on rank 1, 1F1 runs before 1F0. Each stage runs its forwards, and its backwards, in microbatch order");
+  expect_error([&] { custom({{{A::Forward, 0, 0}, {A::Forward, 0, 1}, {A::Backward, 0, 1}, {A::Backward, 0, 0}},
+                             rank1}); },
+               "on rank 0, 0B1 runs before 0B0");
 }
 
 }  // namespace

@@ -134,18 +134,18 @@ void expectEqualsOneDevice(Kind kind, int ranks, int microbatches) {
         std::lock_guard<std::mutex> lock(mu);
         max_loss = std::max(max_loss, std::abs(loss.item<double>() - ref.losses[step]));
       }
-      if (step > 0) {  // after the first step's shape messages: m activations and m gradients per boundary
-        int64_t sends = 0, recvs = 0;
+      {  // per boundary: its shape (NOTE: [Pipeline boundaries]), m activations and m gradients
+        int64_t sends = 0, recvs = 0, shapes_out = 0;
         for (int s = 0; s < schedule.stages(); ++s) {
           if (schedule.rank_of(s) != rank) continue;
-          if (s + 1 < schedule.stages()) sends += microbatches, recvs += microbatches;  // activations out, gradients in
-          if (s > 0) recvs += microbatches, sends += microbatches;                    // activations in, gradients out
+          if (s + 1 < schedule.stages()) sends += microbatches, recvs += microbatches, ++shapes_out;  // activations out, gradients in
+          if (s > 0) recvs += microbatches + 1, sends += microbatches;                 // shape and activations in, gradients out
         }
-        EXPECT_EQ(comm.count(dtp::CollectiveType::Send), sends) << comm.str();
+        EXPECT_EQ(comm.count(dtp::CollectiveType::Send), sends + shapes_out) << comm.str();
         EXPECT_EQ(comm.count(dtp::CollectiveType::Recv), recvs) << comm.str();
-        EXPECT_EQ(comm.total_count(), sends + recvs) << "nothing but point-to-point: " << comm.str();
-        const int64_t message = kBatch / microbatches * kSeq * c.dim * 8;
-        EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), sends * message);
+        EXPECT_EQ(comm.total_count(), sends + shapes_out + recvs) << "nothing but point-to-point: " << comm.str();
+        const int64_t message = kBatch / microbatches * kSeq * c.dim * 8, shape_message = 10 * 8;
+        EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), sends * message + shapes_out * shape_message);
       }
     }
     const auto& stats = pipe.last_stats();
@@ -229,9 +229,10 @@ TEST(PipelineTest, ThreeDEqualsOneDevice) {
         opt.zero_grad();
         dtp::CommCounter comm;
         at::Tensor loss = pipe.pipeline->step(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
-        if (step == kSteps - 1) {  // m activations or m gradients out, each [B/dp/m, seq, dim]
-          EXPECT_EQ(comm.count(dtp::CollectiveType::Send), kMicrobatches);
-          EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), rows * kSeq * c.dim * 8);
+        if (step == kSteps - 1) {  // m activations (after their shape) or m gradients out, each [B/dp/m, seq, dim]
+          const int64_t shape = pipe.has_last_stage ? 0 : 1;
+          EXPECT_EQ(comm.count(dtp::CollectiveType::Send), kMicrobatches + shape);
+          EXPECT_EQ(comm.bytes(dtp::CollectiveType::Send), rows * kSeq * c.dim * 8 + shape * 10 * 8);
           std::lock_guard<std::mutex> lock(mu);
           sends += comm.count(dtp::CollectiveType::Send);
         }
@@ -380,6 +381,8 @@ TEST(PipelineTest, BadSplitsAndStagesAreNamedErrors) {
     else st.push_back({1, [](const at::Tensor& x) { return x * 3; }, {1, 3}});
     Pipeline pipe(Schedule::gpipe(2, 2), st, pg, loss);
     at::Tensor in = at::ones({2, 4}, at::kDouble).requires_grad_(false);
+    expect_error([&] { Pipeline(Schedule::gpipe(2, 3), st, pg, loss).step(in, in); },
+                "cannot be split into 3 equal microbatches");
     if (rank == 1) {
       expect_error([&] { pipe.step(in, in); }, "stage 1 expects inputs of [1, 3] per microbatch, but stage 0 (pp rank 0) "
                                               "sends [1, 4]");
@@ -392,9 +395,51 @@ TEST(PipelineTest, BadSplitsAndStagesAreNamedErrors) {
             << e.what();
       }
     }
-    expect_error([&] { Pipeline(Schedule::gpipe(2, 3), st, pg, loss).step(in, in); },
-                "cannot be split into 3 equal microbatches");
   }, std::chrono::seconds(3));
+}
+
+// NOTE: [Pipeline boundaries]: each step tells its boundary shapes, so a
+// step at a larger batch than the first (which aborted inside Gloo) and one
+// whose tokens have another shape with the same element count (which reused
+// step one's shapes: a wrong loss) both equal the plain computation.
+TEST(PipelineTest, StepsOfOtherShapesRenegotiateTheBoundaries) {
+  dtp::test::run_ranks(2, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    const at::Tensor w = at::ones({}, at::kDouble).requires_grad_();  // a parameter: stage 0 has a backward
+    std::vector<PipelineStage> st;
+    if (rank == 0) st.push_back({0, [&](const at::Tensor& x) { return x * 2 * w; }, {}});
+    else st.push_back({1, [](const at::Tensor& x) { return x * 3; }, {}});
+    Pipeline pipe(Schedule::gpipe(2, 2), st, pg,
+                  [](const at::Tensor& y, const at::Tensor& t) { return (y * t).sum(); });
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{2, 4}, {6, 4}, {4, 2}, {2, 3, 5}}) {
+      const at::Tensor in = at::arange(2.0, 2.0 + at::empty(shape).numel(), at::kDouble).reshape(shape);
+      const at::Tensor t = in.flip(0) + 1;
+      at::Tensor loss = pipe.step(in, t);
+      if (rank == 1) {
+        const double want = (in * 6 * t).sum().item<double>() / 2;
+        EXPECT_NEAR(loss.item<double>(), want, 1e-12 * std::abs(want)) << "inputs " << c10::IntArrayRef(shape);
+      }
+    }
+  });
+}
+
+// Pipeline set-up is checked across the pp ranks: other microbatch counts
+// (which stalled until DTP_TIMEOUT_S) are named with each rank's schedule,
+// and a schedule that would deadlock is refused by the constructor.
+TEST(PipelineTest, SetUpThatCannotRunIsRefusedAtConstruction) {
+  using A = dtp::pp::Action;
+  dtp::test::run_ranks(2, [&](int rank) {
+    auto pg = dtp::default_process_group();
+    auto loss = [](const at::Tensor& y, const at::Tensor&) { return y.sum(); };
+    const std::vector<PipelineStage> st{{rank, [](const at::Tensor& x) { return x * 2; }, {}}};
+    expect_error([&] { Pipeline(Schedule::gpipe(2, rank == 0 ? 2 : 4), st, pg, loss); },
+                 {"Pipeline: the ranks passed different schedules", "GPipe: 2 stages, 2 microbatches",
+                  "GPipe: 2 stages, 4 microbatches"});
+    const Schedule deadlock("custom", 2, 2,
+                            {{{A::Forward, 0, 0}, {A::Backward, 0, 0}, {A::Forward, 0, 1}, {A::Backward, 0, 1}},
+                             {{A::Forward, 1, 0}, {A::Forward, 1, 1}, {A::Backward, 1, 0}, {A::Backward, 1, 1}}});
+    expect_error([&] { Pipeline(deadlock, st, pg, loss); }, "the ranks would deadlock: rank 0 at 0B0, rank 1 at 1F1");
+  }, std::chrono::seconds(10));
 }
 
 }  // namespace

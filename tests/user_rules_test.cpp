@@ -41,12 +41,14 @@ TORCH_LIBRARY(dtptest, m) {
   m.def("row_sums(Tensor x) -> Tensor");  // no Meta kernel: needs a shape function
   m.def("no_rule(Tensor x) -> Tensor");   // never given a rule
   m.def("bad_rule(Tensor x) -> Tensor");  // given a malformed rule
+  m.def("lying_shape(Tensor x) -> Tensor");  // given a shape function that lies
 }
 TORCH_LIBRARY_IMPL(dtptest, CPU, m) {
   m.impl("rms_rows", rmsRowsKernel);
   m.impl("row_sums", rowSums);
   m.impl("no_rule", rowSums);
   m.impl("bad_rule", rowSums);
+  m.impl("lying_shape", rowSums);
 }
 TORCH_LIBRARY_IMPL(dtptest, Meta, m) {
   m.impl("rms_rows", rmsRows);
@@ -158,6 +160,11 @@ TEST(UserRulesErrors, BadRegistrationsAndCallsAreNamedErrors) {
   static const bool once = [] {
     register_sharding("dtptest::bad_rule.default",
                       std::vector<ShardingStrategy>{{{Replicate(), Replicate()}, {Replicate()}}, {{Shard(3)}, {Shard(0)}}});
+    // Two rows too many: the output the op computes is not the rule's.
+    register_sharding("dtptest::lying_shape", std::vector<ShardingStrategy>{{{Shard(0)}, {Shard(0)}}},
+                      RegisterShardingOptions().shape([](const ShardingCall& call) {
+                        return OutputShapes{{{call.input(0).shape[0] + 2}}, {call.input(0).dtype}};
+                      }));
     return true;
   }();
   (void)once;
@@ -169,6 +176,9 @@ TEST(UserRulesErrors, BadRegistrationsAndCallsAreNamedErrors) {
     expect_error([&] { callOp("dtptest::bad_rule", x); },
                  {"the rule for dtptest::bad_rule returned strategy 0 with 2 input and 1 output placements",
                   "the call has 1 DTensor inputs and 1 tensor outputs"});
+    expect_error([&] { callOp("dtptest::lying_shape", x); },
+                 {"dtp: dtptest::lying_shape computed a local output of [2] here, but sharding propagation says "
+                  "f64[6](S(0)), whose local shard here is [3]", "your rule's output shapes", "fix the rule"});
   });
 }
 

@@ -7,8 +7,10 @@
 // runs clean, and every collective in it is one somebody wrote down.
 //
 //   dtp::ExplicitRedistributeGuard strict;  // or DTP_EXPLICIT_REDISTRIBUTE=1
-//   at::mm(a, b);  // a S(1), b R: "dtp: aten::mm would redistribute input 0
-//                  //  f32[8,16](S(1)) to R on mesh dim 0 (all_gather) ..."
+//   a + b;  // a S(0), b S(1): "dtp: aten::add.Tensor would redistribute
+//           //  implicitly: input 1 f32[4,6](S(1)) ... all_to_all on mesh dim 0 ..."
+// (at::mm of S(1) by R needs none: b's rows are sliced locally and the
+// result is Partial.)
 //
 // Changes that need no collective (R to a shard: a local slice; any change
 // on a one-rank mesh dim) are not flagged.
@@ -18,7 +20,8 @@ namespace dtp {
 
 enum class ExplicitRedistributeMode { Off, Warn, Error };
 
-// Inside this scope (on this thread), implicit redistributions are `mode`.
+// Inside this scope (on this thread), implicit redistributions are `mode`;
+// the innermost live guard decides, whatever order guards are destroyed in.
 // Outside, the environment decides: DTP_EXPLICIT_REDISTRIBUTE=1 (Error) or
 // =warn (Warn); unset or 0: Off.
 class ExplicitRedistributeGuard {
@@ -28,10 +31,6 @@ class ExplicitRedistributeGuard {
   ExplicitRedistributeGuard(const ExplicitRedistributeGuard&) = delete;
   ExplicitRedistributeGuard& operator=(const ExplicitRedistributeGuard&) = delete;
   static ExplicitRedistributeMode mode();
-
- private:
-  ExplicitRedistributeMode prev_;
-  bool prev_set_;
 };
 
 }  // namespace dtp

@@ -117,7 +117,8 @@ class ProcessGroup {
 
   // Point-to-point between group ranks, as torch.distributed's send, recv,
   // isend, irecv and batch_isend_irecv. The receiver's `tensor` must have the
-  // sender's dtype and number of elements; a send and a recv match when they
+  // sender's dtype and shape (checked when the message is in: an error naming
+  // both, never garbage); a send and a recv match when they
   // name each other and the same tag, in the order issued. A failure (a peer
   // that never sends, exits or mismatches) names the peer and whether it
   // reached the message, as collectives do. Counted by CommCounter as

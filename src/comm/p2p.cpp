@@ -13,13 +13,21 @@ namespace {
 
 // NOTE: [Point-to-point]
 // Messages go straight to the group's backend (Gloo for CPU tensors, NCCL
-// for CUDA ones): no shared-memory path and no cross-rank check (two ranks
-// take part; a mismatch fails in the backend and is explained). Both ends
+// for CUDA ones): no shared-memory path. The sender writes each message's
+// dtype and shape to the job's store under the message's number; the
+// receiver reads it (and deletes it) once the bytes are in, and a buffer of
+// another dtype, element count or shape is an error naming both, never
+// garbage (Gloo takes any buffer of at least the bytes sent; a smaller one
+// aborts the process inside Gloo, with dtp's hint). Costs one store write,
+// read and delete per message: microseconds with ranks as threads, a round
+// trip to rank 0's store each between processes. Both ends
 // number the messages per (source, destination, tag), so that on a failure
 // each finds the same message in the store and tells whether the peer
 // reached it (NOTE: [Who did not arrive]). A message with no elements is
 // skipped at both ends (each knows its own size; were the sizes to differ,
 // the end with elements fails, naming the other).
+std::string descriptor(const at::Tensor& t) { return c10::str(c10::toString(t.scalar_type()), t.sizes()); }
+
 Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
   const ProcessGroup::Impl& g = *impl;
   const bool send = op.kind == P2POp::Send;
@@ -40,6 +48,11 @@ Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
   CommCounter::record(send ? CollectiveType::Send : CollectiveType::Recv, bytes, pair);
   const detail::TraceSpan span([&] { return c10::str(what, " ", bytes, " B from rank ", pair[0], " to ", pair[1]); });
   if (op.tensor.numel() == 0) return Work::ready(op.tensor);
+  const std::string key = c10::str(g.prefix, "/dtp.p2p/", src, "-", dst, "/", tag, "/", n);
+  if (send) {
+    const std::string d = descriptor(op.tensor);
+    g.root_store->set(key, std::vector<uint8_t>(d.begin(), d.end()));
+  }
   at::Tensor buf = op.tensor.is_contiguous() ? op.tensor : op.tensor.contiguous();
   std::vector<at::Tensor> bufs{buf};
   c10::intrusive_ptr<c10d::Work> work = issue(g, buf, [&](compat::Backend& b) {
@@ -47,11 +60,19 @@ Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
   });
   at::Tensor target = op.tensor;
   // Holds the group: the Work may outlive the caller's handle.
-  return Work([impl, what, src, dst, tag, n, work = std::move(work), buf, target]() mutable {
+  return Work([impl, what, send, src, dst, tag, n, key, work = std::move(work), buf, target]() mutable {
     try {
       work->wait();
     } catch (const std::exception& e) {
       explain_p2p_failure(*impl, what, src, dst, tag, n, e);
+    }
+    if (!send) {
+      const std::vector<uint8_t> sent = impl->root_store->get(key);
+      impl->root_store->deleteKey(key);
+      const std::string theirs(sent.begin(), sent.end()), mine = descriptor(target);
+      TORCH_CHECK(theirs == mine, "ProcessGroup::recv: message #", n, " from global rank ", impl->global_ranks[src],
+                  " (tag ", tag, ") is ", theirs, ", but the receiving tensor is ", mine,
+                  ". Receive into a tensor of the sender's dtype and shape.");
     }
     if (!buf.is_same(target)) target.copy_(buf);  // received into a non-contiguous tensor
     return target;

@@ -161,6 +161,18 @@ std::string opSpanName(const OpCall& call, const Decision& d) {
 //  - Run the op on the local shards.
 //  - Wrap: outputs become DTensors with the decided specs; in-place and out=
 //    returns give back the original DTensor argument.
+// The local output the kernel computed must be the shard its spec says. A
+// mismatch comes from a user rule (register_sharding) whose output shapes or
+// placements are not what the op computes: a user error, named as such.
+at::Tensor wrapOutput(const c10::OperatorHandle& op, const at::Tensor& local, const SpecPtr& spec) {
+  TORCH_CHECK(local.sizes() == c10::IntArrayRef(spec->local_sizes), "dtp: ", op_name(op), " computed a local output of ",
+              local.sizes(), " here, but sharding propagation says ", spec->str(), ", whose local shard here is ",
+              c10::IntArrayRef(spec->local_sizes), ". If you registered a rule for ", op_name(op),
+              " (register_sharding), your rule's output shapes (the op's Meta kernel or the shape function) or its "
+              "output placements do not match what the op computes: fix the rule. Otherwise this is a dtp bug.");
+  return makeDTensor(local, spec);
+}
+
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const CurrentOp current(op);
   const auto& schema = op.schema();
@@ -213,12 +225,12 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       ++out;
     } else if (ret->isTensor()) {
       const auto& spec = d.out[out++];
-      if (spec) *ret = makeDTensor(ret->toTensor(), spec);
+      if (spec) *ret = wrapOutput(op, ret->toTensor(), spec);
       if (tape != nullptr) tape->push(spec ? makeDTensor(unsafeGetDTensorImpl(ret->toTensor())->local().clone(), spec)
                                            : ret->toTensor().clone());
     } else if (ret->isTensorList()) {
       std::vector<at::Tensor> l;
-      for (const auto& t : ret->toTensorList()) l.push_back(makeDTensor(t, d.out[out++]));
+      for (const auto& t : ret->toTensorList()) l.push_back(wrapOutput(op, t, d.out[out++]));
       *ret = l;
     }
   }

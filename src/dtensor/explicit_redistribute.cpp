@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace dtp {
 namespace {
@@ -31,23 +33,27 @@ ExplicitRedistributeMode environmentMode() {
   return mode;
 }
 
-thread_local bool guard_set = false;
-thread_local ExplicitRedistributeMode guard_mode = ExplicitRedistributeMode::Off;
+// The live guards of this thread, innermost last. A guard leaves from
+// wherever it is, so guards destroyed out of order (heap-held, moved into
+// other scopes) never leave a mode behind.
+thread_local std::vector<std::pair<const ExplicitRedistributeGuard*, ExplicitRedistributeMode>> guards;
 
 }  // namespace
 
-ExplicitRedistributeGuard::ExplicitRedistributeGuard(ExplicitRedistributeMode mode)
-    : prev_(guard_mode), prev_set_(guard_set) {
-  guard_mode = mode;
-  guard_set = true;
-}
+ExplicitRedistributeGuard::ExplicitRedistributeGuard(ExplicitRedistributeMode mode) { guards.emplace_back(this, mode); }
 
 ExplicitRedistributeGuard::~ExplicitRedistributeGuard() {
-  guard_mode = prev_;
-  guard_set = prev_set_;
+  for (auto it = guards.end(); it != guards.begin();) {
+    if ((--it)->first == this) {
+      guards.erase(it);
+      return;
+    }
+  }
 }
 
-ExplicitRedistributeMode ExplicitRedistributeGuard::mode() { return guard_set ? guard_mode : environmentMode(); }
+ExplicitRedistributeMode ExplicitRedistributeGuard::mode() {
+  return guards.empty() ? environmentMode() : guards.back().second;
+}
 
 bool explicit_redistribute_active() { return ExplicitRedistributeGuard::mode() != ExplicitRedistributeMode::Off; }
 

@@ -99,6 +99,8 @@ std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, 
               "[B, 1, V], got ", logits.sizes(), ".");
   TORCH_CHECK(o.temperature >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1, "sample: temperature=", o.temperature,
               ", top_k=", o.top_k, ", top_p=", o.top_p, ": expected temperature >= 0, top_k >= 0, 0 < top_p <= 1.");
+  TORCH_CHECK(o.temperature == 0.0 || std::isnormal(o.temperature), "sample: temperature=", o.temperature,
+              " is subnormal: logits / temperature overflow. Use temperature=0 for greedy decoding.");
   const Shard s = shardOf(logits);
   const int64_t batch = s.local.size(0), nLocal = s.local.size(1);
   const bool greedy = o.temperature == 0.0;
@@ -122,6 +124,9 @@ std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, 
     idx = idx.narrow(1, 0, o.top_k);
   }
   at::Tensor probs = at::softmax(val / o.temperature, -1);
+  TORCH_CHECK(at::isfinite(probs).all().item<bool>(), "sample: softmax(logits / temperature=", o.temperature,
+              ") is not finite: the temperature is too small for these logits (they overflow when divided), or the "
+              "logits hold NaN or +inf. Use temperature=0 for greedy decoding, or a larger temperature.");
   if (o.top_p < 1.0) {
     // Keep the shortest prefix whose mass reaches top_p (at least one).
     const at::Tensor before = probs.cumsum(-1) - probs;

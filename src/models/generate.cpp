@@ -1,6 +1,6 @@
 #include "dtp/models/generate.h"
 
-#include "dcp/exchange.h"
+#include "comm/agree.h"
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 
@@ -37,7 +37,7 @@ void checkAgree(const at::Tensor& logits, const std::vector<int64_t>& tokens) {
   }
 }
 
-// NOTE: [Ranks agree on arguments] (src/dcp/exchange.h) for generate: ranks
+// NOTE: [Ranks agree on arguments] (src/comm/agree.h) for generate: ranks
 // that pass other prompts of the same length, or other options, would run
 // the same collectives and return tokens that match neither prompt.
 void checkSameArguments(Llama& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {
@@ -55,8 +55,8 @@ void checkSameArguments(Llama& model, const std::vector<std::vector<int64_t>>& p
                                                    c10::IntArrayRef(o.stop_tokens));
   for (const auto& p : prompts) prompt_text += c10::str(c10::IntArrayRef(p));
   for (int64_t d = 0; d < mesh->ndim(); ++d) {
-    dcp::agree_on_value(mesh->get_group(d), "generate", "prompts (token ids)", prompt_text);
-    dcp::agree_on_value(mesh->get_group(d), "generate", "options", options_text);
+    agree_on_value(mesh->get_group(d), "generate", "prompts (token ids)", prompt_text);
+    agree_on_value(mesh->get_group(d), "generate", "options", options_text);
   }
 }
 

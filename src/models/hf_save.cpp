@@ -138,7 +138,7 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
   const auto group = dcp::checkpoint_group(options.group);
   const int rank = group ? group->rank() : 0;
   const std::string what = "save_hf of '" + dir + "'", folder = io::incomplete_dir(dir);
-  dcp::agree_on_value(group, "save_hf", "folders", dir);
+  agree_on_value(group, "save_hf", "folders", dir);
   const at::ScalarType dtype = options.dtype.value_or(model->config.dtype);
   const auto tensors = hf_tensors(model);
   std::vector<FileLayout> files;

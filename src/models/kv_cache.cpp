@@ -47,6 +47,13 @@ std::pair<at::Tensor, at::Tensor> KVCache::layer(int64_t index, const at::Tensor
     k_[index] = at::zeros({max_batch_, max_seq_, like.size(2), like.size(3)}, like.options());
     v_[index] = at::zeros_like(k_[index]);
   }
+  const at::Tensor& k = k_[index];
+  TORCH_CHECK(k.size(2) == like.size(2) && k.size(3) == like.size(3) && k.scalar_type() == like.scalar_type() &&
+                  k.device() == like.device(),
+              "KVCache: layer ", index, " holds ", k.size(2), " KV heads of head_dim ", k.size(3), " in ",
+              k.scalar_type(), " on ", k.device(), " from the model it was first used with, but this model's are ",
+              like.size(2), " of head_dim ", like.size(3), " in ", like.scalar_type(), " on ", like.device(),
+              ". Build a KVCache for each model.");
   return {k_[index], v_[index]};
 }
 

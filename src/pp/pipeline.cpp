@@ -1,5 +1,6 @@
 #include "dtp/pp/pipeline.h"
 
+#include "comm/agree.h"
 #include "dtp/dtensor.h"
 
 #include <ATen/ATen.h>
@@ -7,6 +8,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <set>
 #include <utility>
 
 namespace dtp::pp {
@@ -50,6 +52,13 @@ Pipeline::Pipeline(Schedule schedule, std::vector<PipelineStage> stages, Process
     TORCH_CHECK(schedule_.rank_of(s) != pp_.rank() || have[s], "Pipeline: pp rank ", pp_.rank(), " runs stage ", s,
                 " in the ", schedule_.name(), " schedule, but was not given it.");
   TORCH_CHECK(loss_, "Pipeline: no loss function (the last stage computes loss_fn(output, targets)).");
+  // A schedule whose ranks would deadlock is refused here, not after
+  // DTP_TIMEOUT_S; ranks built with other schedules are named (NOTE: [Ranks
+  // agree on arguments]), before the first step would stall.
+  schedule_.simulate();
+  agree_on_value(pp_, "Pipeline", "schedules",
+                 c10::str(schedule_.name(), ": ", schedule_.stages(), " stages, ", schedule_.microbatches(),
+                          " microbatches\n", schedule_.str()));
 }
 
 at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
@@ -98,9 +107,11 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     ++stats_.recvs;
     return waitFor(pp_.irecv(into, from, tag));
   };
-  // NOTE: [Pipeline boundaries]
+  // NOTE: [Pipeline boundaries]: this step's, told and received once each.
+  std::set<int> announced;
+  std::map<int, std::pair<std::vector<int64_t>, c10::ScalarType>> boundary;
   auto announce = [&](const at::Tensor& t, int to_stage) {
-    if (announced_.count(to_stage) || schedule_.rank_of(to_stage) == pp_.rank()) return;
+    if (announced.count(to_stage) || schedule_.rank_of(to_stage) == pp_.rank()) return;
     TORCH_CHECK(t.dim() <= kMaxDims, "Pipeline: stage ", to_stage - 1, "'s output has ", t.dim(),
                 " dims; at most ", kMaxDims, " travel between stages.");
     at::Tensor meta = at::zeros({kMaxDims + 2}, at::kLong);
@@ -108,12 +119,12 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     meta[1] = static_cast<int64_t>(t.scalar_type());
     for (int64_t d = 0; d < t.dim(); ++d) meta[d + 2] = t.size(d);
     send(meta, to_stage, activationTag(to_stage));
-    announced_.insert(to_stage);
+    announced.insert(to_stage);
   };
   auto recvInput = [&](const PipelineStage& st, const at::Tensor* local_shape_of) {
     const int from = schedule_.rank_of(st.index - 1), tag = activationTag(st.index);
-    auto it = inputs_.find(st.index);
-    if (it == inputs_.end()) {
+    auto it = boundary.find(st.index);
+    if (it == boundary.end()) {
       std::vector<int64_t> shape;
       c10::ScalarType dtype;
       if (local_shape_of != nullptr) {
@@ -128,7 +139,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
                   c10::IntArrayRef(st.input_shape), " per microbatch, but stage ", st.index - 1, " (pp rank ", from,
                   ") sends ", shapeText(shape, dtype), ". Make the stages' boundary shapes agree (the split's sizes, "
                   "or input_shape).");
-      it = inputs_.emplace(st.index, std::make_pair(shape, dtype)).first;
+      it = boundary.emplace(st.index, std::make_pair(shape, dtype)).first;
     }
     return recv(at::empty(it->second.first, options.dtype(it->second.second)), st.index - 1, tag);
   };

@@ -53,6 +53,21 @@ Schedule::Schedule(std::string name, int stages, int microbatches, std::vector<s
                   ". A backward needs its forward first.");
     }
   }
+  // NOTE: [Microbatch order] Messages between two stages are matched in the
+  // order they were sent (one tag per boundary and direction), so each
+  // stage runs its forwards, and its backwards, in microbatch order: 1F0
+  // before 1F1. A stage that ran 1F1 first would take microbatch 0's
+  // activation as microbatch 1's (wrong gradients, silently).
+  for (int r = 0; r < p; ++r) {
+    std::map<std::pair<int, int>, int> next;  // (stage, kind) -> the microbatch due next
+    for (const Action& a : per_rank_[r]) {
+      int& due = next[{a.stage, static_cast<int>(a.kind)}];
+      TORCH_CHECK(a.microbatch == due, "Schedule ", name_, ": on rank ", r, ", ", a.str(), " runs before ",
+                  Action{a.kind, a.stage, due}.str(), ". Each stage runs its forwards, and its backwards, in "
+                  "microbatch order (messages between stages are matched in order); reorder the actions.");
+      ++due;
+    }
+  }
 }
 
 Schedule Schedule::gpipe(int stages, int microbatches) {

@@ -21,7 +21,11 @@ namespace dtp {
 // once per parameter. See NOTE: [Fused gradient norm].
 // Under pipeline parallelism each pp rank holds other parameters: pass the
 // pp group (mesh.get_group("pp")) and their norms combine over it (one more
-// all-reduce), as torchtitan's clip_grad_norm_ does with its pp mesh.
+// all-reduce), as torchtitan's clip_grad_norm_ does with its pp mesh. Each
+// parameter passed with `pp` must be held by one pp rank only (its stage's):
+// a parameter every stage holds (a model not split into stages) would count
+// once per stage. Pass such parameters without `pp`. (Not detected: ranks
+// cannot tell a replica from another stage's tensor of the same shape.)
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, double norm_type = 2.0,
                            const std::optional<ProcessGroup>& pp = std::nullopt);
 

@@ -17,12 +17,14 @@
 //    so with loss_fn a mean, they are the whole batch's.
 // Messages carry tag 2*stage (+1 for gradients) of the receiving stage, so
 // each (sender, receiver, tag) sees its messages in microbatch order.
-// NOTE: [Pipeline boundaries] In the first step each boundary's shape and
-// dtype travel once ahead of the first activation, so the receiver can
-// allocate, and are checked against the receiving stage's input_shape when
-// it gives one: a split whose boundary shapes disagree is an error naming
-// both stages and shapes, not a failure inside the stage. Activations are
-// plain tensors; a DTensor output (TP inside a stage) is NYI here.
+// NOTE: [Pipeline boundaries] In every step each boundary's shape and dtype
+// travel once ahead of its first activation (one 80-byte message), so the
+// receiver allocates what this step sends (a step at another batch or
+// sequence length than the last works), and are checked against the
+// receiving stage's input_shape when it gives one: a split whose boundary
+// shapes disagree is an error naming both stages and shapes, not a failure
+// inside the stage. Activations are plain tensors; a DTensor output (TP
+// inside a stage) is NYI here.
 #pragma once
 
 #include "dtp/pp/schedule.h"
@@ -31,9 +33,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
-#include <map>
-#include <set>
-#include <utility>
 #include <vector>
 
 namespace dtp::pp {
@@ -55,6 +54,8 @@ struct StepStats {
 class Pipeline {
  public:
   // `stages`: this rank's (schedule.rank_of(index) == pp.rank()), any order.
+  // Collective over `pp`: the schedule is simulated (a deadlock is an error
+  // naming where) and every pp rank must pass the same one.
   Pipeline(Schedule schedule, std::vector<PipelineStage> stages, ProcessGroup pp, LossFn loss);
 
   // One step over `inputs` (used by stage 0) and `targets` (by the last
@@ -71,10 +72,6 @@ class Pipeline {
   ProcessGroup pp_;
   LossFn loss_;
   StepStats stats_;
-  // NOTE: [Pipeline boundaries]: what each stage of this rank receives, and
-  // the stages this rank has told its output's shape.
-  std::map<int, std::pair<std::vector<int64_t>, c10::ScalarType>> inputs_;
-  std::set<int> announced_;
 };
 
 }  // namespace dtp::pp

@@ -2,7 +2,8 @@
 // (stage, microbatch, forward or backward), as torch.distributed.pipelining's
 // schedules print them ("1F0": stage 1 forward of microbatch 0). A schedule
 // is checked when built (every stage runs every microbatch's forward, then
-// its backward, once; a rank runs only its own stages) and can be simulated:
+// its backward, once, each in microbatch order; a rank runs only its own
+// stages) and can be simulated:
 // simulate() runs the actions with unit costs under the pipeline's
 // dependencies and reports the time and the idle share (the bubble), or
 // names the action where the ranks would deadlock.
