@@ -9,6 +9,7 @@
 #include "comm/compat.h"
 #include "dtp/comm_counter.h"
 #include "dtp/dcp/checkpoint.h"
+#include "dtp/dcp/step_folders.h"
 #include "dtp/dtensor.h"
 #include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
@@ -179,6 +180,19 @@ TEST_F(OneTimeApisTest, CacheReuseAndTinyTemperaturesAreNamed) {
   expect_error([&] { inference::sample(logits, {1e-306, 0, 1.0}, gen); },
                {"softmax(logits / temperature=1e-306) is not finite", "Use temperature=0"});
   EXPECT_EQ(inference::sample(logits, {1e-3, 0, 1.0}, gen)[0], 1);
+}
+
+// The newer checkpoint helpers, one wrong use each: named, nothing changed.
+TEST_F(OneTimeApisTest, CheckpointHelpersNameTheirMisuse) {
+  expect_error([&] { dcp::step_folder(file("ck"), -1); }, {"step_folder: step -1 is negative"});
+  expect_error([&] { dcp::remove_old_steps(file("ck"), 0); }, {"keep must be at least 1, got 0"});
+  expect_error([&] { dcp::find_checkpoint(file("missing")); }, {"is not a complete checkpoint", "no index.json"});
+  Llama model(config());
+  torch::optim::AdamW foreign({at::zeros({2}, at::kDouble).requires_grad_()}, torch::optim::AdamWOptions(1e-2));
+  expect_error([&] { dcp::get_optimizer_state_dict(*model, foreign); },
+               {"the optimizer holds a parameter of shape [2] that the module does not have"});
+  expect_error([&] { hf_name("layers.0.attention.wz.weight"); }, {"layers.0.attention.wz.weight"});
+  EXPECT_TRUE(fs::is_empty(dir_));
 }
 
 // What the agreement check costs at one generate call: printed, not

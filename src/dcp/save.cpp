@@ -6,8 +6,8 @@
 #include "dcp/pieces.h"
 #include "dcp/save_plan.h"
 #include "dtp/io/safetensors.h"
-#include "io/staged_dir.h"
 #include "io/file_util.h"
+#include "io/staged_dir.h"
 
 #include <nlohmann/json.hpp>
 

@@ -62,6 +62,7 @@ std::string step_folder(const std::string& dir, int64_t step) {
 
 FoundCheckpoint find_checkpoint(const std::string& dir) {
   std::error_code ec;
+  if (!fs::exists(dir, ec)) read_index(dir);  // throws, naming an unfinished save of it if there is one
   if (fs::exists(fs::path(dir) / io::CheckpointIndex::kFileName, ec) || !fs::is_directory(dir, ec)) {
     return {dir, {}};  // read_index names what is wrong with it
   }

@@ -103,6 +103,8 @@ StagedDir::StagedDir(std::string dir, Owns owns, Mode mode, std::string api)
     TORCH_CHECK(fs::is_directory(dir_, ec), api_, ": '", dir_, "' exists and is not a folder (an old single-file "
                 "checkpoint?). dtp never replaces it; save to another path, or move it away.");
     if (mode_ == Mode::kReplace) {
+      TORCH_CHECK(!fs::is_symlink(dir_, ec), api_, ": '", dir_, "' is a symbolic link, which a save would replace. "
+                  "Save to the folder it points to.");
       const auto all = foreign_entries(dir_, owns_);
       TORCH_CHECK(all.empty(), api_, ": '", dir_, "' holds entries dtp did not write: ",
                   listed(all),
@@ -121,7 +123,10 @@ StagedDir::StagedDir(std::string dir, Owns owns, Mode mode, std::string api)
     if (fd >= 0) {
       const bool busy = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
       std::string holder;
-      if (busy) std::getline(std::ifstream(marker), holder);
+      if (busy) {
+        std::getline(std::ifstream(marker), holder);
+        ::close(fd);
+      }
       TORCH_CHECK(!busy, api_, ": another save is writing '", dir_, "' (", holder.empty() ? "marker held" : holder,
                   "; its files are in '", staging_, "'). Wait for it to finish (AsyncSaver::wait()), or save to "
                   "another folder.");
@@ -216,6 +221,7 @@ void StagedDir::commit(Owns stale) {
                 "' on this filesystem. Move it away.");
     TORCH_CHECK(::rename(dir_.c_str(), old.c_str()) == 0, api_, ": moving '", dir_, "' aside failed: ", errno_text(),
                 ".");
+    committed_ = true;  // from here on both folders stay, whatever happens
     TORCH_CHECK(::rename(staging_.c_str(), dir_.c_str()) == 0, api_, ": replacing '", dir_, "' failed: ",
                 errno_text(), ". The previous checkpoint is in '", old, "', the new one in '", staging_, "'.");
   }

@@ -2,9 +2,10 @@
 # dtp-train's and dtp-generate's checkpoint folders end to end, from a folder
 # holding the user's files (NOTE: [Nothing dtp did not write]):
 # - --save DIR writes DIR/step-<N>/, --keep-last removes only older steps;
-# - a save killed mid-way (what it leaves: step-5.incomplete with a marker
-#   and a cut rank file) is skipped by --resume DIR, with a line, and the
-#   losses continue as the uninterrupted run's (float64, 4 decimals);
+# - a save killed mid-way is skipped by --resume DIR, with a line, and the
+#   losses continue as the uninterrupted run's (float64, 4 decimals): once
+#   with the leftover made by hand (step-5.incomplete: a marker, a cut rank
+#   file), once with both ranks SIGKILLed while saving every step;
 # - the user's files survive byte for byte; refused saves leave no entry;
 # - dtp-generate --checkpoint DIR needs no size flags; one that contradicts
 #   the recorded config is an error naming both values;
@@ -50,6 +51,27 @@ echo "resumed from step-4 past a killed save: steps 5-8 equal the uninterrupted 
 [ "$(ls "$d/exp" | tr '\n' ' ')" = "notes.txt runs step-7 step-8 " ] || fail "after the resumed run: $(ls "$d/exp")"
 sums | diff "$d/user.sums" - || fail "the user's files changed"
 echo "the user's files are intact"
+
+# A real kill: both ranks SIGKILLed while the job saves every step in the
+# background (a save is in flight nearly all the time). --resume takes the
+# newest complete step, says which unfinished one it skipped (when the kill
+# left one newer), and steps up to 8 equal the uninterrupted run's.
+"$dtprun" -n 2 "$train" $common --steps 100000 --save "$d/kill" --save-every 1 > "$d/k.log" 2>&1 &
+job=$!
+for _ in $(seq 1 600); do [ -d "$d/kill/step-3" ] && break; sleep 0.05; done
+pkill -9 -P "$job" || true
+wait "$job" 2>/dev/null || true
+newest=$(ls "$d/kill" | sed -n 's/^step-\([0-9]*\)$/\1/p' | sort -n | tail -1)
+unfinished=$(ls "$d/kill" | sed -n 's/^step-\([0-9]*\)\.incomplete$/\1/p' | sort -n | tail -1)
+[ -n "$newest" ] && [ "$newest" -lt 8 ] || fail "killed run: newest complete step '${newest}' (want 3..7): $(ls "$d/kill")"
+"$dtprun" -n 2 "$train" $common --steps 8 --resume "$d/kill" > "$d/kr.log"
+grep -q "resuming from $d/kill/step-$newest" "$d/kr.log" || fail "did not resume from step-$newest: $(head -3 "$d/kr.log")"
+if [ -n "$unfinished" ] && [ "$unfinished" -gt "$newest" ]; then
+  grep -q "skipping '$d/kill/step-$unfinished.incomplete': a save that did not finish" "$d/kr.log" || fail "no skip line"
+fi
+losses < "$d/kr.log" > "$d/gotk"
+[ -s "$d/gotk" ] && diff <(tail -n "$(wc -l < "$d/gotk")" "$d/want") "$d/gotk" || fail "losses after the kill differ"
+echo "killed at step-${unfinished:-none} in flight: resumed from step-$newest with the uninterrupted losses"
 
 # One step folder by name.
 "$dtprun" -n 2 "$train" $common --steps 8 --resume "$d/exp/step-7" | losses > "$d/got7"
