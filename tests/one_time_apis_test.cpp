@@ -61,7 +61,8 @@ TEST_F(OneTimeApisTest, GenerateRefusesRanksWithOtherPromptsOrOptions) {
   });
 }
 
-// dcp::load of another folder on each rank: replicas would differ. Named.
+// dcp::load or load_hf_weights of another folder on each rank: replicas
+// would differ. Named.
 TEST_F(OneTimeApisTest, LoadRefusesRanksWithOtherFolders) {
   run_ranks(2, [&](int rank) {
     Llama model(config());
@@ -70,6 +71,12 @@ TEST_F(OneTimeApisTest, LoadRefusesRanksWithOtherFolders) {
     expect_error([&] { dcp::load_state(file(rank == 0 ? "a" : "b"), *model, nullptr, llama_state_dict_options()); },
                  {"dcp::load: the ranks passed different folders", "rank 0: '" + file("a") + "'",
                   "rank 1: '" + file("b") + "'"});
+    Llama tp(config());
+    apply_tensor_parallel(tp, init_device_mesh("cpu", {2}, {"tp"}), TensorParallelOptions{true, kSeq});
+    save_hf(tp, file("hfa"));
+    save_hf(tp, file("hfb"));
+    expect_error([&] { load_hf_weights(tp, file(rank == 0 ? "hfa" : "hfb")); },
+                 {"load_hf_weights: the ranks passed different folders", "rank 1: '" + file("hfb") + "'"});
   });
 }
 

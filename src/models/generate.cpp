@@ -1,8 +1,8 @@
 #include "dtp/models/generate.h"
 
-#include "comm/agree.h"
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
+#include "models/agree_on_mesh.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -37,27 +37,16 @@ void checkAgree(const at::Tensor& logits, const std::vector<int64_t>& tokens) {
   }
 }
 
-// NOTE: [Ranks agree on arguments] (src/comm/agree.h) for generate: ranks
-// that pass other prompts of the same length, or other options, would run
-// the same collectives and return tokens that match neither prompt.
+// Ranks that pass other prompts of the same length, or other options, would
+// run the same collectives and return tokens that match neither prompt.
 void checkSameArguments(Llama& model, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& o) {
-  const DeviceMesh* mesh = nullptr;
-  for (const auto& p : model->parameters()) {
-    if (is_dtensor(p)) {
-      mesh = &device_mesh(p);
-      break;
-    }
-  }
-  if (mesh == nullptr) return;
-  std::string prompt_text, options_text = c10::str("max_new_tokens=", o.max_new_tokens, " temperature=",
-                                                   o.sampling.temperature, " top_k=", o.sampling.top_k, " top_p=",
-                                                   o.sampling.top_p, " seed=", o.seed, " stop_tokens=",
-                                                   c10::IntArrayRef(o.stop_tokens));
+  std::string prompt_text;
   for (const auto& p : prompts) prompt_text += c10::str(c10::IntArrayRef(p));
-  for (int64_t d = 0; d < mesh->ndim(); ++d) {
-    agree_on_value(mesh->get_group(d), "generate", "prompts (token ids)", prompt_text);
-    agree_on_value(mesh->get_group(d), "generate", "options", options_text);
-  }
+  agree_on_mesh(*model, "generate", "prompts (token ids)", prompt_text);
+  agree_on_mesh(*model, "generate", "options",
+                c10::str("max_new_tokens=", o.max_new_tokens, " temperature=", o.sampling.temperature, " top_k=",
+                         o.sampling.top_k, " top_p=", o.sampling.top_p, " seed=", o.seed, " stop_tokens=",
+                         c10::IntArrayRef(o.stop_tokens)));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "dcp/pieces.h"
 #include "dtp/dtensor.h"
 #include "dtp/io/box_io.h"
+#include "models/agree_on_mesh.h"
 #include "models/hf_common.h"
 
 #include <ATen/ATen.h>
@@ -72,6 +73,7 @@ bool isFloat(at::ScalarType t) {
 }  // namespace
 
 void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& options) {
+  agree_on_mesh(*model, "load_hf_weights", "folders", dir);
   HFFolder folder(dir);
   const auto tensors = hf_tensors(model);
   // Names first, all of them at once.

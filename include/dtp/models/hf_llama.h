@@ -48,7 +48,8 @@ struct HFLoadOptions {
 // Fills every parameter of `model` (built from llama_config_from_hf, then
 // parallelized any way, or not) from the folder's safetensors files, cast to
 // the model's dtype (bf16, fp16, fp32 and fp64 files). Each rank reads only
-// the bytes of its shards; no collectives. Missing or unexpected tensor
+// the bytes of its shards; the only collective checks that every rank of the
+// model's mesh passed the same folder (none for a plain model). Missing or unexpected tensor
 // names, shapes that disagree with the model, unsupported dtypes and
 // truncated files are errors naming the tensor or file, raised before any
 // parameter changes.
