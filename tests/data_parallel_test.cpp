@@ -339,9 +339,17 @@ TEST(DataParallelErrors, NameTheThingAndTheFix) {
       expect_error([&] { apply_fsdp(model, other); }, {"is a DTensor on", "no \"tp\" dimension", "mesh[\"tp\"]"});
       expect_error([&] { apply_ddp(model, other); }, {"is a DTensor on", "call replicate with that mesh"});
     }
+    {  // data parallelism on a (dp, tp) mesh without the TP plan: named before anything changes
+      Llama model(c);
+      expect_error([&] { apply_fsdp(model, mesh); }, {"apply_fsdp: the mesh", "has a \"tp\" dimension, but no "
+                                                      "parameter of the model is a DTensor", "mesh[\"dp\"]"});
+      expect_error([&] { apply_ddp(model, mesh); }, {"apply_ddp: the mesh", "the TP plan was not applied"});
+      for (const auto& p : model->parameters()) EXPECT_FALSE(is_dtensor(p));
+    }
     {  // TP after fully_shard / replicate; data parallelism twice
       Llama model(c);
-      apply_fsdp(model, mesh);
+      for (size_t i = 0; i < model->layers->size(); ++i) fully_shard(*model->layers[i], mesh);
+      fully_shard(*model, mesh);
       expect_error([&] { apply_tensor_parallel(model, mesh); },
                    {"parallelize_module", "already under fully_shard()", "Apply tensor parallelism first"});
       expect_error([&] { fully_shard(*model, mesh); }, {"already a fully_shard unit"});
@@ -349,7 +357,7 @@ TEST(DataParallelErrors, NameTheThingAndTheFix) {
       expect_error([&] { apply_fsdp(model, mesh); }, {"apply_fsdp: layers.0: fully_shard:", "already a fully_shard unit"});
       expect_error([&] { apply_ddp(model, mesh); }, {"apply_ddp: the model: replicate:", "already under fully_shard()"});
       Llama ddp(c);
-      apply_ddp(ddp, mesh);
+      replicate(*ddp, mesh);
       expect_error([&] { apply_tensor_parallel(ddp, mesh); }, {"already under replicate()"});
       expect_error([&] { apply_fsdp(ddp, mesh); }, {"already under replicate()"});
     }
