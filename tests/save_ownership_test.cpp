@@ -229,6 +229,40 @@ TEST_F(SaveOwnershipTest, AsyncSaveKeepsTheUsersFiles) {
                                           "step-3/rank-00001.safetensors"}));
 }
 
+// dcp::save to a folder an AsyncSaver is still writing: the save that
+// stages second is refused by name while the other holds the folder, or
+// they run one after the other; never a mix (the folder then loads, checksums verified, and holds one of
+// the two snapshots whole).
+TEST_F(SaveOwnershipTest, SaveWhileAnAsyncSaveWritesTheFolderIsRefusedOrSerial) {
+  const std::string ck = file("ck");
+  int refused = 0;
+  for (int round = 0; round < 3; ++round) {
+    dcp::StateDict a, b;
+    a.add("w", at::full({4 << 20}, 1.0, at::kFloat));  // 16 MiB: the background write takes a while
+    b.add("w", at::full({4 << 20}, 2.0, at::kFloat));
+    dcp::AsyncSaver saver;
+    saver.save(a, ck);
+    // Whichever stages second is refused (the background thread may start
+    // after the synchronous save did), or both run one after the other.
+    const std::string sync_error = any_error_of([&] { dcp::save(b, ck); });
+    const std::string async_error = any_error_of([&] { saver.wait(); });
+    for (const auto& error : {sync_error, async_error}) {
+      if (error == "<no error>") continue;
+      EXPECT_NE(error.find("another save is writing '" + ck + "'"), std::string::npos) << error;
+      ++refused;
+    }
+    EXPECT_TRUE(sync_error == "<no error>" || async_error == "<no error>") << "both saves were refused";
+    dcp::StateDict back;
+    back.add("w", at::zeros({4 << 20}, at::kFloat));
+    dcp::load(back, ck);
+    const double v = back.tensors[0].second[0].item<double>();
+    EXPECT_TRUE(back.tensors[0].second.equal(at::full({4 << 20}, v, at::kFloat)) && (v == 1.0 || v == 2.0))
+        << "the folder mixes the two saves";
+    EXPECT_FALSE(fs::exists(ck + ".incomplete"));
+  }
+  std::printf("one of two concurrent saves refused in %d of 3 rounds\n", refused);
+}
+
 // Ranks that pass different folders are told so before anything is written.
 TEST_F(SaveOwnershipTest, RanksThatPassDifferentFoldersAreNamed) {
   run_ranks(2, [&](int rank) {
