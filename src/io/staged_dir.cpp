@@ -4,6 +4,7 @@
 #include "io/file_util.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -47,11 +49,12 @@ std::vector<std::string> entriesOf(const std::string& dir) {
   return out;
 }
 
-// A writer's own entries are plain files (or links) it names; a folder never is.
+// A writer's own entries are plain files (or links) it names, and the
+// marker; a folder never is.
 bool isOwnEntry(const std::string& dir, const std::string& name, Owns owns, bool staging) {
   std::error_code ec;
   if (fs::symlink_status(fs::path(dir) / name, ec).type() == fs::file_type::directory) return false;
-  return owns(name) || (staging && (name == kMarker || isTempName(name)));
+  return owns(name) || name == kMarker || (staging && isTempName(name));
 }
 
 // "'a', 'b' and 3 more": the first five names.
@@ -144,23 +147,37 @@ StagedDir::StagedDir(std::string dir, Owns owns, Mode mode, std::string api)
   const fs::path parent = fs::absolute(staging_).parent_path();
   fs::create_directories(parent, ec);
   TORCH_CHECK(!ec, api_, ": cannot create '", parent.string(), "' (", ec.message(), "). Check the path and permissions.");
-  TORCH_CHECK(::mkdir(staging_.c_str(), 0755) == 0, api_, ": cannot create '", staging_, "': ", errno_text(),
-              errno == EEXIST ? ". Another save to the same folder started just now; save to another folder."
-                              : ". Check the path and permissions.");
-  const std::string marker = staging_ + "/" + kMarker;
-  lock_fd_ = ::open(marker.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  const bool locked = lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0;
-  if (locked) {
-    const std::string holder = "pid " + std::to_string(::getpid()) + " on " + hostName() + "\n";
-    write_all(lock_fd_, holder.data(), holder.size());
-  }
-  if (!locked) {
+  // Made under a name of its own with its marker locked, then renamed into
+  // place without replacing: no other save ever sees a live staging folder
+  // without its locked marker (and mistakes it for a stale one).
+  static std::atomic<int64_t> made{0};
+  const std::string fresh = c10::str(staging_, ".", ::getpid(), ".", made++);
+  TORCH_CHECK(::mkdir(fresh.c_str(), 0755) == 0, api_, ": cannot create '", fresh, "': ", errno_text(),
+              ". Check the path and permissions.");
+  lock_fd_ = ::open((fresh + "/" + kMarker).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const std::string err = errno_text();
     if (lock_fd_ >= 0) ::close(lock_fd_);
     lock_fd_ = -1;
-    removeOwn(staging_, owns_, /*staging=*/true);
-    TORCH_CHECK(false, api_, ": cannot lock '", marker, "': ", err, ". Another save to the same folder started just "
-                "now; save to another folder.");
+    removeOwn(fresh, owns_, /*staging=*/true);
+    TORCH_CHECK(false, api_, ": cannot create and lock '", fresh, "/", kMarker, "': ", err, ". dtp needs flock(2) "
+                "on the checkpoint's filesystem to keep two saves apart; save to another filesystem.");
+  }
+  const std::string holder = "pid " + std::to_string(::getpid()) + " on " + hostName() + "\n";
+  write_all(lock_fd_, holder.data(), holder.size());
+  int placed = ::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, staging_.c_str(), RENAME_NOREPLACE);
+  if (placed != 0 && (errno == EINVAL || errno == ENOSYS) && !fs::exists(staging_, ec)) {
+    placed = ::rename(fresh.c_str(), staging_.c_str());  // no RENAME_NOREPLACE here (NFS): a small window
+  }
+  if (placed != 0) {
+    const int err = errno;
+    removeOwn(fresh, owns_, /*staging=*/true);
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    TORCH_CHECK(err != EEXIST && err != ENOTEMPTY, api_, ": another save is writing '", dir_, "' (it created '",
+                staging_, "' just now). Wait for it to finish (AsyncSaver::wait()), or save to another folder.");
+    TORCH_CHECK(false, api_, ": renaming '", fresh, "' to '", staging_, "' failed: ",
+                std::error_code(err, std::generic_category()).message(), ".");
   }
 }
 
@@ -171,19 +188,21 @@ StagedDir::~StagedDir() {
 
 void StagedDir::commit(Owns stale) {
   fsync_dir(staging_);
-  // The marker leaves before the folder takes its name; the lock stays held
-  // (on the unlinked file) until the destructor.
-  ::unlink((staging_ + "/" + kMarker).c_str());
+  // The marker stays (locked) until the files are in place, so no other save
+  // takes the staging folder for a stale one; then it goes (the lock stays
+  // held on the unlinked file until the destructor).
   std::error_code ec;
   if (!fs::exists(dir_, ec)) {
     TORCH_CHECK(::rename(staging_.c_str(), dir_.c_str()) == 0, api_, ": renaming '", staging_, "' to '", dir_,
                 "' failed: ", errno_text(), ".");
     committed_ = true;
+    ::unlink((dir_ + "/" + kMarker).c_str());
     fsync_parent(dir_);
     return;
   }
   if (mode_ == Mode::kMerge) {
-    const auto staged = entriesOf(staging_);
+    auto staged = entriesOf(staging_);
+    staged.erase(std::remove(staged.begin(), staged.end(), kMarker), staged.end());
     for (const auto& name : staged) {
       TORCH_INTERNAL_ASSERT(owns_(name), "staged '", name, "' is not a name this writer owns");
       TORCH_CHECK(!fs::is_directory(fs::symlink_status(dir_ + "/" + name, ec)), api_, ": '", dir_, "/", name,
@@ -201,7 +220,7 @@ void StagedDir::commit(Owns stale) {
         ::unlink((dir_ + "/" + name).c_str());
       }
     }
-    ::rmdir(staging_.c_str());
+    removeOwn(staging_, owns_, /*staging=*/true);  // the marker, then the folder
     fsync_dir(dir_);
     return;
   }
@@ -226,6 +245,7 @@ void StagedDir::commit(Owns stale) {
                 errno_text(), ". The previous checkpoint is in '", old, "', the new one in '", staging_, "'.");
   }
   committed_ = true;
+  ::unlink((dir_ + "/" + kMarker).c_str());
   const auto left = removeOwn(old, owns_, /*staging=*/false);
   if (!left.empty()) TORCH_WARN(api_, ": the previous '", dir_, "' was kept as '", old, "': it gained ", listed(left), ".");
   fsync_parent(dir_);

@@ -6,8 +6,11 @@
 //   and a few foreign entries, raised before anything is created;
 // - a stale "<dir>.incomplete" is cleared only when it carries dtp's marker
 //   (.dtp-writing) and holds only the writer's entries;
-// - the marker is flock'ed while the save runs, so a second save to the same
-//   folder (an AsyncSaver still writing it, another job) is refused by name;
+// - the staging folder is made under a name of its own with its marker
+//   flock'ed, then renamed into place without replacing; the marker stays
+//   locked until the files are in place, so a second save to the same folder
+//   (an AsyncSaver still writing it, another job) is refused by name and
+//   never takes a live staging folder for a stale one;
 // - what replaced entries leave behind is removed entry by entry, by name,
 //   never with remove_all.
 // See NOTE: [Atomic checkpoint folders] in include/dtp/dcp/checkpoint.h.

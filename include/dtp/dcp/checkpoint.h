@@ -20,10 +20,14 @@
 //
 // NOTE: [Atomic checkpoint folders] Ranks write into "<dir>.incomplete",
 // fsync every file; rank 0 writes index.json last, fsyncs, then renames the
-// folder to <dir> (an atomic exchange with a previous <dir>, which is then
-// removed). A crash at any point leaves the previous <dir> whole; what was
-// half written stays in "<dir>.incomplete", which load refuses by name and
-// the next save replaces.
+// folder to <dir> (an atomic exchange with a previous <dir> of dtp's, whose
+// files are then removed by name). A crash at any point leaves the previous
+// <dir> whole; what was half written stays in "<dir>.incomplete", which load
+// refuses by name and the next save clears; a save that fails cleanly
+// removes it. <dir> must be absent, empty or dtp's own checkpoint: see
+// NOTE: [Nothing dtp did not write] in src/io/staged_dir.h. Every rank
+// passes the same <dir> (checked). dtp-train keeps one folder per step,
+// include/dtp/dcp/step_folders.h.
 #pragma once
 
 #include "dtp/dcp/state_dict.h"
