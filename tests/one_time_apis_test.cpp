@@ -11,6 +11,8 @@
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dcp/step_folders.h"
 #include "dtp/dtensor.h"
+#include "dtp/io/box_io.h"
+#include "dtp/io/safetensors_file.h"
 #include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
@@ -200,6 +202,31 @@ TEST_F(OneTimeApisTest, CheckpointHelpersNameTheirMisuse) {
                {"the optimizer holds a parameter of shape [2] that the module does not have"});
   expect_error([&] { hf_name("layers.0.attention.wz.weight"); }, {"layers.0.attention.wz.weight"});
   EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// The rest of the newer public functions, one wrong use each.
+TEST_F(OneTimeApisTest, NewerApisNameTheirMisuse) {
+  Llama model(config());
+  dcp::save_state(file("ck"), *model, nullptr, {}, llama_state_dict_options());
+  dcp::StateDict wrong;
+  wrong.add("model.norm.weight", at::zeros({3}, at::kDouble));
+  expect_error([&] { dcp::load(wrong, file("ck"), {{}, 1 << 20, true, {"model.layers", "model.tok", "model.output"}}); },
+               {"'model.norm.weight': saved Double[32], here Double[3]"});
+  fs::create_directories(file("other"));
+  dtp::test::write_bytes(file("other") + "/index.json", "{\"format\": \"someone-else\"}");
+  expect_error([&] { dcp::read_index(file("other")); }, {"has format 'someone-else'", "not written by dtp"});
+  auto opt = std::make_unique<dtp::optim::AdamW>(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  expect_error([&] { dcp::set_optimizer_state_dict(*model, *opt, dcp::StateDict{}); }, {"the checkpoint holds no optimizer, but the optimizer given is AdamW"});
+  torch::optim::AdamW foreign({at::zeros({2}, at::kDouble).requires_grad_()}, torch::optim::AdamWOptions(1e-2));
+  expect_error([&] { dcp::init_optimizer_state(*model, foreign, {}); }, {"the optimizer holds a parameter of shape [2]"});
+  KVCache cache(2, 8);
+  expect_error([&] { cache.reset(3); }, {"KVCache: a batch of 3 sequences, but the cache holds"});
+  const io::SafetensorsFile f(file("ck") + "/rank-00000.safetensors");
+  const io::StoredTensor& norm = f.at("model.norm.weight");
+  expect_error([&] { io::read_box(f, norm, {30}, at::empty({4}, at::kDouble)); },
+               {"read_box: box start [30] size [4] is outside tensor 'model.norm.weight' of shape [32]"});
+  expect_error([&] { io::CheckpointIndex::from_json("{\"format\": \"dtp-checkpoint-2\"}", "x/index.json"); },
+               {"'x/index.json' has no \"checksum\" entry"});
 }
 
 // What the agreement check costs at one generate call: printed, not

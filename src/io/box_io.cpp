@@ -64,8 +64,9 @@ void checkBox(const std::string& what, const StoredTensor& stored, c10::IntArray
   for (size_t d = 0; inside && d < start.size(); ++d) {
     inside = start[d] >= 0 && size[d] >= 0 && start[d] + size[d] <= stored.shape[d];
   }
-  TORCH_INTERNAL_ASSERT(inside, what, ": box start ", start, " size ", size, " is outside tensor '", stored.name,
-                        "' of shape ", c10::IntArrayRef(stored.shape));
+  TORCH_CHECK(inside, what, ": box start ", start, " size ", size, " is outside tensor '", stored.name,
+              "' of shape ", c10::IntArrayRef(stored.shape), ". Give a start and a tensor whose extent lies inside "
+              "the stored shape, one entry per dimension.");
 }
 
 }  // namespace
