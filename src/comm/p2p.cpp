@@ -19,8 +19,8 @@ namespace {
 // another dtype, element count or shape is an error naming both, never
 // garbage (Gloo takes any buffer of at least the bytes sent; a smaller one
 // aborts the process inside Gloo, with dtp's hint). Costs one store write,
-// read and delete per message: microseconds with ranks as threads, a round
-// trip to rank 0's store each between processes. Both ends
+// read and delete per message (between processes, a round trip to rank 0's
+// store each; not measured yet against the message itself). Both ends
 // number the messages per (source, destination, tag), so that on a failure
 // each finds the same message in the store and tells whether the peer
 // reached it (NOTE: [Who did not arrive]). A message with no elements is
