@@ -378,8 +378,13 @@ TEST_F(SaveOwnershipTest, StepFoldersResolveToTheNewestCompleteAndPruneOnlyTheir
   expect_error([&] { dcp::find_checkpoint(exp + "/runs"); }, {"holds no complete checkpoint", "dtp-train --save"});
   // step-4 carries the user's file: dtp's entries go, the folder and the file stay.
   dtp::test::write_bytes(exp + "/step-4/eval.txt", "0.91");
+  // A killed save of step 3 (older than step 6): dtp's and free, so it goes;
+  // step-8.incomplete, newer than any complete step, stays.
+  fs::create_directories(exp + "/step-3.incomplete");
+  dtp::test::write_bytes(exp + "/step-3.incomplete/.dtp-writing", "pid 1 on elsewhere\n");
+  fs::copy(exp + "/step-2/rank-00000.safetensors", exp + "/step-3.incomplete/rank-00000.safetensors");
   const auto removed = dcp::remove_old_steps(exp, 1);
-  EXPECT_EQ(removed, std::vector<std::string>{exp + "/step-2"});
+  EXPECT_EQ(removed, (std::vector<std::string>{exp + "/step-3.incomplete", exp + "/step-2"}));
   EXPECT_EQ(entries(exp + "/step-4"), (std::map<std::string, std::string>{{"eval.txt", ""}}));
   EXPECT_EQ(entries(exp), (std::map<std::string, std::string>{{"empty", ""}, {"notes.txt", ""}, {"runs", ""},
                                                               {"step-4", ""}, {"step-6", ""}, {"step-7", ""},

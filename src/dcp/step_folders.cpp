@@ -92,7 +92,11 @@ std::vector<std::string> remove_old_steps(const std::string& dir, int64_t keep) 
   std::vector<std::string> removed;
   int64_t complete = 0;
   for (const Step& s : stepsOf(dir)) {
-    if (s.incomplete) continue;
+    // A killed save older than a complete step: dtp's, and no save holds it.
+    if (s.incomplete) {
+      if (complete > 0 && io::remove_stale_staging(s.path, is_checkpoint_entry)) removed.push_back(s.path);
+      continue;
+    }
     try {
       read_index(s.path);
     } catch (const c10::Error&) {

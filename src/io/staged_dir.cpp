@@ -77,6 +77,32 @@ std::vector<std::string> removeOwn(const std::string& dir, Owns owns, bool stagi
   return left;
 }
 
+// What clearing a staging folder found: a live save holding it (`holder`,
+// from its marker), or entries that are not ours (`left`); both empty when
+// the folder was stale and is gone.
+struct Stale {
+  std::string holder;
+  std::vector<std::string> left;
+};
+
+Stale clearStale(const std::string& staging, Owns owns) {
+  Stale out;
+  const std::string marker = staging + "/" + kMarker;
+  const int fd = ::open(marker.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::getline(std::ifstream(marker), out.holder);
+    if (out.holder.empty()) out.holder = "marker held";
+    ::close(fd);
+    return out;
+  }
+  for (const auto& name : entriesOf(staging)) {
+    if (!isOwnEntry(staging, name, owns, /*staging=*/true)) out.left.push_back(name);
+  }
+  if (out.left.empty()) out.left = removeOwn(staging, owns, /*staging=*/true);
+  if (fd >= 0) ::close(fd);
+  return out;
+}
+
 std::string hostName() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
@@ -97,6 +123,11 @@ std::vector<std::string> foreign_entries(const std::string& dir, Owns owns) {
 
 std::vector<std::string> remove_owned(const std::string& dir, Owns owns) {
   return removeOwn(dir, owns, /*staging=*/false);
+}
+
+bool remove_stale_staging(const std::string& staging, Owns owns) {
+  const Stale stale = clearStale(staging, owns);
+  return stale.holder.empty() && stale.left.empty();
 }
 
 StagedDir::StagedDir(std::string dir, Owns owns, Mode mode, std::string api)
@@ -121,27 +152,11 @@ StagedDir::StagedDir(std::string dir, Owns owns, Mode mode, std::string api)
   if (fs::exists(fs::symlink_status(staging_, ec))) {
     TORCH_CHECK(fs::symlink_status(staging_, ec).type() == fs::file_type::directory, api_, ": '", staging_,
                 "' exists and is not a folder, so dtp cannot write there. Move it away.");
-    const std::string marker = staging_ + "/" + kMarker;
-    const int fd = ::open(marker.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      const bool busy = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
-      std::string holder;
-      if (busy) {
-        std::getline(std::ifstream(marker), holder);
-        ::close(fd);
-      }
-      TORCH_CHECK(!busy, api_, ": another save is writing '", dir_, "' (", holder.empty() ? "marker held" : holder,
-                  "; its files are in '", staging_, "'). Wait for it to finish (AsyncSaver::wait()), or save to "
-                  "another folder.");
-    }
-    std::vector<std::string> left;
-    for (const auto& name : entriesOf(staging_)) {
-      if (!isOwnEntry(staging_, name, owns_, /*staging=*/true)) left.push_back(name);
-    }
-    if (left.empty()) left = removeOwn(staging_, owns_, /*staging=*/true);
-    if (fd >= 0) ::close(fd);
-    TORCH_CHECK(left.empty(), api_, ": '", staging_, "' holds entries dtp did not write: ",
-                listed(left),
+    const Stale stale = clearStale(staging_, owns_);
+    TORCH_CHECK(stale.holder.empty(), api_, ": another save is writing '", dir_, "' (", stale.holder,
+                "; its files are in '", staging_, "'). Wait for it to finish (AsyncSaver::wait()), or save to "
+                "another folder.");
+    TORCH_CHECK(stale.left.empty(), api_, ": '", staging_, "' holds entries dtp did not write: ", listed(stale.left),
                 ". It is where dtp stages this save; move those entries away, or save to another folder.");
   }
   const fs::path parent = fs::absolute(staging_).parent_path();

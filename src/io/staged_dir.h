@@ -35,6 +35,11 @@ std::vector<std::string> foreign_entries(const std::string& dir, Owns owns);
 // then `dir` when that left it empty. Returns the entries left.
 std::vector<std::string> remove_owned(const std::string& dir, Owns owns);
 
+// Removes the staging folder `staging` (a "<dir>.incomplete") when it is a
+// stale one of ours: every entry ours and no live save holding its marker.
+// True when it is gone.
+bool remove_stale_staging(const std::string& staging, Owns owns);
+
 class StagedDir {
  public:
   enum class Mode {

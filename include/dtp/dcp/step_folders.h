@@ -34,8 +34,10 @@ FoundCheckpoint find_checkpoint(const std::string& dir);
 
 // Removes the complete step-<N> folders of `dir` older than its newest
 // `keep` (>= 1), each entry by name, only the checkpoint's own; a step folder
-// holding anything else keeps those entries (and a warning names them).
-// Returns the removed folders. Call it on one rank.
+// holding anything else keeps those entries (and a warning names them). Also
+// removes a "step-<N>.incomplete" older than the newest complete step when it
+// is dtp's and no save holds it (a killed save). Returns the removed folders.
+// Call it on one rank.
 std::vector<std::string> remove_old_steps(const std::string& dir, int64_t keep);
 
 }  // namespace dtp::dcp
