@@ -7,7 +7,6 @@
 
 #include "model_flags.h"
 
-#include "dtp/dcp/checkpoint.h"
 #include "dtp/dcp/step_folders.h"
 #include "dtp/models/checkpoint.h"
 
@@ -28,9 +27,8 @@ inline SavedCheckpoint find_saved_checkpoint(const std::string& dir, bool log) {
     for (const auto& line : found.skipped) std::printf("%s\n", line.c_str());
   }
   SavedCheckpoint out{found.path, std::nullopt};
-  const auto metadata = dcp::read_index(found.path).metadata;
-  auto it = metadata.find(models::kLlamaConfigKey);
-  if (it != metadata.end()) out.config = models::llama_config_from_json(it->second, found.path);
+  auto it = found.metadata.find(models::kLlamaConfigKey);
+  if (it != found.metadata.end()) out.config = models::llama_config_from_json(it->second, found.path);
   return out;
 }
 

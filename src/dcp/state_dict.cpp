@@ -114,7 +114,6 @@ StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions&
     all.push_back(name);
     if (!options.keep || options.keep(name)) sd.add("model." + name, p);
   }
-  const bool keptParam = !sd.tensors.empty();
   for (const auto& item : model.named_buffers()) {
     all.push_back(item.key());
     if (options.keep && !options.keep(item.key())) continue;
@@ -123,7 +122,7 @@ StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions&
     const auto& skip = options.non_persistent_buffers;
     if (std::find(skip.begin(), skip.end(), last) == skip.end()) sd.add("model." + item.key(), item.value());
   }
-  TORCH_CHECK(!options.keep || all.empty() || keptParam || !sd.tensors.empty(), "get_model_state_dict: "
+  TORCH_CHECK(!options.keep || all.empty() || !sd.tensors.empty(), "get_model_state_dict: "
               "StateDictOptions::keep accepts none of the module's ", all.size(), " parameters and buffers (such as '",
               all.front(), "'), so nothing would be saved or loaded. Check the FQNs it tests (a misspelt prefix?).");
   return sd;

@@ -62,9 +62,10 @@ std::string step_folder(const std::string& dir, int64_t step) {
 
 FoundCheckpoint find_checkpoint(const std::string& dir) {
   std::error_code ec;
-  if (!fs::exists(dir, ec)) read_index(dir);  // throws, naming an unfinished save of it if there is one
-  if (fs::exists(fs::path(dir) / io::CheckpointIndex::kFileName, ec) || !fs::is_directory(dir, ec)) {
-    return {dir, {}};  // read_index names what is wrong with it
+  // A checkpoint itself, or not a folder (read_index names what is wrong:
+  // missing, an unfinished save, a single file).
+  if (!fs::is_directory(dir, ec) || fs::exists(fs::path(dir) / io::CheckpointIndex::kFileName, ec)) {
+    return {dir, {}, read_index(dir).metadata};
   }
   FoundCheckpoint found;
   for (const Step& s : stepsOf(dir)) {
@@ -73,7 +74,7 @@ FoundCheckpoint find_checkpoint(const std::string& dir) {
       continue;
     }
     try {
-      read_index(s.path);
+      found.metadata = read_index(s.path).metadata;
       found.path = s.path;
       return found;
     } catch (const c10::Error& e) {

@@ -55,7 +55,6 @@ class StagedDir {
   StagedDir(const StagedDir&) = delete;
   StagedDir& operator=(const StagedDir&) = delete;
 
-  const std::string& path() const { return staging_; }
   // kReplace: renames the staging folder to `dir` (an atomic exchange with an
   // earlier checkpoint, whose entries are then removed by name). kMerge:
   // renames each staged entry into `dir` (replacing same-named entries, which

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,15 +22,17 @@ namespace dtp::dcp {
 std::string step_folder(const std::string& dir, int64_t step);
 
 struct FoundCheckpoint {
-  std::string path;                  // the checkpoint folder to load
-  std::vector<std::string> skipped;  // one line per newer folder passed over, and why
+  std::string path;                            // the checkpoint folder to load
+  std::vector<std::string> skipped;            // one line per newer folder passed over, and why
+  std::map<std::string, std::string> metadata;  // its index's (read and checked once here)
 };
 
 // The checkpoint `dir` names: `dir` itself when it holds index.json (a step
 // folder, or a checkpoint of the older flat layout), else its newest complete
 // step-<N>/: a half-written "step-<N>.incomplete" or a step folder whose
 // index does not read is skipped and said in `skipped`. A folder with no
-// complete checkpoint is an error naming it and what it holds.
+// complete checkpoint, or a `dir` whose own index does not read, is an
+// error naming it and what it holds.
 FoundCheckpoint find_checkpoint(const std::string& dir);
 
 // Removes the complete step-<N> folders of `dir` older than its newest

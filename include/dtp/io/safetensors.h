@@ -54,8 +54,9 @@ struct SavedFile {
 // Writes atomically: to "<path>.tmp.<pid>", fsync, then rename over `path`, so
 // a crash or error leaves any existing file at `path` untouched and no
 // temporary file behind. An existing `path` is replaced only when dtp wrote
-// it (it has dtp's checksums); any other file is an error, left as it was. Names must be unique, non-empty and not
-// "__metadata__"; tensors must be defined and of a supported dtype.
+// it (it has dtp's checksums); any other file is an error, left as it was.
+// Names must be unique, non-empty and not "__metadata__"; tensors must be
+// defined and of a supported dtype.
 // `checksums` records a CRC-32 of every tensor in the metadata
 // ("dtp.crc32:<name>"; other readers ignore it); without them the bytes are
 // exactly the reference writer's.
