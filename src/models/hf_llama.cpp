@@ -16,10 +16,12 @@ namespace dtp::models {
 std::string hf_name(const std::string& fqn) {
   static const std::vector<std::pair<std::regex, std::string>> rules = {
       {std::regex(R"(^tok_embeddings\.weight$)"), "model.embed_tokens.weight"},
-      {std::regex(R"(^layers\.(\d+)\.attention\.wq\.weight$)"), "model.layers.$1.self_attn.q_proj.weight"},
-      {std::regex(R"(^layers\.(\d+)\.attention\.wk\.weight$)"), "model.layers.$1.self_attn.k_proj.weight"},
-      {std::regex(R"(^layers\.(\d+)\.attention\.wv\.weight$)"), "model.layers.$1.self_attn.v_proj.weight"},
-      {std::regex(R"(^layers\.(\d+)\.attention\.wo\.weight$)"), "model.layers.$1.self_attn.o_proj.weight"},
+      {std::regex(R"(^layers\.(\d+)\.attention\.wq\.(weight|bias)$)"), "model.layers.$1.self_attn.q_proj.$2"},
+      {std::regex(R"(^layers\.(\d+)\.attention\.wk\.(weight|bias)$)"), "model.layers.$1.self_attn.k_proj.$2"},
+      {std::regex(R"(^layers\.(\d+)\.attention\.wv\.(weight|bias)$)"), "model.layers.$1.self_attn.v_proj.$2"},
+      {std::regex(R"(^layers\.(\d+)\.attention\.wo\.(weight|bias)$)"), "model.layers.$1.self_attn.o_proj.$2"},
+      {std::regex(R"(^layers\.(\d+)\.attention\.q_norm\.weight$)"), "model.layers.$1.self_attn.q_norm.weight"},
+      {std::regex(R"(^layers\.(\d+)\.attention\.k_norm\.weight$)"), "model.layers.$1.self_attn.k_norm.weight"},
       {std::regex(R"(^layers\.(\d+)\.feed_forward\.w1\.weight$)"), "model.layers.$1.mlp.gate_proj.weight"},
       {std::regex(R"(^layers\.(\d+)\.feed_forward\.w3\.weight$)"), "model.layers.$1.mlp.up_proj.weight"},
       {std::regex(R"(^layers\.(\d+)\.feed_forward\.w2\.weight$)"), "model.layers.$1.mlp.down_proj.weight"},
@@ -37,9 +39,11 @@ std::string hf_name(const std::string& fqn) {
 std::vector<HFTensor> hf_tensors(Llama& model) {
   std::vector<HFTensor> out;
   const int64_t hd = model->config.head_dim();
+  // Rows in rotary order (NOTE: [Rotary layouts]): the q and k projections'
+  // weights and biases, and the per-head q/k norms' weights.
+  static const std::regex rotary(R"(\.attention\.(wq|wk|q_norm|k_norm)\.)");
   for (auto& [fqn, p] : model->unique_named_parameters()) {
-    const bool rope = fqn.find(".attention.wq.") != std::string::npos || fqn.find(".attention.wk.") != std::string::npos;
-    out.push_back({fqn, hf_name(fqn), p, rope ? hd : 0});
+    out.push_back({fqn, hf_name(fqn), p, std::regex_search(fqn, rotary) ? hd : 0});
   }
   return out;
 }
@@ -83,6 +87,7 @@ T optional(const Json& j, const std::string& path, const char* key, T fallback) 
 
 }  // namespace
 
+// See NOTE: [Model families].
 LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   const std::string path = dir + "/config.json";
   std::ifstream in(path);
@@ -96,18 +101,15 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   }
   TORCH_CHECK(j.is_object(), "llama_config_from_hf: '", path, "' is ", j.type_name(), ", expected a JSON object.");
   const std::string type = optional<std::string>(j, path, "model_type", "");
-  TORCH_CHECK(type == "llama", "llama_config_from_hf: '", path, "' has model_type '", type,
-              "'. NYI: only \"llama\" (LlamaForCausalLM) folders are supported.");
-  auto nyi = [&](const char* key, const std::string& why) {
-    TORCH_CHECK(false, "llama_config_from_hf: NYI: '", path, "' sets ", key, "=", j.at(key).dump(), ": ", why, ".");
+  TORCH_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3", "llama_config_from_hf: '",
+              path, "' has model_type '", type, "'. NYI: supported are \"llama\" (Llama 1/2/3), \"mistral\", "
+              "\"qwen2\" (Qwen 2.5) and \"qwen3\" (dense; MoE folders are a model_type of their own).");
+  auto nyi = [&](const std::string& key, const Json& value, const std::string& why) {
+    TORCH_CHECK(false, "llama_config_from_hf: NYI: '", path, "' sets ", key, "=", value.dump(), ": ", why, ".");
   };
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    nyi("rope_scaling", "dtp's rotary embedding has no scaling (Llama 3.1's \"llama3\", linear, dynamic, yarn)");
-  }
-  if (optional<bool>(j, path, "attention_bias", false)) nyi("attention_bias", "the reference Llama's projections have no bias");
-  if (optional<bool>(j, path, "mlp_bias", false)) nyi("mlp_bias", "the reference Llama's MLP has no bias");
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu") nyi("hidden_act", "the reference Llama's MLP is SwiGLU (silu)");
+  auto set = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
   LlamaConfig c;
+  c.family = type;
   c.vocab_size = field<int64_t>(j, path, "vocab_size");
   c.dim = field<int64_t>(j, path, "hidden_size");
   c.ffn_hidden = field<int64_t>(j, path, "intermediate_size");
@@ -115,11 +117,61 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   c.n_heads = field<int64_t>(j, path, "num_attention_heads");
   c.n_kv_heads = optional<int64_t>(j, path, "num_key_value_heads", c.n_heads);
   c.norm_eps = optional<double>(j, path, "rms_norm_eps", 1e-6);
-  c.rope_theta = optional<double>(j, path, "rope_theta", 10000.0);
   c.tie_embeddings = optional<bool>(j, path, "tie_word_embeddings", false);
   c.max_seq_len = max_seq_len > 0 ? max_seq_len : optional<int64_t>(j, path, "max_position_embeddings", 2048);
-  const int64_t head_dim = optional<int64_t>(j, path, "head_dim", c.dim / std::max<int64_t>(c.n_heads, 1));
-  if (head_dim * c.n_heads != c.dim) nyi("head_dim", "dtp's attention needs head_dim = hidden_size / num_attention_heads");
+  c.explicit_head_dim = optional<int64_t>(j, path, "head_dim", 0);
+  if (c.explicit_head_dim > 0 && c.explicit_head_dim * c.n_heads == c.dim) c.explicit_head_dim = 0;  // the default
+  const std::string act = optional<std::string>(j, path, "hidden_act", "silu");
+  if (act != "silu") nyi("hidden_act", j["hidden_act"], "the MLP is SwiGLU (silu) in every supported family");
+  if (optional<bool>(j, path, "mlp_bias", false)) nyi("mlp_bias", j["mlp_bias"], "the MLP projections have no bias");
+  if (optional<double>(j, path, "partial_rotary_factor", 1.0) != 1.0)
+    nyi("partial_rotary_factor", j["partial_rotary_factor"], "rotary embeddings cover the whole head");
+
+  // Biases: Llama's and Qwen 3's attention_bias is all four projections;
+  // Qwen 2.5 has q/k/v biases always and none on o.
+  if (type == "qwen2") {
+    c.qkv_bias = true;
+  } else {
+    c.qkv_bias = c.o_bias = optional<bool>(j, path, "attention_bias", false);
+  }
+  c.qk_norm = type == "qwen3";
+  // Sliding windows: Mistral's applies to every layer when set; Qwen's only
+  // under use_sliding_window, and then to some layers (max_window_layers).
+  if (type == "mistral") {
+    c.sliding_window = optional<int64_t>(j, path, "sliding_window", 0);
+  } else if (optional<bool>(j, path, "use_sliding_window", false)) {
+    nyi("use_sliding_window", j["use_sliding_window"], "Qwen's per-layer sliding window (max_window_layers) is not "
+        "implemented; the released Qwen 2.5 / Qwen 3 configs set it false");
+  }
+  if (set("layer_types")) {
+    for (const auto& t : j["layer_types"]) {
+      if (t != "full_attention") nyi("layer_types", j["layer_types"], "every layer must be \"full_attention\"");
+    }
+  }
+
+  // Rotary embeddings: rope_theta and rope_scaling, or transformers 5's
+  // rope_parameters holding both.
+  const bool v5 = set("rope_parameters");
+  const Json& rope = v5 ? j["rope_parameters"] : (set("rope_scaling") ? j["rope_scaling"] : Json());
+  const std::string rope_key = v5 ? "rope_parameters" : "rope_scaling";
+  c.rope_theta = v5 ? json_field_or<double>(rope, kApi, path + ": rope_parameters", "rope_theta", 10000.0)
+                    : optional<double>(j, path, "rope_theta", 10000.0);
+  if (!rope.is_null()) {
+    TORCH_CHECK(rope.is_object(), kApi, ": '", path, "': \"", rope_key, "\" is ", rope.dump(), ", expected an object.");
+    const std::string where = path + ": " + rope_key;
+    std::string rope_type = json_field_or<std::string>(rope, kApi, where, "rope_type", "");
+    if (rope_type.empty()) rope_type = json_field_or<std::string>(rope, kApi, where, "type", "default");
+    if (rope_type == "llama3") {
+      c.rope_scaling.factor = json_field<double>(rope, kApi, where, "factor");
+      c.rope_scaling.low_freq_factor = json_field<double>(rope, kApi, where, "low_freq_factor");
+      c.rope_scaling.high_freq_factor = json_field<double>(rope, kApi, where, "high_freq_factor");
+      c.rope_scaling.original_max_position_embeddings =
+          json_field<int64_t>(rope, kApi, where, "original_max_position_embeddings");
+    } else if (rope_type != "default") {
+      nyi(rope_key, rope, "rope_type \"" + rope_type + "\" is not implemented; supported are \"default\" and "
+          "\"llama3\" (Llama 3.1+)");
+    }
+  }
   c.validate();
   return c;
 }

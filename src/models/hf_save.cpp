@@ -106,14 +106,45 @@ const char* dtypeName(at::ScalarType t) {
   }
 }
 
+const char* architecture(const std::string& family) {
+  if (family == "mistral") return "MistralForCausalLM";
+  if (family == "qwen2") return "Qwen2ForCausalLM";
+  if (family == "qwen3") return "Qwen3ForCausalLM";
+  TORCH_CHECK(family == "llama", "save_hf: LlamaConfig::family is '", family,
+              "'. Use one of llama, mistral, qwen2, qwen3 (NOTE: [Model families]).");
+  return "LlamaForCausalLM";
+}
+
+// The switches must be what the family's config.json can say (NOTE: [Model
+// families]), or the export would not load as what was trained.
+void checkFamily(const LlamaConfig& c) {
+  architecture(c.family);
+  if (c.family == "qwen2") {
+    TORCH_CHECK(c.qkv_bias && !c.o_bias, "save_hf: a qwen2 model has q/k/v biases and no o bias; this one has "
+                "qkv_bias=", c.qkv_bias, ", o_bias=", c.o_bias, ". Set LlamaConfig::family to match the switches.");
+  } else {
+    TORCH_CHECK(c.qkv_bias == c.o_bias, "save_hf: ", c.family, "'s attention_bias covers q, k, v and o together; "
+                "this model has qkv_bias=", c.qkv_bias, ", o_bias=", c.o_bias, ". Use family \"qwen2\" for q/k/v "
+                "biases alone.");
+  }
+  TORCH_CHECK(c.qk_norm == (c.family == "qwen3"), "save_hf: qk_norm=", c.qk_norm, " with family \"", c.family,
+              "\": per-head q/k norms are qwen3's alone. Set LlamaConfig::family to match the switches.");
+  TORCH_CHECK(c.family != "mistral" || !c.qkv_bias, "save_hf: mistral's attention has no biases; this model has "
+              "qkv_bias=true. Use family \"llama\" (attention_bias) or \"qwen2\".");
+  TORCH_CHECK(c.sliding_window == 0 || c.family == "mistral", "save_hf: sliding_window=", c.sliding_window,
+              " with family \"", c.family, "\": only mistral's config has a window on every layer.");
+}
+
+// config.json as the family's transformers config writes it (NOTE: [Model
+// families]); the source's other fields (bos/eos ids, ...) are kept.
 Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& source_dir) {
   Json j = Json::object();
   if (!source_dir.empty() && fs::exists(source_dir + "/config.json")) {
     std::ifstream in(source_dir + "/config.json");
     j = Json::parse(in);
   }
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  j["architectures"] = {architecture(c.family)};
+  j["model_type"] = c.family;
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.hidden();
   j["num_attention_heads"] = c.n_heads;
@@ -121,13 +152,29 @@ Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& s
   j["num_hidden_layers"] = c.n_layers;
   j["head_dim"] = c.head_dim();
   j["rms_norm_eps"] = c.norm_eps;
-  j["rope_theta"] = c.rope_theta;
   j["vocab_size"] = c.vocab_size;
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["max_position_embeddings"] = c.max_seq_len;
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
+  if (c.family == "llama" || c.family == "qwen3") j["attention_bias"] = c.qkv_bias;
+  if (c.family == "llama") j["mlp_bias"] = false;
+  if (c.family == "mistral") j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json();
+  Json scaling;  // null: none
+  if (c.rope_scaling.factor > 0) {
+    scaling = {{"rope_type", "llama3"},
+               {"factor", c.rope_scaling.factor},
+               {"low_freq_factor", c.rope_scaling.low_freq_factor},
+               {"high_freq_factor", c.rope_scaling.high_freq_factor},
+               {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  }
+  if (j.contains("rope_parameters")) {  // transformers 5's form: theta and scaling in one object
+    Json rope = scaling.is_null() ? Json{{"rope_type", "default"}} : scaling;
+    rope["rope_theta"] = c.rope_theta;
+    j["rope_parameters"] = rope;
+  } else {
+    j["rope_theta"] = c.rope_theta;
+    j["rope_scaling"] = scaling;
+  }
   j["torch_dtype"] = dtypeName(dtype);
   return j;
 }
@@ -139,6 +186,7 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
   const int rank = group ? group->rank() : 0;
   const std::string what = "save_hf of '" + dir + "'", folder = io::incomplete_dir(dir);
   agree_on_value(group, "save_hf", "folders", dir);
+  checkFamily(model->config);
   const at::ScalarType dtype = options.dtype.value_or(model->config.dtype);
   const auto tensors = hf_tensors(model);
   std::vector<FileLayout> files;

@@ -27,10 +27,11 @@ int64_t LlamaConfig::hidden() const {
 void LlamaConfig::validate() const {
   TORCH_CHECK(dim > 0 && n_layers >= 0 && n_heads > 0 && vocab_size > 0 && max_seq_len > 0,
               "LlamaConfig: dim, n_heads, vocab_size and max_seq_len must be positive.");
-  TORCH_CHECK(dim % n_heads == 0, "LlamaConfig: dim=", dim, " is not divisible by n_heads=", n_heads,
-              ". Pick dim as a multiple of n_heads.");
-  TORCH_CHECK(head_dim() % 2 == 0, "LlamaConfig: head_dim=dim/n_heads=", head_dim(),
-              " must be even for rotary embeddings.");
+  TORCH_CHECK(explicit_head_dim > 0 || dim % n_heads == 0, "LlamaConfig: dim=", dim,
+              " is not divisible by n_heads=", n_heads, ". Pick dim as a multiple of n_heads, or set explicit_head_dim.");
+  TORCH_CHECK(explicit_head_dim >= 0, "LlamaConfig: explicit_head_dim=", explicit_head_dim,
+              " is negative. Use 0 (dim / n_heads) or the head size.");
+  TORCH_CHECK(head_dim() % 2 == 0, "LlamaConfig: head_dim=", head_dim(), " must be even for rotary embeddings.");
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "LlamaConfig: n_heads=", n_heads,
               " is not a multiple of n_kv_heads=", n_kv_heads, ". Pick n_kv_heads dividing n_heads.");
   TORCH_CHECK(!tie_embeddings || (with_embedding && with_head),
@@ -38,6 +39,31 @@ void LlamaConfig::validate() const {
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "LlamaConfig: dropout=", dropout, " must be in [0, 1).");
   TORCH_CHECK(at::isFloatingType(dtype), "LlamaConfig: dtype=", dtype,
               " is not a floating-point type. Use float32, float64, bfloat16 or float16.");
+  TORCH_CHECK(sliding_window >= 0, "LlamaConfig: sliding_window=", sliding_window,
+              " is negative. Use 0 (full attention) or the window length.");
+  const RopeScaling& r = rope_scaling;
+  TORCH_CHECK(r.factor == 0.0 || (r.factor >= 1.0 && r.low_freq_factor > 0.0 &&
+                                  r.high_freq_factor > r.low_freq_factor && r.original_max_position_embeddings > 0),
+              "LlamaConfig: rope_scaling {factor=", r.factor, ", low_freq_factor=", r.low_freq_factor,
+              ", high_freq_factor=", r.high_freq_factor, ", original_max_position_embeddings=",
+              r.original_max_position_embeddings, "} is invalid: expected factor >= 1, 0 < low_freq_factor < "
+              "high_freq_factor and a positive original_max_position_embeddings (or factor 0: no scaling).");
+}
+
+at::Tensor rope_inv_freq(const LlamaConfig& c) {
+  const int64_t hd = c.head_dim();
+  at::Tensor inv = at::pow(c.rope_theta, -at::arange(0, hd, 2, at::kDouble) / hd);
+  const RopeScaling& r = c.rope_scaling;
+  if (r.factor == 0.0) return inv;
+  // Llama 3.1's bands by wavelength (HF's _compute_llama3_parameters).
+  const double old_len = static_cast<double>(r.original_max_position_embeddings);
+  const at::Tensor wavelen = 2.0 * M_PI / inv;
+  const at::Tensor low = wavelen > old_len / r.low_freq_factor;    // long waves: stretched
+  const at::Tensor high = wavelen < old_len / r.high_freq_factor;  // short waves: kept
+  const at::Tensor scaled = at::where(low, inv / r.factor, inv);
+  const at::Tensor smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor between = (1.0 - smooth) * scaled / r.factor + smooth * scaled;
+  return at::where(low.logical_or(high), scaled, between);
 }
 
 namespace {
@@ -56,9 +82,10 @@ void toMeta(torch::nn::Module& m, c10::ScalarType dtype) {
 
 // The full value of parameter `name` of a one-device init: normal(0, 0.02)
 // from one generator in registration order, output projections of the
-// residual branches scaled by 1/sqrt(2 n_layers) (GPT-2), norms 1.
+// residual branches scaled by 1/sqrt(2 n_layers) (GPT-2), norms 1, biases 0.
 at::Tensor initialValue(const std::string& name, c10::IntArrayRef sizes, const LlamaConfig& c, at::Generator& gen) {
   if (name.find("norm") != std::string::npos) return at::ones(sizes);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) return at::zeros(sizes);
   const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(c.n_layers, 1));
   const bool residual = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
   return at::normal(0.0, residual ? residual_std : std, sizes, gen);
@@ -112,22 +139,25 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& c, const at::Tensor
 }
 
 AttentionImpl::AttentionImpl(const LlamaConfig& c)
-    : head_dim(c.head_dim()) {
-  auto linear = [&](int64_t in, int64_t out) {
-    return dtp::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+    : head_dim(c.head_dim()), sliding_window(c.sliding_window) {
+  auto linear = [&](int64_t in, int64_t out, bool bias) {
+    return dtp::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
   };
-  wq = register_module("wq", linear(c.dim, c.n_heads * head_dim));
-  wk = register_module("wk", linear(c.dim, c.n_kv_heads * head_dim));
-  wv = register_module("wv", linear(c.dim, c.n_kv_heads * head_dim));
-  wo = register_module("wo", linear(c.n_heads * head_dim, c.dim));
-  const auto freqs = at::pow(c.rope_theta, -at::arange(0, head_dim, 2, at::kDouble) / head_dim);
-  const auto angles = at::outer(at::arange(c.max_seq_len, at::kDouble), freqs);
+  wq = register_module("wq", linear(c.dim, c.n_heads * head_dim, c.qkv_bias));
+  wk = register_module("wk", linear(c.dim, c.n_kv_heads * head_dim, c.qkv_bias));
+  wv = register_module("wv", linear(c.dim, c.n_kv_heads * head_dim, c.qkv_bias));
+  wo = register_module("wo", linear(c.n_heads * head_dim, c.dim, c.o_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", dtp::nn::RMSNorm(head_dim, c.norm_eps));
+    k_norm = register_module("k_norm", dtp::nn::RMSNorm(head_dim, c.norm_eps));
+  }
+  const auto angles = at::outer(at::arange(c.max_seq_len, at::kDouble), rope_inv_freq(c));
   rope_cos = register_buffer("rope_cos", angles.cos().to(c.device, c.dtype));
   rope_sin = register_buffer("rope_sin", angles.sin().to(c.device, c.dtype));
 }
 
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
-                            const at::Tensor& rope_sin) {
+                            const at::Tensor& rope_sin, int64_t window) {
   const int64_t batch = q.size(0), seq = q.size(1), head_dim = q.size(3), n_rep = q.size(2) / k.size(2);
   TORCH_CHECK(seq <= rope_cos.size(0), "Attention: sequence length ", seq, " exceeds max_seq_len=",
               rope_cos.size(0), ". Raise LlamaConfig::max_seq_len.");
@@ -142,15 +172,19 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
+  const bool windowed = window > 0 && window < seq;
 #if DTP_HAS_SDPA
   // libtorch picks its fused kernel (flash on CPU) where the inputs allow.
-  at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-#else
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor future = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);  // on q's device
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  at::Tensor out = at::matmul(at::softmax(scores, -1), v);
+  if (!windowed) {
+    at::Tensor out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    return out.transpose(1, 2).reshape({batch, seq, -1});
+  }
 #endif
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  at::Tensor hidden = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);  // the future, on q's device
+  if (windowed) hidden = hidden.logical_or(at::ones({seq, seq}, hidden.options()).tril(-window));  // the distant past
+  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
+  at::Tensor out = at::matmul(at::softmax(scores, -1), v);
   return out.transpose(1, 2).reshape({batch, seq, -1});
 }
 
@@ -169,8 +203,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
     k = k.view({batch, seq, -1, head_dim});
     v = v.view({batch, seq, -1, head_dim});
   }
-  if (KVCache* cache = KVCache::active()) return wo(cached_attention(q, k, v, rope_cos, rope_sin, *cache, layer_index));
-  return wo(causal_attention(q, k, v, rope_cos, rope_sin));
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  if (KVCache* cache = KVCache::active())
+    return wo(cached_attention(q, k, v, rope_cos, rope_sin, *cache, layer_index, sliding_window));
+  return wo(causal_attention(q, k, v, rope_cos, rope_sin, sliding_window));
 }
 
 FeedForwardImpl::FeedForwardImpl(const LlamaConfig& c) {

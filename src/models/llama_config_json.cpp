@@ -17,6 +17,17 @@ std::string llama_config_to_json(const LlamaConfig& c) {
                       {"max_seq_len", c.max_seq_len},   {"norm_eps", c.norm_eps},
                       {"rope_theta", c.rope_theta},     {"tie_embeddings", c.tie_embeddings},
                       {"dtype", c10::toString(c.dtype)}};
+  // See NOTE: [Model families]; absent in checkpoints written before them.
+  j["family"] = c.family;
+  j["head_dim"] = c.head_dim();
+  j["qkv_bias"] = c.qkv_bias;
+  j["o_bias"] = c.o_bias;
+  j["qk_norm"] = c.qk_norm;
+  j["sliding_window"] = c.sliding_window;
+  j["rope_scaling"] = {{"factor", c.rope_scaling.factor},
+                       {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                       {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                       {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
   return j.dump();
 }
 
@@ -40,6 +51,21 @@ LlamaConfig llama_config_from_json(const std::string& text, const std::string& w
   c.norm_eps = json_field<double>(j, kApi, where, "norm_eps");
   c.rope_theta = json_field<double>(j, kApi, where, "rope_theta");
   c.tie_embeddings = json_field<bool>(j, kApi, where, "tie_embeddings");
+  c.family = json_field_or<std::string>(j, kApi, where, "family", "llama");
+  const int64_t head_dim = json_field_or<int64_t>(j, kApi, where, "head_dim", 0);
+  if (head_dim * c.n_heads != c.dim) c.explicit_head_dim = head_dim;
+  c.qkv_bias = json_field_or<bool>(j, kApi, where, "qkv_bias", false);
+  c.o_bias = json_field_or<bool>(j, kApi, where, "o_bias", false);
+  c.qk_norm = json_field_or<bool>(j, kApi, where, "qk_norm", false);
+  c.sliding_window = json_field_or<int64_t>(j, kApi, where, "sliding_window", 0);
+  if (j.contains("rope_scaling")) {
+    const std::string at = where + ": rope_scaling";
+    const auto& r = j["rope_scaling"];
+    c.rope_scaling.factor = json_field<double>(r, kApi, at, "factor");
+    c.rope_scaling.low_freq_factor = json_field<double>(r, kApi, at, "low_freq_factor");
+    c.rope_scaling.high_freq_factor = json_field<double>(r, kApi, at, "high_freq_factor");
+    c.rope_scaling.original_max_position_embeddings = json_field<int64_t>(r, kApi, at, "original_max_position_embeddings");
+  }
   const std::string dtype = json_field<std::string>(j, kApi, where, "dtype");
   TORCH_CHECK(dtype == "Float" || dtype == "Double", kApi, ": '", where, "': \"dtype\" is '", dtype,
               "', expected Float or Double.");

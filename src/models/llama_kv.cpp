@@ -12,7 +12,7 @@
 namespace dtp::models {
 
 at::Tensor cached_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
-                            const at::Tensor& rope_sin, KVCache& cache, int64_t layer) {
+                            const at::Tensor& rope_sin, KVCache& cache, int64_t layer, int64_t window) {
   const KVCache::Step& step = cache.step();
   const int64_t batch = q.size(0), seq = q.size(1), head_dim = q.size(3), keys = step.keys;
   TORCH_CHECK(keys <= rope_cos.size(0), "Attention: position ", keys - 1, " exceeds max_seq_len=", rope_cos.size(0),
@@ -37,9 +37,12 @@ at::Tensor cached_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::
   K = K.transpose(1, 2);
   V = V.transpose(1, 2);
   at::Tensor scores = at::matmul(q, K.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  // Key j is visible to the query at position p iff j <= p.
-  const at::Tensor future = at::arange(keys, pos.options()).view({1, 1, 1, keys}) > pos.view({batch, 1, seq, 1});
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  // Key j is visible to the query at position p iff j <= p (and, with a
+  // window, p - j < window).
+  const at::Tensor key = at::arange(keys, pos.options()).view({1, 1, 1, keys}), query = pos.view({batch, 1, seq, 1});
+  at::Tensor hidden = key > query;
+  if (window > 0) hidden = hidden.logical_or(key <= query - window);
+  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
   at::Tensor out = at::matmul(at::softmax(scores, -1), V);
   return out.transpose(1, 2).reshape({batch, seq, -1});
 }

@@ -1,4 +1,5 @@
-// apply_tensor_parallel: the torchtitan plan for the reference Llama.
+// llama_tp_plan and apply_tensor_parallel: the torchtitan plan for the
+// reference decoder's families, as data.
 #include "dtp/distribute_module.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
@@ -21,22 +22,15 @@ void checkDivisible(const char* what, int64_t value, int64_t tp, const char* fix
               tp, ". ", fix);
 }
 
-}  // namespace
+bool replicatesKvHeads(const LlamaConfig& c, int64_t tp, const TensorParallelOptions& options) {
+  return options.replicate_kv_heads && tp > c.n_kv_heads;
+}
 
-void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options) {
-  auto tp_mesh = get_tp_mesh(mesh);
-  if (!tp_mesh) {
-    TORCH_WARN("apply_tensor_parallel: ", mesh.str(), " has no \"tp\" dimension; the model stays "
-               "unparallelized. Name a mesh dimension \"tp\" to shard it.");
-    return;
-  }
-  const LlamaConfig& c = model->config;
-  const int64_t tp = tp_mesh->size();
-  const bool stage = !c.with_embedding || !c.with_head;
-  const bool sp = options.sequence_parallel && !stage;
+bool isStage(const LlamaConfig& c) { return !c.with_embedding || !c.with_head; }
+
+void validate(const LlamaConfig& c, int64_t tp, const TensorParallelOptions& options) {
   checkDivisible("n_heads", c.n_heads, tp, "Use a tp degree that divides n_heads, or change n_heads.");
-  const bool replicateKv = options.replicate_kv_heads && tp > c.n_kv_heads;
-  if (replicateKv) {
+  if (replicatesKvHeads(c, tp, options)) {
     TORCH_CHECK(tp % c.n_kv_heads == 0, "apply_tensor_parallel: tp=", tp, " > n_kv_heads=", c.n_kv_heads,
                 " replicates KV heads only when tp is a multiple of n_kv_heads. Use a tp degree that divides or is a "
                 "multiple of n_kv_heads.");
@@ -47,11 +41,16 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                        : "Use a tp degree that divides n_kv_heads, or raise n_kv_heads (up to n_heads); for inference, "
                          "apply_tensor_parallel_for_inference replicates KV heads when tp is a multiple of n_kv_heads.");
   }
-  if (sp && options.seq_len > 0)
+  if (options.sequence_parallel && !isStage(c) && options.seq_len > 0)
     checkDivisible("seq_len", options.seq_len, tp,
                    "Sequence parallelism shards the sequence evenly: use a multiple of tp, or disable it "
                    "(--no-sp).");
+}
 
+}  // namespace
+
+ParallelizePlan llama_tp_plan(const LlamaConfig& c, int64_t tp, const TensorParallelOptions& options) {
+  const bool sp = options.sequence_parallel && !isStage(c);
   // Activations between blocks: sequence-sharded under SP, else replicated;
   // kept as DTensors (use_local_output = false) so dropout draws the same
   // mask as one device.
@@ -66,26 +65,32 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
                                                    .desired_input_layouts({Replicate()})
                                                    .gradient_boundary(true));
   const auto rowwise_out = RowwiseParallel(RowwiseParallelOptions().output_layouts(residual).use_local_output(false));
+  // q/k norms see this rank's heads, plain [batch, seq, heads / tp, head_dim]
+  // (the Colwise projections' local outputs): they run there as Shard(2) and
+  // return local tensors. The weight's gradient is Partial (each rank's
+  // heads' part), reduced like the SP norms'.
+  const auto local_heads = PrepareModuleInputOutput(
+      PrepareModuleInputOptions().input_layouts({Shard(2)}).desired_input_layouts({Shard(2)}),
+      PrepareModuleOutputOptions().output_layouts(Shard(2)).desired_output_layouts(Shard(2)).use_local_output(true));
 
   // torchtitan's layer_plan: every transformer block alike.
-  ParallelizePlan layer_plan = {
-      {"attention", gather_input},
-      {"attention.wq", ColwiseParallel()},
-      {"attention.wk", ColwiseParallel()},  // with replicated KV heads: left out (below)
-      {"attention.wv", ColwiseParallel()},
-      {"attention.wo", rowwise_out},
-      {"feed_forward", gather_input},
-      {"feed_forward.w1", ColwiseParallel()},
-      {"feed_forward.w2", rowwise_out},
-      {"feed_forward.w3", ColwiseParallel()},
-  };
-  if (sp) layer_plan.insert(layer_plan.begin(), {{"attention_norm", SequenceParallel()}, {"ffn_norm", SequenceParallel()}});
-  if (replicateKv) {
-    layer_plan.erase(std::remove_if(layer_plan.begin(), layer_plan.end(), [](const PlanEntry& e) {
-                       return e.pattern == "attention.wk" || e.pattern == "attention.wv";
-                     }),
-                     layer_plan.end());
+  ParallelizePlan layer_plan;
+  if (sp) layer_plan.insert(layer_plan.end(), {{"attention_norm", SequenceParallel()}, {"ffn_norm", SequenceParallel()}});
+  layer_plan.emplace_back("attention", gather_input);
+  layer_plan.emplace_back("attention.wq", ColwiseParallel());
+  if (!replicatesKvHeads(c, tp, options)) {  // else wk and wv stay replicated (apply_tensor_parallel)
+    layer_plan.emplace_back("attention.wk", ColwiseParallel());
+    layer_plan.emplace_back("attention.wv", ColwiseParallel());
   }
+  if (c.qk_norm) {
+    layer_plan.emplace_back("attention.q_norm", local_heads);
+    layer_plan.emplace_back("attention.k_norm", local_heads);
+  }
+  layer_plan.emplace_back("attention.wo", rowwise_out);
+  layer_plan.emplace_back("feed_forward", gather_input);
+  layer_plan.emplace_back("feed_forward.w1", ColwiseParallel());
+  layer_plan.emplace_back("feed_forward.w2", rowwise_out);
+  layer_plan.emplace_back("feed_forward.w3", ColwiseParallel());
   // The rest of the model: the embedding, the final norm, the head.
   ParallelizePlan plan;
   if (c.with_embedding)
@@ -107,8 +112,21 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
       plan.push_back(std::move(e));
     }
   }
-  parallelize_module(*model, *tp_mesh, plan);
-  if (replicateKv) {
+  return plan;
+}
+
+void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options) {
+  auto tp_mesh = get_tp_mesh(mesh);
+  if (!tp_mesh) {
+    TORCH_WARN("apply_tensor_parallel: ", mesh.str(), " has no \"tp\" dimension; the model stays "
+               "unparallelized. Name a mesh dimension \"tp\" to shard it.");
+    return;
+  }
+  const LlamaConfig& c = model->config;
+  const int64_t tp = tp_mesh->size();
+  validate(c, tp, options);
+  parallelize_module(*model, *tp_mesh, options.plan ? *options.plan : llama_tp_plan(c, tp, options));
+  if (replicatesKvHeads(c, tp, options)) {
     // vLLM's rule: rank r's query heads share KV head r / (tp / n_kv_heads).
     const int64_t kvHead = tp_mesh->get_local_rank(0) / (tp / c.n_kv_heads);
     for (const auto& layer : *model->layers) {
@@ -118,7 +136,7 @@ void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelO
 
   // Whatever the plan left plain (the norms without SP) is replicated. A
   // stage takes and returns plain activations, replicated on every rank.
-  if (!stage) {
+  if (!isStage(c)) {
     distribute_module(*model, *tp_mesh);
     return;
   }

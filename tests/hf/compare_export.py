@@ -20,9 +20,11 @@ import torch
 from hf_folder import load_config, read_index, tensors_by_file
 
 CONFIG_FIELDS = [
-    "hidden_size", "intermediate_size", "num_attention_heads",
-    "num_key_value_heads", "num_hidden_layers", "rms_norm_eps", "rope_theta",
-    "vocab_size", "tie_word_embeddings",
+    "architectures", "model_type", "hidden_size", "intermediate_size",
+    "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+    "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "vocab_size",
+    "tie_word_embeddings", "attention_bias", "sliding_window",
+    "use_sliding_window",
 ]
 
 

@@ -1,14 +1,23 @@
 // hf_check: the rank program of the Hugging Face interop test
 // (run_hf_check.sh). One process per rank, under dtprun or torchrun:
 //
-//   dtprun -n 4 hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors EXPORT_DIR --dp 2
+//   dtprun -n 4 hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors EXPORT_DIR --dp 2 [--ddp]
+//   dtprun -n 2 hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors EXPORT_DIR --greedy 6
+//   dtprun -n 4 hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors - --pp 2
 //
 // - Reads input_ids from REFERENCE (written by llama_reference.py).
-// - Builds the Llama of MODEL_DIR/config.json in float64, then in float32, at
+// - Builds the model of MODEL_DIR/config.json in float64, then in float32, at
 //   (dp, tp) = (--dp, WORLD_SIZE / dp): TP without sequence parallelism,
-//   then FSDP when dp > 1; loads MODEL_DIR's weights at that layout; runs the
-//   tokens. Rank 0 writes logits_f64 and logits_f32 (full tensors) to OUT,
-//   for compare_logits.py.
+//   then FSDP (DDP with --ddp) when dp > 1; loads MODEL_DIR's weights at that
+//   layout; runs the tokens. Rank 0 writes logits_f64 and logits_f32 (full
+//   tensors) to OUT, for compare_logits.py.
+// - --greedy N (dp 1): the float64 model parallelized for inference
+//   (apply_tensor_parallel_for_inference) continues every sequence by N
+//   greedy tokens with the KV cache: greedy_f64 [batch, N] in OUT.
+// - --pp P instead: a float64 pipeline over (pp, tp) = (P, WORLD_SIZE / P),
+//   GPipe, one sequence per microbatch, computes the mean cross-entropy
+//   against the tokens shifted by one (input_ids.roll(-1, 1)): loss_f64 in
+//   OUT, written by the last stage's tp rank 0. No export.
 // - Exports the float32 model with save_hf to EXPORT_DIR in the dtype of
 //   MODEL_DIR's files, split over several files, with MODEL_DIR as
 //   source_dir, for compare_export.py. bf16, f16 and f32 weights are exact
@@ -16,8 +25,10 @@
 // Rank 0 prints one line per step; an error exits 1 with its message.
 #include "dtp/dtensor.h"
 #include "dtp/io/safetensors.h"
+#include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/process_group.h"
 
 #include <ATen/ATen.h>
@@ -40,23 +51,28 @@ namespace fs = std::filesystem;
 
 struct Args {
   std::string model_dir, reference, out, export_dir;
-  int64_t dp = 1;
+  int64_t dp = 1, pp = 1, greedy = 0;
+  bool ddp = false;
 };
 
 constexpr const char* kUsage =
-    "usage: hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors EXPORT_DIR [--dp N]";
+    "usage: hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors EXPORT_DIR [--dp N [--ddp]] [--greedy N] "
+    "[--pp N]";
 
 Args parseArgs(int argc, char** argv) {
   Args a;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--dp") {
-      TORCH_CHECK(i + 1 < argc, "--dp needs a value. ", kUsage);
+    if (arg == "--dp" || arg == "--pp" || arg == "--greedy") {
+      TORCH_CHECK(i + 1 < argc, arg, " needs a value. ", kUsage);
       const std::string value = argv[++i];
       char* end = nullptr;
-      a.dp = std::strtoll(value.c_str(), &end, 10);
-      TORCH_CHECK(*end == '\0' && a.dp > 0, "--dp must be a positive number, got '", value, "'.");
+      const int64_t n = std::strtoll(value.c_str(), &end, 10);
+      TORCH_CHECK(*end == '\0' && n > 0, arg, " must be a positive number, got '", value, "'.");
+      (arg == "--dp" ? a.dp : arg == "--pp" ? a.pp : a.greedy) = n;
+    } else if (arg == "--ddp") {
+      a.ddp = true;
     } else {
       positional.push_back(arg);
     }
@@ -66,6 +82,8 @@ Args parseArgs(int argc, char** argv) {
   a.reference = positional[1];
   a.out = positional[2];
   a.export_dir = positional[3];
+  TORCH_CHECK(a.pp == 1 || (a.dp == 1 && a.greedy == 0), "--pp runs alone (no --dp, no --greedy). ", kUsage);
+  TORCH_CHECK(a.greedy == 0 || a.dp == 1, "--greedy runs at dp 1. ", kUsage);
   return a;
 }
 
@@ -103,7 +121,8 @@ Llama loadAt(const Args& a, const std::optional<DeviceMesh>& mesh, int64_t dp, a
   Llama model(c);
   if (mesh) {
     apply_tensor_parallel(model, *mesh, TensorParallelOptions{/*sequence_parallel=*/false});
-    if (dp > 1) apply_fsdp(model, *mesh);
+    if (dp > 1 && a.ddp) apply_ddp(model, *mesh);
+    else if (dp > 1) apply_fsdp(model, *mesh);
   }
   load_hf_weights(model, a.model_dir);
   return model;
@@ -115,8 +134,62 @@ at::Tensor logitsOf(Llama& model, const at::Tensor& ids) {
   return is_dtensor(logits) ? full_tensor(logits) : logits;
 }
 
+// --pp: the mean loss of a float64 GPipe pipeline on the tokens shifted by one.
+int runPipeline(const Args& a, ProcessGroup& world) {
+  const int64_t W = world.size(), tp = W / a.pp;
+  TORCH_CHECK(a.pp * tp == W, "--pp ", a.pp, " does not divide WORLD_SIZE=", W, ". Choose a divisor.");
+  const DeviceMesh mesh = tp > 1 ? init_device_mesh("cpu", {a.pp, tp}, {"pp", "tp"})
+                                 : init_device_mesh("cpu", {a.pp}, {"pp"});
+  const at::Tensor ids = tensorIn(a.reference, "input_ids");
+  LlamaConfig c = llama_config_from_hf(a.model_dir);
+  c.dtype = at::kDouble;
+  Llama model(c);
+  load_hf_weights(model, a.model_dir);
+  PipelineOptions po;
+  po.schedule = "gpipe";
+  po.microbatches = static_cast<int>(ids.size(0));
+  LlamaPipeline pipe = pipeline_llama(model, mesh, po);
+  at::Tensor loss = pipe.pipeline->step(ids, ids.roll(-1, 1));
+  if (pipe.has_last_stage) {
+    if (is_dtensor(loss)) loss = full_tensor(loss);
+    if (world.rank() % tp == 0) {
+      io::save_safetensors(a.out, {{"loss_f64", loss.detach().reshape({})}});
+      std::printf("hf_check: pp=%lld tp=%lld: loss %.17g written to %s\n", static_cast<long long>(a.pp),
+                  static_cast<long long>(tp), loss.item<double>(), a.out.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+// --greedy: new tokens of each sequence, float64, KV cache, inference plan.
+at::Tensor greedyAt(const Args& a, const std::optional<DeviceMesh>& mesh, const at::Tensor& ids) {
+  LlamaConfig c = llama_config_from_hf(a.model_dir);
+  c.dtype = at::kDouble;
+  Llama model(c);
+  if (mesh) apply_tensor_parallel_for_inference(model, *mesh);
+  load_hf_weights(model, a.model_dir);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t b = 0; b < ids.size(0); ++b) {
+    const at::Tensor row = ids[b].contiguous();
+    prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  KVCache cache(ids.size(0), ids.size(1) + a.greedy);
+  GenerateOptions o;
+  o.max_new_tokens = a.greedy;
+  const auto out = generate(model, cache, prompts, o);
+  at::Tensor tokens = at::empty({ids.size(0), a.greedy}, at::kLong);
+  for (size_t b = 0; b < out.size(); ++b) {
+    TORCH_CHECK(static_cast<int64_t>(out[b].size()) == a.greedy, "greedy: sequence ", b, " got ", out[b].size(),
+                " tokens, expected ", a.greedy, " (no stop tokens were given).");
+    for (int64_t t = 0; t < a.greedy; ++t) tokens[b][t] = out[b][t];
+  }
+  return tokens;
+}
+
 int run(const Args& a) {
   ProcessGroup world = init_process_group();
+  if (a.pp > 1) return runPipeline(a, world);
   const int64_t W = world.size(), dp = a.dp, tp = W / dp;
   TORCH_CHECK(dp * tp == W, "--dp ", dp, " does not divide WORLD_SIZE=", W,
               ". Choose --dp a divisor of the number of ranks.");
@@ -130,8 +203,10 @@ int run(const Args& a) {
   const at::Tensor logits_f64 = logitsOf(f64, ids);
   Llama f32 = loadAt(a, mesh, dp, at::kFloat);
   const at::Tensor logits_f32 = logitsOf(f32, ids);
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"logits_f64", logits_f64}, {"logits_f32", logits_f32}};
+  if (a.greedy > 0) out.emplace_back("greedy_f64", greedyAt(a, mesh, ids));
   if (root) {
-    io::save_safetensors(a.out, {{"logits_f64", logits_f64}, {"logits_f32", logits_f32}});
+    io::save_safetensors(a.out, out);
     std::printf("hf_check: dp=%lld tp=%lld: logits %s of %s written to %s\n", static_cast<long long>(dp),
                 static_cast<long long>(tp), c10::str(logits_f64.sizes()).c_str(), a.model_dir.c_str(),
                 a.out.c_str());

@@ -1,7 +1,11 @@
-"""Reference logits of a Hugging Face Llama folder, without transformers.
+"""Reference logits of a Hugging Face decoder folder, without transformers.
 
 The forward pass follows transformers' modeling_llama.py (LlamaForCausalLM,
-default rope_type, eager attention, no cache) line for line. It runs twice:
+eager attention, no cache) line for line, with what the other families add
+to it: Llama 3.1's "llama3" rope_scaling (_compute_llama3_parameters),
+attention biases (attention_bias; Qwen 2.5's on q/k/v only), Qwen 3's
+q_norm/k_norm over head_dim before rotary, Mistral's sliding window (a key
+is visible iff q_idx - sliding_window < kv_idx <= q_idx). It runs twice:
 
 - logits_f64: weights cast to float64 and every step in float64, inv_freq and
   cos/sin included: the exact answer, up to float64 rounding.
@@ -12,10 +16,13 @@ default rope_type, eager attention, no cache) line for line. It runs twice:
         --tokens "1,5,9;4,4,8" --out /tmp/ref.safetensors
 
 The output file holds logits_f64 f64[batch,seq,vocab], logits_f32
-f32[batch,seq,vocab] and input_ids i64[batch,seq].
+f32[batch,seq,vocab] and input_ids i64[batch,seq]; with --greedy N also
+greedy_f64 i64[batch,N], the argmax continuation of every sequence by
+repeated float64 forwards.
 """
 
 import argparse
+import math
 
 import torch
 import torch.nn.functional as F
@@ -33,16 +40,43 @@ def rms_norm(x, weight, eps):
     return weight * x.to(input_dtype)
 
 
+def llama3_inv_freq(inv_freq, scaling):
+    """_compute_llama3_parameters: long wavelengths / factor, short ones kept,
+    the band between smoothly interpolated."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def head_dim_of(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
 def rotary_cos_sin(cfg, seq, dtype):
-    """LlamaRotaryEmbedding (default rope): cos, sin of shape [seq, head_dim].
+    """LlamaRotaryEmbedding: cos, sin of shape [seq, head_dim].
 
     In float32 this is HF's computation: inv_freq and the angles in float32.
     In float64 every step is float64.
     """
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    head_dim = head_dim_of(cfg)
     rope_dtype = torch.promote_types(dtype, torch.float32)
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(rope_dtype) / head_dim
     inv_freq = 1.0 / (cfg["rope_theta"] ** exponents)
+    scaling = cfg.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "llama3":
+            raise SystemExit(f"llama_reference: rope_type {kind!r} is not implemented here")
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     positions = torch.arange(seq, dtype=torch.int64).to(rope_dtype)
     freqs = positions[:, None] * inv_freq[None, :]  # HF's outer product
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -65,28 +99,40 @@ def repeat_kv(x, n_rep):
 
 
 def attention(cfg, w, p, x, cos, sin):
-    """LlamaAttention with eager_attention_forward and a causal mask."""
+    """LlamaAttention with eager_attention_forward and a causal mask (and the
+    families' biases, q/k norms and sliding window)."""
     b, s, _ = x.shape
     heads = cfg["num_attention_heads"]
     kv_heads = cfg["num_key_value_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    q = F.linear(x, w[p + "q_proj.weight"]).view(b, s, heads, head_dim).transpose(1, 2)
-    k = F.linear(x, w[p + "k_proj.weight"]).view(b, s, kv_heads, head_dim).transpose(1, 2)
-    v = F.linear(x, w[p + "v_proj.weight"]).view(b, s, kv_heads, head_dim).transpose(1, 2)
+    head_dim = head_dim_of(cfg)
+
+    def proj(name, n):  # q/k/v_proj(x).view(b, s, n, head_dim)
+        return F.linear(x, w[p + name + ".weight"], w.get(p + name + ".bias")).view(b, s, n, head_dim)
+
+    q, k, v = proj("q_proj", heads), proj("k_proj", kv_heads), proj("v_proj", kv_heads)
+    if p + "q_norm.weight" in w:  # Qwen 3: per head, before rotary
+        q = rms_norm(q, w[p + "q_norm.weight"], cfg["rms_norm_eps"])
+        k = rms_norm(k, w[p + "k_norm.weight"], cfg["rms_norm_eps"])
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = cos[None, None], sin[None, None]  # unsqueeze_dim=1
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     k = repeat_kv(k, heads // kv_heads)
     v = repeat_kv(v, heads // kv_heads)
     scores = torch.matmul(q, k.transpose(2, 3)) * head_dim**-0.5
-    causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+    q_idx = torch.arange(s)[:, None]
+    kv_idx = torch.arange(s)[None, :]
+    hidden = kv_idx > q_idx
+    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    if window:
+        hidden |= kv_idx <= q_idx - window
     # HF adds finfo(dtype).min instead; both give masked probabilities of
     # exactly 0 and the same unmasked ones (the diagonal is never masked).
-    scores = scores.masked_fill(causal, float("-inf"))
+    scores = scores.masked_fill(hidden, float("-inf"))
     soft_dtype = torch.promote_types(q.dtype, torch.float32)
     probs = F.softmax(scores, dim=-1, dtype=soft_dtype).to(q.dtype)
     out = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, heads * head_dim)
-    return F.linear(out, w[p + "o_proj.weight"])
+    return F.linear(out, w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
 
 
 def forward(cfg, weights, input_ids, dtype):
@@ -123,6 +169,7 @@ def main():
     ap.add_argument("--tokens", "--batch-tokens", dest="tokens", required=True,
                     help="one sequence '3,17,5' or same-length ones '3,17;5,8'")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--greedy", type=int, default=0, help="new tokens of a greedy continuation")
     a = ap.parse_args()
     input_ids = parse_tokens(a.tokens)
     cfg = load_config(a.model_dir)
@@ -136,6 +183,12 @@ def main():
             "logits_f64": forward(cfg, weights, input_ids, torch.float64),
             "logits_f32": forward(cfg, weights, input_ids, torch.float32),
         }
+        if a.greedy:
+            ids = input_ids
+            for _ in range(a.greedy):
+                last = forward(cfg, weights, ids, torch.float64)[:, -1]
+                ids = torch.cat([ids, last.argmax(-1, keepdim=True)], dim=1)
+            out["greedy_f64"] = ids[:, input_ids.shape[1]:]
     # One metadata key only: safetensors writes several in random order.
     save_file({k: v.contiguous() for k, v in out.items()}, a.out, {"format": "pt"})
 

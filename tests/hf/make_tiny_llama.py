@@ -1,4 +1,9 @@
-"""Write a random tiny Llama as a Hugging Face LlamaForCausalLM folder.
+"""Write a random tiny decoder as a Hugging Face folder of one of the families.
+
+--family picks the transformers config and tensors: llama (LlamaForCausalLM,
+with --attention-bias and --rope-llama3 for Llama 3.1's rope_scaling),
+mistral (--sliding-window), qwen2 (Qwen 2.5: q/k/v biases) or qwen3 (q_norm
+and k_norm per head; --head-dim apart from hidden / heads).
 
 The folder looks like what transformers' save_pretrained writes: config.json
 plus model.safetensors, or, with --shards N > 1, model-0000k-of-0000N.safetensors
@@ -28,41 +33,73 @@ DTYPES = {
 }
 
 
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def head_dim_of(a):
+    return a.head_dim or a.hidden // a.heads
+
+
+def qkv_bias(a):
+    return a.family == "qwen2" or a.attention_bias
+
+
+def o_bias(a):
+    return a.family != "qwen2" and a.attention_bias
+
+
 def make_config(a):
-    """config.json as LlamaConfig.to_json_string writes it (sorted keys)."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "attention_bias": False,
+    """config.json as the family's to_json_string writes it (sorted keys)."""
+    c = {
+        "architectures": [ARCHITECTURES[a.family]],
         "attention_dropout": 0.0,
         "bos_token_id": 1,
         "eos_token_id": 2,
-        "head_dim": a.hidden // a.heads,
+        "head_dim": head_dim_of(a),
         "hidden_act": "silu",
         "hidden_size": a.hidden,
         "initializer_range": 0.02,
         "intermediate_size": a.intermediate,
         "max_position_embeddings": a.max_pos,
-        "mlp_bias": False,
-        "model_type": "llama",
+        "model_type": a.family,
         "num_attention_heads": a.heads,
         "num_hidden_layers": a.layers,
         "num_key_value_heads": a.kv_heads,
-        "pretraining_tp": 1,
         "rms_norm_eps": a.eps,
         "rope_scaling": None,
         "rope_theta": a.rope_theta,
         "tie_word_embeddings": a.tied,
         "torch_dtype": a.dtype,
-        "transformers_version": "4.48.0",
+        "transformers_version": "4.51.0",
         "use_cache": True,
         "vocab_size": a.vocab,
     }
+    if a.family == "llama":
+        c.update({"attention_bias": a.attention_bias, "mlp_bias": False, "pretraining_tp": 1})
+    if a.family == "qwen3":
+        c["attention_bias"] = a.attention_bias
+    if a.family in ("qwen2", "qwen3"):
+        c.update({"max_window_layers": a.layers, "sliding_window": None, "use_sliding_window": False})
+    if a.family == "mistral":
+        c["sliding_window"] = a.sliding_window or None
+    if a.rope_llama3:
+        factor, low, high, original = a.rope_llama3.split(",")
+        c["rope_scaling"] = {"factor": float(factor), "low_freq_factor": float(low),
+                             "high_freq_factor": float(high),
+                             "original_max_position_embeddings": int(original),
+                             "rope_type": "llama3"}
+    return c
 
 
 def make_weights(a):
-    """HF-named random weights in LlamaForCausalLM.state_dict() order."""
+    """HF-named random weights in the family's state_dict() order."""
     g = torch.Generator().manual_seed(a.seed)
-    head_dim = a.hidden // a.heads
+    head_dim = head_dim_of(a)
 
     def matrix(rows, cols):
         return torch.randn(rows, cols, generator=g) / math.sqrt(cols)
@@ -70,13 +107,22 @@ def make_weights(a):
     def norm(n):
         return 1.0 + 0.1 * torch.randn(n, generator=g)
 
+    def bias(n):
+        return 0.1 * torch.randn(n, generator=g)
+
     w = {"model.embed_tokens.weight": matrix(a.vocab, a.hidden)}
     for i in range(a.layers):
         p = f"model.layers.{i}."
-        w[p + "self_attn.q_proj.weight"] = matrix(a.heads * head_dim, a.hidden)
-        w[p + "self_attn.k_proj.weight"] = matrix(a.kv_heads * head_dim, a.hidden)
-        w[p + "self_attn.v_proj.weight"] = matrix(a.kv_heads * head_dim, a.hidden)
+        for name, rows in (("q", a.heads), ("k", a.kv_heads), ("v", a.kv_heads)):
+            w[p + f"self_attn.{name}_proj.weight"] = matrix(rows * head_dim, a.hidden)
+            if qkv_bias(a):
+                w[p + f"self_attn.{name}_proj.bias"] = bias(rows * head_dim)
         w[p + "self_attn.o_proj.weight"] = matrix(a.hidden, a.heads * head_dim)
+        if o_bias(a):
+            w[p + "self_attn.o_proj.bias"] = bias(a.hidden)
+        if a.family == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = norm(head_dim)
+            w[p + "self_attn.k_norm.weight"] = norm(head_dim)
         w[p + "mlp.gate_proj.weight"] = matrix(a.intermediate, a.hidden)
         w[p + "mlp.up_proj.weight"] = matrix(a.intermediate, a.hidden)
         w[p + "mlp.down_proj.weight"] = matrix(a.hidden, a.intermediate)
@@ -132,11 +178,21 @@ def main():
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--max-pos", type=int, default=64)
+    ap.add_argument("--family", choices=sorted(ARCHITECTURES), default="llama")
+    ap.add_argument("--head-dim", type=int, default=0, help="0: hidden / heads")
+    ap.add_argument("--attention-bias", action="store_true", help="llama, qwen3: biases on q, k, v and o")
+    ap.add_argument("--sliding-window", type=int, default=0, help="mistral; 0: none")
+    ap.add_argument("--rope-llama3", default="", metavar="FACTOR,LOW,HIGH,ORIGINAL",
+                    help="rope_scaling of rope_type llama3")
     a = ap.parse_args()
-    if a.hidden % a.heads or a.heads % a.kv_heads or (a.hidden // a.heads) % 2:
+    if (not a.head_dim and a.hidden % a.heads) or a.heads % a.kv_heads or head_dim_of(a) % 2:
         ap.error(f"got hidden {a.hidden}, heads {a.heads}, kv-heads "
-                 f"{a.kv_heads}, expected heads | hidden, kv-heads | heads "
-                 f"and an even head_dim")
+                 f"{a.kv_heads}, head-dim {a.head_dim}, expected heads | hidden "
+                 f"(or --head-dim), kv-heads | heads and an even head_dim")
+    if a.attention_bias and a.family not in ("llama", "qwen3"):
+        ap.error(f"--attention-bias with --family {a.family}: only llama and qwen3 have it")
+    if a.sliding_window and a.family != "mistral":
+        ap.error(f"--sliding-window with --family {a.family}: only mistral has it")
     if a.shards < 1:
         ap.error(f"got --shards {a.shards}, expected >= 1")
 

@@ -3,14 +3,20 @@
 #
 #   tests/hf/run_hf_check.sh BUILD_DIR WORKDIR
 #
-# For each case below: make_tiny_llama.py writes a random HF folder,
-# llama_reference.py its reference logits on 2 sequences of 12 tokens; then at
-# each layout the heads allow (dtprun -n 1; -n 2 (tp 2); -n 4 (tp 4) when
-# kv-heads % 4 == 0; -n 4 --dp 2 (dp 2 x tp 2, FSDP)) hf_check computes the
-# logits and exports the model, compare_logits.py checks the logits and
-# compare_export.py the export. One summary line per case and layout; the last
-# line is "hf interop ok" only when every check held, and the exit status is
-# non-zero otherwise. Each step's full output is in WORKDIR/<case>/*.log.
+# For each case below (a family and its switches, NOTE: [Model families]):
+# make_tiny_llama.py writes a random HF folder, llama_reference.py its
+# reference logits on 2 sequences of 12 tokens and their greedy continuation;
+# then at each layout hf_check computes them and compare_logits.py checks
+# them:
+#   -n 1, -n 2 (tp 2), -n 4 (tp 4, when kv-heads % 4 == 0): logits and the
+#     greedy KV-cache continuation (inference plan), and the export;
+#   -n 4 --dp 2 (dp 2 x tp 2, FSDP), the same with --ddp: logits and export;
+#   -n 2 --pp 2, -n 4 --pp 2 (pp 2 x tp 2): a GPipe pipeline's loss (untied
+#     folders: tied embeddings across stages are NYI).
+# compare_export.py checks each export against the original files. One
+# summary line per case and layout; the last line is "hf interop ok" only
+# when every check held, and the exit status is non-zero otherwise. Each
+# step's full output is in WORKDIR/<case>/*.log.
 #
 # hf_check and dtprun are found in BUILD_DIR (tests/hf/hf_check,
 # apps/dtprun/dtprun) unless HF_CHECK and DTPRUN name them; PYTHON (default
@@ -40,6 +46,12 @@ cases=(
   "gqa_f32_untied|--seed 1 --heads 8 --kv-heads 2 --hidden 64 --intermediate 160 --vocab 96 --layers 2 --dtype float32 --shards 3"
   "tied_bf16|--seed 2 --heads 4 --kv-heads 4 --hidden 32 --tied --dtype bfloat16 --shards 1"
   "untied_f16|--seed 3 --heads 4 --kv-heads 4 --dtype float16 --shards 2"
+  "llama3_rope_tied|--family llama --rope-llama3 8,1,4,32 --seed 4 --heads 4 --kv-heads 4 --hidden 64 --tied --dtype bfloat16"
+  "llama_attention_bias|--family llama --attention-bias --seed 5 --heads 4 --kv-heads 2 --hidden 32 --shards 2"
+  "mistral_window5|--family mistral --sliding-window 5 --seed 6 --heads 8 --kv-heads 4 --hidden 64 --shards 2"
+  "qwen2_tied_bf16|--family qwen2 --tied --seed 7 --heads 4 --kv-heads 2 --hidden 32 --dtype bfloat16"
+  "qwen2_untied|--family qwen2 --seed 9 --heads 8 --kv-heads 4 --hidden 64 --shards 3"
+  "qwen3_head_dim16|--family qwen3 --head-dim 16 --seed 8 --heads 4 --kv-heads 4 --hidden 32 --shards 2"
 )
 # Token ids < 96, the vocabulary of every case.
 tokens="1,17,33,5,90,64,2,48,77,12,95,30;4,4,8,61,23,0,88,15,42,70,9,56"
@@ -70,38 +82,47 @@ for c in "${cases[@]}"; do
   model=$dir/model
   ref=$dir/reference.safetensors
   if ! step "$dir/make.log" "$python" "$here/make_tiny_llama.py" "$model" "${make_args[@]}" ||
-     ! step "$dir/reference.log" "$python" "$here/llama_reference.py" "$model" --tokens "$tokens" --out "$ref" >/dev/null; then
+     ! step "$dir/reference.log" "$python" "$here/llama_reference.py" "$model" --tokens "$tokens" --greedy 6 \
+         --out "$ref" >/dev/null; then
     echo "$name: FAILED to make the folder or its reference"
     failures=$((failures + 1))
     continue
   fi
   kv_heads=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_key_value_heads"])' "$model/config.json")
 
-  layouts=("1 1" "2 1")
-  ((kv_heads % 4 == 0)) && layouts+=("4 1")
-  layouts+=("4 2")
+  # ranks|hf_check flags|what compare_logits.py checks
+  layouts=("1|--greedy 6|logits,greedy" "2|--greedy 6|logits,greedy")
+  ((kv_heads % 4 == 0)) && layouts+=("4|--greedy 6|logits,greedy")
+  layouts+=("4|--dp 2|logits" "4|--dp 2 --ddp|logits")
+  # Tied embeddings across pipeline stages are NYI (llama_pipeline_stage says so).
+  grep -q '"tie_word_embeddings": true' "$model/config.json" || layouts+=("2|--pp 2|loss" "4|--pp 2|loss")
   for layout in "${layouts[@]}"; do
-    read -r n dp <<<"$layout"
-    tag="n${n}_dp${dp}"
-    where="$name -n $n (dp $dp, tp $((n / dp)))"
-    out=$dir/logits_$tag.safetensors
+    IFS='|' read -r n flags expect <<<"$layout"
+    read -r -a flag_args <<<"$flags"
+    tag="n${n}$(tr -d ' -' <<<"$flags")"
+    where="$name -n $n $flags"
+    out=$dir/got_$tag.safetensors
     export_dir=$dir/export_$tag
     checks=$((checks + 1))
     start=$SECONDS
-    if ! step "$dir/hf_check_$tag.log" "$dtprun" -n "$n" "$hf_check" "$model" "$ref" "$out" "$export_dir" --dp "$dp" >/dev/null; then
+    if ! step "$dir/hf_check_$tag.log" "$dtprun" -n "$n" "$hf_check" "$model" "$ref" "$out" "$export_dir" "${flag_args[@]}" >/dev/null; then
       echo "$where: FAILED (hf_check)"
       failures=$((failures + 1))
       continue
     fi
-    files=$(find "$export_dir" -name '*.safetensors' | wc -l)
     ok=1
-    logits=$(step "$dir/compare_logits_$tag.log" "$python" "$here/compare_logits.py" "$ref" "$out") || ok=0
-    export=$(step "$dir/compare_export_$tag.log" "$python" "$here/compare_export.py" "$model" "$export_dir") || ok=0
+    got=$(step "$dir/compare_logits_$tag.log" "$python" "$here/compare_logits.py" "$ref" "$out" --expect "$expect") || ok=0
+    export="no export"
+    if [[ $expect != loss ]]; then
+      files=$(find "$export_dir" -name '*.safetensors' | wc -l)
+      export=$(step "$dir/compare_export_$tag.log" "$python" "$here/compare_export.py" "$model" "$export_dir") || ok=0
+      export="$export in $files files"
+    fi
     seconds=$((SECONDS - start))
     if ((ok)); then
-      echo "$where: $logits; $export in $files files (${seconds} s)"
+      echo "$where: $got; $export (${seconds} s)"
     else
-      echo "$where: FAILED: ${logits:-logits differ (see above)}; ${export:-export differs (see above)}"
+      echo "$where: FAILED: ${got:-results differ (see above)}; ${export:-export differs (see above)}"
       failures=$((failures + 1))
     fi
   done

@@ -11,13 +11,34 @@
 #include "dtp/ac/activation_checkpoint.h"
 #include "dtp/fsdp/fully_shard.h"
 #include "dtp/fsdp/replicate.h"
+#include "dtp/tp/parallelize.h"
 
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <optional>
+#include <string>
 
 namespace dtp::models {
 
+// Llama 3.1's rotary frequencies (Hugging Face's rope_type "llama3"):
+// wavelengths longer than original_max_position_embeddings / low_freq_factor
+// are stretched by `factor`, shorter than .../ high_freq_factor kept, and the
+// band between interpolated. factor 0: plain rotary embeddings.
+struct RopeScaling {
+  double factor = 0.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// NOTE: [Model families] One decoder carries Llama 2/3, Mistral, Qwen 2.5
+// and Qwen 3: they differ only in the switches below (Hugging Face's
+// model_type -> switches in llama_config_from_hf):
+//   llama    rope_scaling (3.1+), head_dim, tie_embeddings (3.2 1B/3B),
+//            attention_bias -> qkv_bias and o_bias
+//   mistral  llama + sliding_window
+//   qwen2    qkv_bias (not o), tie_embeddings in the small sizes
+//   qwen3    qk_norm, head_dim apart from dim / n_heads
 struct LlamaConfig {
   int64_t vocab_size = 256;  // byte-level tokens
   int64_t dim = 128;
@@ -30,6 +51,14 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   double dropout = 0.0;  // after attention and MLP, before the residual add
   bool tie_embeddings = false;
+  // See NOTE: [Model families].
+  std::string family = "llama";  // Hugging Face's model_type, written back by save_hf
+  int64_t explicit_head_dim = 0;  // 0: dim / n_heads
+  bool qkv_bias = false;          // the q, k and v projections have biases
+  bool o_bias = false;            // the output projection has one
+  bool qk_norm = false;           // RMSNorm over head_dim on each q and k head, before rotary
+  int64_t sliding_window = 0;     // > 0: a query attends to the last sliding_window positions (itself included)
+  RopeScaling rope_scaling;
   // A pipeline stage holds some layers only: no embedding, no head.
   bool with_embedding = true;
   bool with_head = true;
@@ -48,7 +77,7 @@ struct LlamaConfig {
   // the values of a one-device init. Forward before init_weights is an error.
   bool deferred_init = false;
 
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
   int64_t hidden() const;
   // Checks sizes; errors name the value and the fix.
   void validate() const;
@@ -57,14 +86,20 @@ struct LlamaConfig {
 // The attention core on plain per-head tensors: rotary embeddings, the
 // grouped-query repeat, causal softmax. q [batch, seq, heads, head_dim], k
 // and v [batch, seq, kv_heads, head_dim] -> [batch, seq, heads * head_dim].
+// window > 0: the query at position p sees keys p - window + 1 .. p only
+// (Mistral's sliding window).
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
-                            const at::Tensor& rope_sin);
+                            const at::Tensor& rope_sin, int64_t window = 0);
 
 // The same on new tokens against `cache` (NOTE: [KV cache positions]): q, k,
 // v [batch, seq, heads or kv_heads, head_dim] of this call; k and v are
 // written into the cache at each sequence's positions first.
 at::Tensor cached_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& rope_cos,
-                            const at::Tensor& rope_sin, KVCache& cache, int64_t layer);
+                            const at::Tensor& rope_sin, KVCache& cache, int64_t layer, int64_t window = 0);
+
+// The rotary inverse frequencies of `c` (head_dim / 2 of them, float64),
+// with c.rope_scaling applied.
+at::Tensor rope_inv_freq(const LlamaConfig& c);
 
 // Rotary embedding of x [batch, seq, heads, head_dim] by tables cos, sin
 // broadcastable to [batch, seq, 1, head_dim / 2]: pairs (2i, 2i+1) rotate.
@@ -77,8 +112,11 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
   dtp::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  // LlamaConfig::qk_norm: over head_dim, on this rank's heads under TP.
+  dtp::nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};
   at::Tensor rope_cos, rope_sin;  // [max_seq_len, head_dim / 2]
   int64_t head_dim;
+  int64_t sliding_window;
   int64_t layer_index = 0;  // its slot in a KVCache
   // >= 0: wk and wv are replicated and this rank attends with this KV head
   // only (TensorParallelOptions::replicate_kv_heads).
@@ -159,15 +197,32 @@ struct TensorParallelOptions {
   // rank r attends with KV head r / (tp / n_kv_heads), as vLLM does. Set by
   // apply_tensor_parallel_for_inference; training with it is untested.
   bool replicate_kv_heads = false;
+  // A plan of the user's in place of llama_tp_plan's (FQNs of the whole
+  // model, e.g. "layers.*.attention.wq"). Whatever it leaves plain is
+  // replicated; the head-count checks still run.
+  std::optional<ParallelizePlan> plan;
 };
 
-// Parallelizes the model over mesh["tp"] as torchtitan does: q/k/v and w1/w3
-// Colwise, wo and w2 Rowwise, norms SequenceParallel with PrepareModuleInput
-// on attention and MLP, embedding Rowwise (output Shard(1) under SP), output
-// head Colwise with vocab-sharded logits for loss_parallel. A mesh without
-// "tp" leaves the model unchanged with a warning. A pipeline stage (no
-// embedding or head) gets TP without SP. Validation happens before anything
-// changes.
+// The family's tensor-parallel plan as data, torchtitan's for Llama, for
+// `c` and a tp degree of `tp` (NOTE: [Model families]):
+//   layers.*.attention              PrepareModuleInput (R, gradient boundary)
+//   layers.*.attention.w{q,k,v}     ColwiseParallel (a bias is Shard(0) with its weight)
+//   layers.*.attention.{q,k}_norm   PrepareModuleInputOutput S(2) -> S(2), local:
+//                                   this rank's heads, no communication (qk_norm)
+//   layers.*.attention.wo           RowwiseParallel, output S(1) under SP, else R
+//   layers.*.feed_forward           PrepareModuleInput (R, gradient boundary)
+//   layers.*.feed_forward.w{1,3}    ColwiseParallel
+//   layers.*.feed_forward.w2        RowwiseParallel
+//   layers.*.{attention,ffn}_norm   SequenceParallel (SP)
+//   tok_embeddings                  RowwiseParallel, output S(1) under SP, else R
+//   norm                            SequenceParallel (SP)
+//   output                          ColwiseParallel, vocab-sharded logits S(-1)
+// A pipeline stage (no embedding or head) gets it without SP.
+ParallelizePlan llama_tp_plan(const LlamaConfig& c, int64_t tp, const TensorParallelOptions& options = {});
+
+// Parallelizes the model over mesh["tp"] with llama_tp_plan (or
+// options.plan). A mesh without "tp" leaves the model unchanged with a
+// warning. Validation happens before anything changes.
 void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options = {});
 
 // Activation checkpointing of the transformer blocks, as torchtitan's
