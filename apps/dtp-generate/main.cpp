@@ -3,14 +3,17 @@
 // or a Hugging Face Llama folder:
 //   dtprun -n 2 dtp-generate --checkpoint ck          (its newest step-<N>/)
 //   dtprun -n 2 dtp-generate --hf Llama-2-7b-hf --prompt "The capital of France is"
+//   dtprun -n 2 dtp-generate --hf Qwen2.5-0.5B-Instruct --chat "Why is the sky blue?" --system "Be brief."
 #include "../common/checkpoint_flags.h"
 #include "../common/model_flags.h"
 
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
+#include "dtp/models/chat.h"
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
+#include "dtp/models/hf_tokenizer.h"
 #include "dtp/models/llama.h"
 #include "dtp/models/tokenizer.h"
 
@@ -26,7 +29,8 @@ int main(int argc, char** argv) {
   using namespace dtp;
   using namespace dtp::models;
   apps::ModelFlags model_flags;
-  std::string checkpoint, hf, tokenizer_path, prompt_file, device = "cpu";
+  std::string checkpoint, hf, tokenizer_path, prompt_file, chat, system, device = "cpu";
+  bool no_think = false;
   std::vector<std::string> prompts;
   int64_t tokens = 200, context = 0, top_k = 0;
   double temperature = 0.0, top_p = 1.0;
@@ -35,12 +39,21 @@ int main(int argc, char** argv) {
   auto* ck = app.add_option("--checkpoint", checkpoint, "Folder written by dtp-train --save (its newest complete "
                             "step-<N>/), one step folder, or an older single file; the model flags are then taken "
                             "from it");
-  app.add_option("--hf", hf, "Hugging Face Llama folder (config.json, safetensors, tokenizer.model)")->excludes(ck);
+  app.add_option("--hf", hf, "Hugging Face Llama folder (config.json, safetensors, tokenizer.json or tokenizer.model)")->excludes(ck);
   app.add_option("--tokenizer", tokenizer_path,
-                 "tokenizer.model (sentencepiece) or \"byte\" [default: the --hf folder's tokenizer.model, else byte]");
+                 "A model folder, tokenizer.json (Hugging Face), tokenizer.model (sentencepiece) or \"byte\" "
+                 "[default: the --hf folder (its tokenizer.json, else tokenizer.model), else byte]");
   apps::add_model_flags(app, model_flags);
-  app.add_option("--prompt", prompts, "Text to continue (repeat for a batch)");
-  app.add_option("--prompt-file", prompt_file, "A file of prompts, one per line (a batch)");
+  auto* prompt_opt = app.add_option("--prompt", prompts, "Text to continue (repeat for a batch)");
+  auto* prompt_file_opt = app.add_option("--prompt-file", prompt_file, "A file of prompts, one per line (a batch)");
+  auto* chat_opt = app.add_option("--chat", chat,
+                                  "A user message, formatted with the chat template of the tokenizer's folder "
+                                  "(tokenizer_config.json: Llama 3, ChatML for Qwen, Mistral [INST]); prints the reply")
+                       ->excludes(prompt_opt)
+                       ->excludes(prompt_file_opt);
+  app.add_option("--system", system, "A system message for --chat")->needs(chat_opt);
+  app.add_flag("--no-think", no_think, "With --chat on Qwen 3: enable_thinking=false (an empty <think> block)")
+      ->needs(chat_opt);
   app.add_option("--max-new-tokens,--tokens", tokens, "Tokens to generate per prompt")->check(dtp::apps::kPositive);
   app.add_option("--context", context, "KV cache length per sequence [default: the model's max_seq_len]")
       ->check(dtp::apps::kPositive);
@@ -61,7 +74,7 @@ int main(int argc, char** argv) {
         if (!line.empty()) prompts.push_back(line);
       }
     }
-    if (prompts.empty()) prompts = {"The "};
+    if (prompts.empty() && chat.empty()) prompts = {"The "};
     TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "pass --checkpoint DIR or --hf DIR.");
     ProcessGroup world = init_process_group();
     LlamaConfig config = apps::config_of(model_flags, context > 0 ? context : 256, 0.0, 0);
@@ -77,12 +90,48 @@ int main(int argc, char** argv) {
     if (!hf.empty()) {
       config = llama_config_from_hf(hf, context);
       config.dtype = apps::dtype_of(model_flags.dtype);
-      if (tokenizer_path.empty() && std::filesystem::exists(hf + "/tokenizer.model")) tokenizer_path = hf;
+      if (tokenizer_path.empty() &&
+          (std::filesystem::exists(hf + "/tokenizer.json") || std::filesystem::exists(hf + "/tokenizer.model"))) {
+        tokenizer_path = hf;
+      }
     }
     const auto tokenizer = load_tokenizer(tokenizer_path.empty() ? "byte" : tokenizer_path);
-    TORCH_CHECK(tokenizer->vocab_size() <= config.vocab_size, "the tokenizer (", tokenizer->name(),
-                ") has ", tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", config.vocab_size,
-                ". Pass the model's own tokenizer.model with --tokenizer.");
+    check_tokenizer_fits_model(*tokenizer, config.vocab_size,
+                               hf.empty() ? "checkpoint " + checkpoint : hf + "/config.json");
+    // The folder of the tokenizer's files: its chat template and end tokens.
+    std::string folder;
+    if (!tokenizer_path.empty() && tokenizer_path != "byte") {
+      folder = std::filesystem::is_directory(tokenizer_path)
+                   ? tokenizer_path
+                   : std::filesystem::path(tokenizer_path).parent_path().string();
+    }
+    std::vector<int64_t> stop_tokens;
+    if (!folder.empty()) {
+      stop_tokens = end_token_ids(folder, *tokenizer);
+    } else if (tokenizer->eos_id()) {
+      stop_tokens = {*tokenizer->eos_id()};
+    }
+    if (!chat.empty()) {
+      const auto* hf_tokenizer = dynamic_cast<const HfTokenizer*>(tokenizer.get());
+      TORCH_CHECK(hf_tokenizer != nullptr, "dtp-generate: --chat needs a Hugging Face tokenizer.json: got the "
+                  "tokenizer ", tokenizer->name(), ", expected a model folder with tokenizer.json and "
+                  "tokenizer_config.json, so that the template's special tokens encode as their ids. Pass the "
+                  "folder with --hf or --tokenizer.");
+      const ChatTemplate tmpl = ChatTemplate::from_folder(folder);
+      prompts = {tmpl.format(system.empty() ? std::nullopt : std::optional<std::string>(system), chat, !no_think)};
+      // The turn's end (<|eot_id|>, <|im_end|>) ends the reply even where
+      // generation_config.json lists only the base model's EOS.
+      if (const auto end = hf_tokenizer->token_to_id(tmpl.end_of_turn());
+          end && std::find(stop_tokens.begin(), stop_tokens.end(), *end) == stop_tokens.end()) {
+        stop_tokens.push_back(*end);
+      }
+      if (world.rank() == 0) {
+        std::string stops;
+        for (const int64_t id : stop_tokens) stops += (stops.empty() ? "" : ", ") + std::to_string(id);
+        std::cerr << "dtp-generate: chat: " << tmpl.family_name() << " template of " << tmpl.source() << ", prompt "
+                  << tokenizer->encode(prompts[0], /*add_bos=*/false).size() << " tokens, stops at [" << stops << "]\n";
+      }
+    }
     DeviceMesh mesh = init_device_mesh(device, {world.size()}, {"tp"});
     config.device = mesh.device();
     Llama model(config);
@@ -96,12 +145,13 @@ int main(int argc, char** argv) {
     }
     model->eval();
     std::vector<std::vector<int64_t>> ids;
-    for (const auto& p : prompts) ids.push_back(tokenizer->encode(p, /*add_bos=*/true));
+    // A chat prompt holds its BOS already (the template writes bos_token).
+    for (const auto& p : prompts) ids.push_back(tokenizer->encode(p, /*add_bos=*/chat.empty()));
     GenerateOptions o;
     o.max_new_tokens = tokens;
     o.sampling = {temperature, top_k, top_p};
     o.seed = seed;
-    if (tokenizer->eos_id()) o.stop_tokens = {*tokenizer->eos_id()};
+    o.stop_tokens = stop_tokens;
     int64_t longest = 0;
     for (const auto& p : ids) longest = std::max<int64_t>(longest, p.size());
     KVCache cache(static_cast<int64_t>(ids.size()), std::min(config.max_seq_len, longest + tokens - 1));
@@ -109,7 +159,8 @@ int main(int argc, char** argv) {
     const auto out = generate(model, cache, ids, o, &stats);
     if (world.rank() == 0) {
       for (size_t b = 0; b < ids.size(); ++b) {
-        std::vector<int64_t> all = ids[b];
+        // A chat prints the reply alone; a prompt is printed with its continuation.
+        std::vector<int64_t> all = chat.empty() ? ids[b] : std::vector<int64_t>();
         for (int64_t t : out[b]) {
           if (t < tokenizer->vocab_size()) all.push_back(t);
         }

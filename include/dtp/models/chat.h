@@ -48,6 +48,8 @@ class ChatTemplate {
   // The token that closes a turn (<|eot_id|>, <|im_end|>, or the EOS for
   // Mistral): generation stops there too.
   const std::string& end_of_turn() const { return end_of_turn_; }
+  // The file the template came from.
+  const std::string& source() const { return source_; }
 
  private:
   Family family_ = Family::kChatML;
