@@ -235,9 +235,32 @@ TEST_F(HfExportTest, BadFoldersAreNamedErrors) {
   {
     const std::string d = copy("scaled");
     editConfig(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; });
-    expect_error([&] { llama_config_from_hf(d); }, {"NYI", "rope_scaling", "llama3"});
+    expect_error([&] { llama_config_from_hf(d); }, {"rope_scaling", "no \"low_freq_factor\""});
+    editConfig(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; });
+    expect_error([&] { llama_config_from_hf(d); }, {"NYI", "rope_scaling", "\"yarn\"", "\"default\" and \"llama3\""});
+    editConfig(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; });
+    expect_error([&] { llama_config_from_hf(d); }, {"NYI", "rope_scaling", "\"dynamic\""});
     editConfig(d, [](nlohmann::json& j) { j["rope_scaling"] = nullptr; j["model_type"] = "mixtral"; });
-    expect_error([&] { llama_config_from_hf(d); }, {"model_type 'mixtral'", "only \"llama\""});
+    expect_error([&] { llama_config_from_hf(d); }, {"model_type 'mixtral'", "supported are \"llama\"", "\"qwen3\""});
+    editConfig(d, [](nlohmann::json& j) { j["model_type"] = "llama"; j["hidden_act"] = "gelu"; });
+    expect_error([&] { llama_config_from_hf(d); }, {"NYI", "hidden_act=\"gelu\"", "SwiGLU"});
+    editConfig(d, [](nlohmann::json& j) { j["hidden_act"] = "silu"; j["model_type"] = "qwen2"; j["use_sliding_window"] = true; });
+    expect_error([&] { llama_config_from_hf(d); }, {"NYI", "use_sliding_window=true", "max_window_layers"});
+    editConfig(d, [](nlohmann::json& j) {
+      j["use_sliding_window"] = false;
+      j["layer_types"] = {"full_attention", "sliding_attention"};
+    });
+    expect_error([&] { llama_config_from_hf(d); }, {"NYI", "layer_types", "\"full_attention\""});
+    editConfig(d, [](nlohmann::json& j) { j.erase("layer_types"); j["partial_rotary_factor"] = 0.5; });
+    expect_error([&] { llama_config_from_hf(d); }, {"NYI", "partial_rotary_factor=0.5"});
+    // A qwen2 config read as such expects q/k/v biases the llama weights lack.
+    editConfig(d, [](nlohmann::json& j) { j.erase("partial_rotary_factor"); });
+    EXPECT_TRUE(llama_config_from_hf(d).qkv_bias);
+    EXPECT_FALSE(llama_config_from_hf(d).o_bias);
+    {
+      Llama model(llama_config_from_hf(d));
+      expect_error([&] { load_hf_weights(model, d); }, {"missing: ", "model.layers.0.self_attn.q_proj.bias"});
+    }
     editConfig(d, [](nlohmann::json& j) { j["model_type"] = "llama"; j.erase("hidden_size"); });
     expect_error([&] { llama_config_from_hf(d); }, {"no \"hidden_size\""});
   }

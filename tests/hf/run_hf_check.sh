@@ -13,7 +13,9 @@
 #   -n 4 --dp 2 (dp 2 x tp 2, FSDP), the same with --ddp: logits and export;
 #   -n 2 --pp 2, -n 4 --pp 2 (pp 2 x tp 2): a GPipe pipeline's loss (untied
 #     folders: tied embeddings across stages are NYI).
-# compare_export.py checks each export against the original files. One
+# compare_export.py checks each export against the original files. Folders
+# with a vocabulary of 256 are also fine-tuned by dtp-train --init-from-hf at
+# (dp, tp) = (2, 2) with --check-parity (equal to one device in float64). One
 # summary line per case and layout; the last line is "hf interop ok" only
 # when every check held, and the exit status is non-zero otherwise. Each
 # step's full output is in WORKDIR/<case>/*.log.
@@ -32,11 +34,12 @@ work=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 hf_check=${HF_CHECK:-$build/tests/hf/hf_check}
 dtprun=${DTPRUN:-$build/apps/dtprun/dtprun}
+dtp_train=${DTP_TRAIN:-$build/apps/dtp-train/dtp-train}
 python=${PYTHON:-python3}
 export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the source tree
-for tool in "$hf_check" "$dtprun"; do
+for tool in "$hf_check" "$dtprun" "$dtp_train"; do
   if [[ ! -x $tool ]]; then
-    echo "run_hf_check: no executable $tool. Build the targets hf_check and dtprun in $build." >&2
+    echo "run_hf_check: no executable $tool. Build the targets hf_check, dtprun and dtp-train in $build." >&2
     exit 2
   fi
 done
@@ -46,12 +49,12 @@ cases=(
   "gqa_f32_untied|--seed 1 --heads 8 --kv-heads 2 --hidden 64 --intermediate 160 --vocab 96 --layers 2 --dtype float32 --shards 3"
   "tied_bf16|--seed 2 --heads 4 --kv-heads 4 --hidden 32 --tied --dtype bfloat16 --shards 1"
   "untied_f16|--seed 3 --heads 4 --kv-heads 4 --dtype float16 --shards 2"
-  "llama3_rope_tied|--family llama --rope-llama3 8,1,4,32 --seed 4 --heads 4 --kv-heads 4 --hidden 64 --tied --dtype bfloat16"
-  "llama_attention_bias|--family llama --attention-bias --seed 5 --heads 4 --kv-heads 2 --hidden 32 --shards 2"
-  "mistral_window5|--family mistral --sliding-window 5 --seed 6 --heads 8 --kv-heads 4 --hidden 64 --shards 2"
-  "qwen2_tied_bf16|--family qwen2 --tied --seed 7 --heads 4 --kv-heads 2 --hidden 32 --dtype bfloat16"
-  "qwen2_untied|--family qwen2 --seed 9 --heads 8 --kv-heads 4 --hidden 64 --shards 3"
-  "qwen3_head_dim16|--family qwen3 --head-dim 16 --seed 8 --heads 4 --kv-heads 4 --hidden 32 --shards 2"
+  "llama3_rope_tied|--vocab 256 --family llama --rope-llama3 8,1,4,32 --seed 4 --heads 4 --kv-heads 4 --hidden 64 --tied --dtype bfloat16"
+  "llama_attention_bias|--vocab 256 --family llama --attention-bias --seed 5 --heads 4 --kv-heads 2 --hidden 32 --shards 2"
+  "mistral_window5|--vocab 256 --family mistral --sliding-window 5 --seed 6 --heads 8 --kv-heads 4 --hidden 64 --shards 2"
+  "qwen2_tied_bf16|--vocab 256 --family qwen2 --tied --seed 7 --heads 4 --kv-heads 2 --hidden 32 --dtype bfloat16"
+  "qwen2_untied|--vocab 256 --family qwen2 --seed 9 --heads 8 --kv-heads 4 --hidden 64 --shards 3"
+  "qwen3_head_dim16|--vocab 256 --family qwen3 --head-dim 16 --seed 8 --heads 4 --kv-heads 4 --hidden 32 --shards 2"
 )
 # Token ids < 96, the vocabulary of every case.
 tokens="1,17,33,5,90,64,2,48,77,12,95,30;4,4,8,61,23,0,88,15,42,70,9,56"
@@ -126,6 +129,23 @@ for c in "${cases[@]}"; do
       failures=$((failures + 1))
     fi
   done
+
+  # Fine-tuning through the app: (dp, tp) = (2, 2) FSDP against one device in
+  # float64, on the folders whose vocabulary holds dtp-train's byte tokens.
+  vocab=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")
+  if ((vocab >= 256)); then
+    checks=$((checks + 1))
+    where="$name dtp-train -n 4 --dp 2 --init-from-hf"
+    line=""
+    if step "$dir/train.log" "$dtprun" -n 4 "$dtp_train" --init-from-hf "$model" --dp 2 --steps 3 --seq 8 \
+         --batch 2 --dtype float64 --check-parity >/dev/null &&
+       line=$(grep -m1 "parity vs one device" "$dir/train.log") && grep -q "in float64 .*: ok" <<<"$line"; then
+      echo "$where: $line"
+    else
+      echo "$where: FAILED: ${line:-see above}"
+      failures=$((failures + 1))
+    fi
+  fi
 done
 
 if ((failures)); then

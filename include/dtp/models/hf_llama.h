@@ -1,19 +1,22 @@
-// Hugging Face Llama folders in and out of the reference Llama, at any
-// TP / FSDP / DDP layout, without a whole model on any rank.
+// Hugging Face decoder folders (Llama 1/2/3, Mistral, Qwen 2.5, Qwen 3: see
+// NOTE: [Model families] in llama.h) in and out of the reference decoder, at
+// any TP / FSDP / DDP layout, without a whole model on any rank.
 //
-//   LlamaConfig c = models::llama_config_from_hf("Llama-2-7b-hf");
+//   LlamaConfig c = models::llama_config_from_hf("Qwen2.5-7B");
 //   Llama model(c);
 //   apply_tensor_parallel(model, mesh);          // any layout
-//   models::load_hf_weights(model, "Llama-2-7b-hf");   // each rank reads its shards' bytes
+//   models::load_hf_weights(model, "Qwen2.5-7B");   // each rank reads its shards' bytes
 //   ...
 //   models::save_hf(model, "out");               // collective: sharded files + index + config.json
 //
 // A folder is what transformers' save_pretrained writes for
-// LlamaForCausalLM: config.json, and model.safetensors or
-// model-0000k-of-0000n.safetensors with model.safetensors.index.json.
+// {Llama,Mistral,Qwen2,Qwen3}ForCausalLM: config.json, and model.safetensors
+// or model-0000k-of-0000n.safetensors with model.safetensors.index.json.
 // Names map as torchtitan's converter maps them:
 //   model.embed_tokens.weight                        tok_embeddings.weight
 //   model.layers.N.self_attn.{q,k,v,o}_proj.weight   layers.N.attention.w{q,k,v,o}.weight
+//   model.layers.N.self_attn.{q,k,v,o}_proj.bias     layers.N.attention.w{q,k,v,o}.bias (when present)
+//   model.layers.N.self_attn.{q,k}_norm.weight       layers.N.attention.{q,k}_norm.weight (qwen3)
 //   model.layers.N.mlp.{gate,up,down}_proj.weight    layers.N.feed_forward.w{1,3,2}.weight
 //   model.layers.N.input_layernorm.weight            layers.N.attention_norm.weight
 //   model.layers.N.post_attention_layernorm.weight   layers.N.ffn_norm.weight
@@ -25,6 +28,8 @@
 // the way in and back on the way out (HF's convert_llama_weights_to_hf
 // permutation), so logits equal HF's exactly:
 //   dtp row 2i + j of a head  <->  HF row j * head_dim/2 + i.
+// The same holds for their biases and for Qwen 3's q/k norm weights (one
+// head each), which act on the rotated dimensions.
 #pragma once
 
 #include "dtp/models/llama.h"
@@ -35,10 +40,15 @@
 
 namespace dtp::models {
 
-// The LlamaConfig of `dir`/config.json (model_type "llama"). Fields dtp does
-// not implement (rope_scaling, attention or MLP biases, another activation,
-// a head_dim other than hidden_size / heads) are errors naming them.
-// max_position_embeddings becomes max_seq_len unless `max_seq_len` > 0.
+// The LlamaConfig of `dir`/config.json, by model_type: "llama", "mistral",
+// "qwen2" or "qwen3" (NOTE: [Model families]). What dtp does not implement
+// is an error naming the field and what is supported: another model_type,
+// rope_type (yarn, dynamic, linear, ...), activation, mlp_bias, Qwen's
+// use_sliding_window, layer_types other than full attention, a
+// partial_rotary_factor. Transformers 5's rope_parameters is read as well as
+// rope_theta + rope_scaling. max_position_embeddings becomes max_seq_len
+// unless `max_seq_len` > 0 (the rotary tables hold max_seq_len rows per
+// layer: cap it to the context you run).
 LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len = 0);
 
 struct HFLoadOptions {
