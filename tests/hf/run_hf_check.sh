@@ -21,7 +21,8 @@
 # step's full output is in WORKDIR/<case>/*.log.
 #
 # hf_check and dtprun are found in BUILD_DIR (tests/hf/hf_check,
-# apps/dtprun/dtprun) unless HF_CHECK and DTPRUN name them; PYTHON (default
+# apps/dtprun/dtprun, apps/dtp-train) unless HF_CHECK, DTPRUN and DTP_TRAIN name
+# them; PYTHON (default
 # python3) must have torch and safetensors.
 set -euo pipefail
 
@@ -34,7 +35,7 @@ work=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 hf_check=${HF_CHECK:-$build/tests/hf/hf_check}
 dtprun=${DTPRUN:-$build/apps/dtprun/dtprun}
-dtp_train=${DTP_TRAIN:-$build/apps/dtp-train/dtp-train}
+dtp_train=${DTP_TRAIN:-$build/apps/dtp-train}
 python=${PYTHON:-python3}
 export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the source tree
 for tool in "$hf_check" "$dtprun" "$dtp_train"; do
