@@ -107,6 +107,15 @@ class ProcessGroup {
   Work all_to_all(const at::Tensor& input, int64_t split_dim,
                   const std::vector<int64_t>& split_sizes, int64_t cat_dim,
                   const std::vector<int64_t>& cat_sizes, bool async_op = false) const;
+  // torch.distributed.all_to_all_single with split sizes: rows
+  // [sum(input_split_sizes[:q]), +input_split_sizes[q]) of `input` (dim 0)
+  // go to rank q; the rows received from each rank are concatenated in rank
+  // order, output_split_sizes[r] of them from rank r. Sizes differ between
+  // ranks (a rank may send or receive nothing); what rank r sends to q must
+  // be what q expects from r (checked under check_collectives). Expert
+  // parallelism's token dispatch. Gloo or NCCL (no shared-memory path).
+  Work all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                         const std::vector<int64_t>& input_split_sizes, bool async_op = false) const;
   // In-place from `src` (a group rank).
   Work broadcast(at::Tensor tensor, int src, bool async_op = false) const;
   // On `src`, `chunks` holds one tensor per rank; every rank receives its

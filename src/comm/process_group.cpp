@@ -103,10 +103,21 @@ void ignoreSigpipe() {
 void connect(ProcessGroup::Impl& g, bool nccl) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(g.prefix, g.root_store);
   auto opts = c10d::ProcessGroupGloo::Options::create(g.options.timeout);
-  const std::string& addr = g.options.bind_address.empty() ? "127.0.0.1" : g.options.bind_address;
-  opts->devices.push_back(addr == "*"
-                              ? c10d::ProcessGroupGloo::createDefaultDevice()
-                              : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+  // One Gloo device per address of a comma-separated list (GLOO_SOCKET_IFNAME
+  // with several interfaces); "*" as c10d's default. See NOTE: [Choosing the
+  // interface] in bind_address.cpp.
+  const std::string addrs = g.options.bind_address.empty() ? "127.0.0.1" : g.options.bind_address;
+  for (size_t start = 0; start < addrs.size();) {
+    const size_t comma = std::min(addrs.find(',', start), addrs.size());
+    const std::string addr = addrs.substr(start, comma - start);
+    start = comma + 1;
+    if (addr.empty()) continue;
+    opts->devices.push_back(addr == "*" ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                        : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+  }
+  TORCH_CHECK(!opts->devices.empty(), "dtp: process group: bind_address '", addrs,
+              "': got no address, expected an address or a comma-separated list. Fix ProcessGroupOptions::bind_address "
+              "or DTP_BIND_ADDR.");
   opts->threads = 1;
   g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, g.rank, g.size, opts);
   if (g.size > 1) g.shm = detail::ShmGroup::connect(store, g.rank, g.size, g.options.timeout);  // NOTE: [Shared-memory collectives]
@@ -586,6 +597,44 @@ Work ProcessGroup::all_to_all(const at::Tensor& input, int64_t split_dim,
     }
     return at::cat(pieces, cat_dim);
   }, async_op);
+}
+
+Work ProcessGroup::all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                                     const std::vector<int64_t>& input_split_sizes, bool async_op) const {
+  if (auto* tape = detail::active_tape())
+    return taped(*tape, [&] { return all_to_all_single(input, output_split_sizes, input_split_sizes); }, nullptr);
+  checkSizes(impl(), "all_to_all_single", input_split_sizes);
+  checkSizes(impl(), "all_to_all_single", output_split_sizes);
+  TORCH_CHECK(input.dim() >= 1, "ProcessGroup::all_to_all_single: input is a scalar; expected rows along dim 0.");
+  const int64_t in_rows = std::accumulate(input_split_sizes.begin(), input_split_sizes.end(), int64_t{0});
+  const int64_t out_rows = std::accumulate(output_split_sizes.begin(), output_split_sizes.end(), int64_t{0});
+  TORCH_CHECK(input.size(0) == in_rows, "ProcessGroup::all_to_all_single: input has ", input.size(0),
+              " rows, but input_split_sizes ", listText(input_split_sizes), " add up to ", in_rows, ".");
+  auto shape = input.sizes().vec();
+  shape[0] = out_rows;
+  const int me = impl().rank;
+  if (impl().size == 1) {
+    TORCH_CHECK(output_split_sizes[0] == input_split_sizes[0], "ProcessGroup::all_to_all_single: one rank sends ",
+                input_split_sizes[0], " rows to itself but expects ", output_split_sizes[0], ".");
+    return Work::ready(input);
+  }
+  // Every rank takes part, also one that sends and receives nothing: the
+  // others cannot know (their split sizes are theirs).
+  const detail::TraceSpan span = counted(CollectiveType::AllToAll, nbytes(input), impl().global_ranks);
+  const int64_t row = numelOf(frontShape(input, 0, 1));
+  std::vector<int64_t> in_counts, out_counts;
+  for (int r = 0; r < impl().size; ++r) {
+    in_counts.push_back(input_split_sizes[r] * row);
+    out_counts.push_back(output_split_sizes[r] * row);
+  }
+  at::Tensor in = input.contiguous().view({-1});
+  at::Tensor out = at::empty(shape, input.options());
+  at::Tensor flat = out.view({-1});
+  auto work = allToAllFlat(impl(), "all_to_all_single",
+                           c10::str("all_to_all_single of ", shapeText(input), " on rank ", me, ": send ",
+                                    listText(input_split_sizes), " rows, receive ", listText(output_split_sizes)),
+                           flat, in, out_counts, in_counts);
+  return finish(impl_, "all_to_all_single", work, [out] { return out; }, async_op);
 }
 
 Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {

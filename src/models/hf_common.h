@@ -15,7 +15,14 @@ struct HFTensor {
   std::string fqn, hf;
   at::Tensor param;
   int64_t rope_head_dim = 0;  // > 0: rows permuted per NOTE: [Rotary layouts]
+  // >= 0: the HF tensor is param[expert], one expert of a stacked MoE
+  // weight (HF keeps one tensor per expert).
+  int64_t expert = -1;
 };
+
+// The HF shape of `t`: its parameter's (global) shape, without the expert
+// dimension for one expert of a stacked weight.
+std::vector<int64_t> hf_shape(const HFTensor& t);
 
 // The model's parameters in save_pretrained's order, each once.
 std::vector<HFTensor> hf_tensors(Llama& model);

@@ -2,6 +2,8 @@
 // and export are in hf_load.cpp and hf_save.cpp.
 #include "dtp/models/hf_llama.h"
 
+#include "dtp/dtensor.h"
+
 #include "models/hf_common.h"
 #include "models/json_fields.h"
 
@@ -9,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <map>
 #include <regex>
 
 namespace dtp::models {
@@ -36,14 +39,55 @@ std::string hf_name(const std::string& fqn) {
   TORCH_CHECK(false, "hf_name: the Llama parameter '", fqn, "' has no Hugging Face name.");
 }
 
+namespace {
+
+// HF's names of one MoE layer's tensors: the router, and per expert the
+// SwiGLU matrices in the family's names (w1 the gate, w3 the up, w2 the down
+// projection).
+std::string moeName(const std::string& family, const std::string& layer, const std::string& what, int64_t e = -1) {
+  const bool mixtral = family == "mixtral";
+  const std::string base = "model.layers." + layer + (mixtral ? ".block_sparse_moe." : ".mlp.");
+  if (what == "gate") return base + "gate.weight";
+  const char* name = mixtral ? what.c_str() : what == "w1" ? "gate_proj" : what == "w3" ? "up_proj" : "down_proj";
+  return base + "experts." + std::to_string(e) + "." + name + ".weight";
+}
+
+}  // namespace
+
+std::vector<int64_t> hf_shape(const HFTensor& t) {
+  auto shape = is_dtensor(t.param) ? dtensor_spec(t.param).shape : t.param.sizes().vec();
+  if (t.expert >= 0) shape.erase(shape.begin());
+  return shape;
+}
+
 std::vector<HFTensor> hf_tensors(Llama& model) {
   std::vector<HFTensor> out;
-  const int64_t hd = model->config.head_dim();
+  const LlamaConfig& c = model->config;
+  const int64_t hd = c.head_dim();
   // Rows in rotary order (NOTE: [Rotary layouts]): the q and k projections'
   // weights and biases, and the per-head q/k norms' weights.
   static const std::regex rotary(R"(\.attention\.(wq|wk|q_norm|k_norm)\.)");
-  for (auto& [fqn, p] : model->unique_named_parameters()) {
-    out.push_back({fqn, hf_name(fqn), p, std::regex_search(fqn, rotary) ? hd : 0});
+  static const std::regex moe(R"(^layers\.(\d+)\.moe\.(gate\.weight|w1|w2|w3)$)");
+  const auto params = model->unique_named_parameters();
+  std::map<std::string, at::Tensor> by_name(params.begin(), params.end());
+  for (auto& [fqn, p] : params) {
+    std::smatch m;
+    if (!std::regex_match(fqn, m, moe)) {
+      out.push_back({fqn, hf_name(fqn), p, std::regex_search(fqn, rotary) ? hd : 0});
+      continue;
+    }
+    const std::string layer = m[1];
+    if (m[2] == "gate.weight") {
+      out.push_back({fqn, moeName(c.family, layer, "gate"), p});
+    } else if (m[2] == "w1") {  // every expert's three matrices, in HF's order
+      for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+        const bool mixtral = c.family == "mixtral";
+        for (const char* w : {"w1", mixtral ? "w2" : "w3", mixtral ? "w3" : "w2"}) {
+          const std::string stacked = "layers." + layer + ".moe." + w;
+          out.push_back({stacked, moeName(c.family, layer, w, e), by_name.at(stacked), 0, e});
+        }
+      }
+    }
   }
   return out;
 }
@@ -101,9 +145,10 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   }
   TORCH_CHECK(j.is_object(), "llama_config_from_hf: '", path, "' is ", j.type_name(), ", expected a JSON object.");
   const std::string type = optional<std::string>(j, path, "model_type", "");
-  TORCH_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3", "llama_config_from_hf: '",
-              path, "' has model_type '", type, "'. NYI: supported are \"llama\" (Llama 1/2/3), \"mistral\", "
-              "\"qwen2\" (Qwen 2.5) and \"qwen3\" (dense; MoE folders are a model_type of their own).");
+  TORCH_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral" ||
+                  type == "qwen3_moe",
+              "llama_config_from_hf: '", path, "' has model_type '", type, "'. NYI: supported are \"llama\" (Llama "
+              "1/2/3), \"mistral\", \"qwen2\" (Qwen 2.5), \"qwen3\", \"mixtral\" and \"qwen3_moe\".");
   auto nyi = [&](const std::string& key, const Json& value, const std::string& why) {
     TORCH_CHECK(false, "llama_config_from_hf: NYI: '", path, "' sets ", key, "=", value.dump(), ": ", why, ".");
   };
@@ -134,10 +179,31 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   } else {
     c.qkv_bias = c.o_bias = optional<bool>(j, path, "attention_bias", false);
   }
-  c.qk_norm = type == "qwen3";
+  c.qk_norm = type == "qwen3" || type == "qwen3_moe";
+  // Mixtures of experts: Mixtral's every block; Qwen3-MoE's every block
+  // unless decoder_sparse_step or mlp_only_layers say otherwise (NYI).
+  if (type == "mixtral") {
+    c.moe.num_experts = field<int64_t>(j, path, "num_local_experts");
+    c.moe.hidden = c.ffn_hidden;
+    c.moe.norm_topk_prob = true;
+  } else if (type == "qwen3_moe") {
+    c.moe.num_experts = field<int64_t>(j, path, "num_experts");
+    c.moe.hidden = field<int64_t>(j, path, "moe_intermediate_size");
+    c.moe.norm_topk_prob = optional<bool>(j, path, "norm_topk_prob", false);
+    if (optional<int64_t>(j, path, "decoder_sparse_step", 1) != 1)
+      nyi("decoder_sparse_step", j["decoder_sparse_step"], "every block must be a mixture of experts (1)");
+    if (set("mlp_only_layers") && !j["mlp_only_layers"].empty())
+      nyi("mlp_only_layers", j["mlp_only_layers"], "every block must be a mixture of experts ([])");
+  }
+  if (c.moe.num_experts > 0) {
+    c.moe.top_k = field<int64_t>(j, path, "num_experts_per_tok");
+    c.moe.aux_loss_coef = optional<double>(j, path, "router_aux_loss_coef", 0.0);
+    TORCH_CHECK(c.moe.top_k >= 1 && c.moe.top_k <= c.moe.num_experts, kApi, ": '", path, "': num_experts_per_tok=",
+                c.moe.top_k, " must be in [1, ", c.moe.num_experts, "] (the number of experts). Fix the config.");
+  }
   // Sliding windows: Mistral's applies to every layer when set; Qwen's only
   // under use_sliding_window, and then to some layers (max_window_layers).
-  if (type == "mistral") {
+  if (type == "mistral" || type == "mixtral") {
     c.sliding_window = optional<int64_t>(j, path, "sliding_window", 0);
   } else if (optional<bool>(j, path, "use_sliding_window", false)) {
     nyi("use_sliding_window", j["use_sliding_window"], "Qwen's per-layer sliding window (max_window_layers) is not "

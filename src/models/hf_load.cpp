@@ -106,7 +106,7 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
   std::vector<const io::StoredTensor*> stored;
   for (const auto& t : tensors) {
     const io::StoredTensor& s = folder.fileOf(t.hf).at(t.hf);
-    const auto shape = is_dtensor(t.param) ? dtensor_spec(t.param).shape : t.param.sizes().vec();
+    const auto shape = hf_shape(t);
     TORCH_CHECK(s.shape == shape, "load_hf_weights: '", t.hf, "' in '", folder.fileOf(t.hf).path(), "' has shape ",
                 c10::IntArrayRef(s.shape), ", the model built from the config expects ", c10::IntArrayRef(shape),
                 " (", t.fqn, "). config.json does not match the weights; fix it or rebuild the model from it.");
@@ -116,7 +116,13 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const dcp::LocalBox box = dcp::local_box(tensors[i].param);
+    dcp::LocalBox box = dcp::local_box(tensors[i].param);
+    if (const int64_t e = tensors[i].expert; e >= 0) {  // one expert's slab of a stacked weight, if held here
+      const int64_t first = box.offsets[0];
+      if (e < first || e >= first + box.local.size(0)) continue;
+      box.local = box.local.select(0, e - first);
+      box.offsets.erase(box.offsets.begin());
+    }
     if (box.local.numel() == 0) continue;
     std::vector<int64_t> start = box.offsets;
     for (const RowRun& run : row_runs(box.offsets[0], box.local.size(0), tensors[i].rope_head_dim)) {

@@ -43,7 +43,7 @@ std::vector<FileLayout> layout(const std::vector<HFTensor>& tensors, at::ScalarT
   std::vector<FileLayout> files(1);
   uint64_t bytes = 0;
   for (const auto& t : tensors) {
-    const auto shape = is_dtensor(t.param) ? dtensor_spec(t.param).shape : t.param.sizes().vec();
+    const auto shape = hf_shape(t);
     uint64_t n = c10::elementSize(dtype);
     for (int64_t s : shape) n *= static_cast<uint64_t>(s);
     if (bytes > 0 && bytes + n > max_bytes) {
@@ -108,10 +108,12 @@ const char* dtypeName(at::ScalarType t) {
 
 const char* architecture(const std::string& family) {
   if (family == "mistral") return "MistralForCausalLM";
+  if (family == "mixtral") return "MixtralForCausalLM";
+  if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (family == "qwen2") return "Qwen2ForCausalLM";
   if (family == "qwen3") return "Qwen3ForCausalLM";
   TORCH_CHECK(family == "llama", "save_hf: LlamaConfig::family is '", family,
-              "'. Use one of llama, mistral, qwen2, qwen3 (NOTE: [Model families]).");
+              "'. Use one of llama, mistral, qwen2, qwen3, mixtral, qwen3_moe (NOTE: [Model families]).");
   return "LlamaForCausalLM";
 }
 
@@ -127,17 +129,27 @@ void checkFamily(const LlamaConfig& c) {
                 "this model has qkv_bias=", c.qkv_bias, ", o_bias=", c.o_bias, ". Use family \"qwen2\" for q/k/v "
                 "biases alone.");
   }
-  TORCH_CHECK(c.qk_norm == (c.family == "qwen3"), "save_hf: qk_norm=", c.qk_norm, " with family \"", c.family,
-              "\": per-head q/k norms are qwen3's alone. Set LlamaConfig::family to match the switches.");
-  TORCH_CHECK(c.family != "mistral" || !c.qkv_bias, "save_hf: mistral's attention has no biases; this model has "
+  const bool qwen3 = c.family == "qwen3" || c.family == "qwen3_moe";
+  TORCH_CHECK(c.qk_norm == qwen3, "save_hf: qk_norm=", c.qk_norm, " with family \"", c.family,
+              "\": per-head q/k norms are qwen3's and qwen3_moe's alone. Set LlamaConfig::family to match the "
+              "switches.");
+  const bool moe = c.family == "mixtral" || c.family == "qwen3_moe";
+  TORCH_CHECK((c.moe.num_experts > 0) == moe, "save_hf: moe.num_experts=", c.moe.num_experts, " with family \"",
+              c.family, "\": mixtures of experts are mixtral's and qwen3_moe's. Set LlamaConfig::family to match.");
+  TORCH_CHECK(c.family != "mixtral" || c.moe.norm_topk_prob, "save_hf: mixtral renormalizes its top-k weights; "
+              "this model has moe.norm_topk_prob=false.");
+  TORCH_CHECK((c.family != "mistral" && c.family != "mixtral") || !c.qkv_bias, "save_hf: ", c.family,
+              "'s attention has no biases; this model has "
               "qkv_bias=true. Use family \"llama\" (attention_bias) or \"qwen2\".");
-  TORCH_CHECK(c.sliding_window == 0 || c.family == "mistral", "save_hf: sliding_window=", c.sliding_window,
-              " with family \"", c.family, "\": only mistral's config has a window on every layer.");
+  TORCH_CHECK(c.sliding_window == 0 || c.family == "mistral" || c.family == "mixtral", "save_hf: sliding_window=",
+              c.sliding_window, " with family \"", c.family, "\": only mistral's and mixtral's configs have a window "
+              "on every layer.");
 }
 
 // config.json as the family's transformers config writes it (NOTE: [Model
 // families]); the source's other fields (bos/eos ids, ...) are kept.
 Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& source_dir) {
+  const bool moe = c.moe.num_experts > 0;
   Json j = Json::object();
   if (!source_dir.empty() && fs::exists(source_dir + "/config.json")) {
     std::ifstream in(source_dir + "/config.json");
@@ -156,9 +168,22 @@ Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& s
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["max_position_embeddings"] = c.max_seq_len;
   j["hidden_act"] = "silu";
-  if (c.family == "llama" || c.family == "qwen3") j["attention_bias"] = c.qkv_bias;
+  if (c.family == "llama" || c.family == "qwen3" || c.family == "qwen3_moe") j["attention_bias"] = c.qkv_bias;
   if (c.family == "llama") j["mlp_bias"] = false;
-  if (c.family == "mistral") j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json();
+  if (c.family == "mistral" || c.family == "mixtral")
+    j["sliding_window"] = c.sliding_window > 0 ? Json(c.sliding_window) : Json();
+  if (c.family == "mixtral") {
+    j["num_local_experts"] = c.moe.num_experts;
+    j["intermediate_size"] = c.moe.hidden;
+  } else if (c.family == "qwen3_moe") {
+    j["num_experts"] = c.moe.num_experts;
+    j["moe_intermediate_size"] = c.moe.hidden;
+    j["norm_topk_prob"] = c.moe.norm_topk_prob;
+  }
+  if (moe) {
+    j["num_experts_per_tok"] = c.moe.top_k;
+    j["router_aux_loss_coef"] = c.moe.aux_loss_coef;
+  }
   Json scaling;  // null: none
   if (c.rope_scaling.factor > 0) {
     scaling = {{"rope_type", "llama3"},
@@ -217,12 +242,37 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
     dcp::StateDict sd;
     std::map<std::string, std::pair<size_t, size_t>> where;  // hf name -> (file, entry)
     std::map<std::string, int64_t> rope;
-    for (const auto& t : tensors) sd.add(t.hf, t.param), rope[t.hf] = t.rope_head_dim;
+    std::map<std::string, std::vector<std::string>> experts;  // stacked fqn -> each expert's HF name
+    for (const auto& t : tensors) {
+      if (t.expert < 0) {
+        sd.add(t.hf, t.param), rope[t.hf] = t.rope_head_dim;
+        continue;
+      }
+      auto& names = experts[t.fqn];
+      if (names.empty()) sd.add(t.fqn, t.param);
+      names.resize(std::max<size_t>(names.size(), t.expert + 1));
+      names[t.expert] = t.hf, rope[t.hf] = 0;
+    }
     for (size_t f = 0; f < files.size(); ++f) {
       for (size_t e = 0; e < files[f].entries.size(); ++e) where[files[f].entries[e].name] = {f, e};
     }
     dcp::SavePlan plan = dcp::plan_save(sd);
     dcp::keep_lowest_holders(plan.pieces, group, rank);
+    // A stacked expert weight's piece holds experts offsets[0].. : one
+    // piece per expert, under that expert's HF name.
+    std::vector<dcp::LocalPiece> pieces;
+    for (auto& piece : plan.pieces) {
+      auto it = experts.find(piece.name);
+      if (it == experts.end()) {
+        pieces.push_back(std::move(piece));
+        continue;
+      }
+      for (int64_t i = 0; i < piece.data.size(0); ++i) {
+        pieces.push_back({it->second.at(piece.offsets[0] + i), piece.data[i],
+                          std::vector<int64_t>(piece.offsets.begin() + 1, piece.offsets.end())});
+      }
+    }
+    plan.pieces = std::move(pieces);
     std::map<size_t, int> fds;
     try {
       torch::NoGradGuard no_grad;

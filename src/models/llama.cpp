@@ -39,6 +39,11 @@ void LlamaConfig::validate() const {
   TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "LlamaConfig: dropout=", dropout, " must be in [0, 1).");
   TORCH_CHECK(at::isFloatingType(dtype), "LlamaConfig: dtype=", dtype,
               " is not a floating-point type. Use float32, float64, bfloat16 or float16.");
+  if (moe.num_experts > 0) {
+    TORCH_CHECK(moe.top_k >= 1 && moe.top_k <= moe.num_experts, "LlamaConfig: moe.top_k=", moe.top_k,
+                " must be in [1, num_experts=", moe.num_experts, "]. Pick top_k <= num_experts.");
+    TORCH_CHECK(moe.hidden > 0, "LlamaConfig: moe.hidden=", moe.hidden, " must be positive (each expert's width).");
+  }
   TORCH_CHECK(sliding_window >= 0, "LlamaConfig: sliding_window=", sliding_window,
               " is negative. Use 0 (full attention) or the window length.");
   const RopeScaling& r = rope_scaling;
@@ -87,7 +92,8 @@ at::Tensor initialValue(const std::string& name, c10::IntArrayRef sizes, const L
   if (name.find("norm") != std::string::npos) return at::ones(sizes);
   if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) return at::zeros(sizes);
   const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(c.n_layers, 1));
-  const bool residual = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
+  const bool residual = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos ||
+                        (name.size() > 7 && name.compare(name.size() - 7, 7, ".moe.w2") == 0);
   return at::normal(0.0, residual ? residual_std : std, sizes, gen);
 }
 
@@ -227,13 +233,17 @@ TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& c) {
   attention_norm = register_module("attention_norm", dtp::nn::RMSNorm(c.dim, c.norm_eps));
   attention = register_module("attention", Attention(c));
   ffn_norm = register_module("ffn_norm", dtp::nn::RMSNorm(c.dim, c.norm_eps));
-  feed_forward = register_module("feed_forward", FeedForward(c));
+  if (c.moe.num_experts > 0) {
+    moe = register_module("moe", MoE(c.dim, c.moe));
+  } else {
+    feed_forward = register_module("feed_forward", FeedForward(c));
+  }
   dropout = register_module("dropout", dtp::nn::Dropout(c.dropout));
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x) {
   at::Tensor h = x + dropout(attention(attention_norm(x)));
-  return h + dropout(feed_forward(ffn_norm(h)));
+  return h + dropout(moe ? moe(ffn_norm(h)) : feed_forward(ffn_norm(h)));
 }
 
 LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {

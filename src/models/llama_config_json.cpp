@@ -28,6 +28,10 @@ std::string llama_config_to_json(const LlamaConfig& c) {
                        {"low_freq_factor", c.rope_scaling.low_freq_factor},
                        {"high_freq_factor", c.rope_scaling.high_freq_factor},
                        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  if (c.moe.num_experts > 0) {
+    j["moe"] = {{"num_experts", c.moe.num_experts}, {"top_k", c.moe.top_k},       {"hidden", c.moe.hidden},
+                {"norm_topk_prob", c.moe.norm_topk_prob}, {"aux_loss_coef", c.moe.aux_loss_coef}};
+  }
   return j.dump();
 }
 
@@ -65,6 +69,15 @@ LlamaConfig llama_config_from_json(const std::string& text, const std::string& w
     c.rope_scaling.low_freq_factor = json_field<double>(r, kApi, at, "low_freq_factor");
     c.rope_scaling.high_freq_factor = json_field<double>(r, kApi, at, "high_freq_factor");
     c.rope_scaling.original_max_position_embeddings = json_field<int64_t>(r, kApi, at, "original_max_position_embeddings");
+  }
+  if (j.contains("moe")) {
+    const std::string at = where + ": moe";
+    const auto& m = j["moe"];
+    c.moe.num_experts = json_field<int64_t>(m, kApi, at, "num_experts");
+    c.moe.top_k = json_field<int64_t>(m, kApi, at, "top_k");
+    c.moe.hidden = json_field<int64_t>(m, kApi, at, "hidden");
+    c.moe.norm_topk_prob = json_field<bool>(m, kApi, at, "norm_topk_prob");
+    c.moe.aux_loss_coef = json_field<double>(m, kApi, at, "aux_loss_coef");
   }
   const std::string dtype = json_field<std::string>(j, kApi, where, "dtype");
   TORCH_CHECK(dtype == "Float" || dtype == "Double", kApi, ": '", where, "': \"dtype\" is '", dtype,

@@ -87,10 +87,23 @@ ParallelizePlan llama_tp_plan(const LlamaConfig& c, int64_t tp, const TensorPara
     layer_plan.emplace_back("attention.k_norm", local_heads);
   }
   layer_plan.emplace_back("attention.wo", rowwise_out);
-  layer_plan.emplace_back("feed_forward", gather_input);
-  layer_plan.emplace_back("feed_forward.w1", ColwiseParallel());
-  layer_plan.emplace_back("feed_forward.w2", rowwise_out);
-  layer_plan.emplace_back("feed_forward.w3", ColwiseParallel());
+  if (c.moe.num_experts > 0) {
+    // Experts replicated (every tp rank runs the layer on the gathered
+    // input; apply_expert_parallel spreads them instead), the output back to
+    // the residual's layout.
+    layer_plan.emplace_back("moe", PrepareModuleInputOutput(PrepareModuleInputOptions()
+                                                                .input_layouts({residual})
+                                                                .desired_input_layouts({Replicate()}),
+                                                            PrepareModuleOutputOptions()
+                                                                .output_layouts(Replicate())
+                                                                .desired_output_layouts(residual)
+                                                                .use_local_output(false)));
+  } else {
+    layer_plan.emplace_back("feed_forward", gather_input);
+    layer_plan.emplace_back("feed_forward.w1", ColwiseParallel());
+    layer_plan.emplace_back("feed_forward.w2", rowwise_out);
+    layer_plan.emplace_back("feed_forward.w3", ColwiseParallel());
+  }
   // The rest of the model: the embedding, the final norm, the head.
   ParallelizePlan plan;
   if (c.with_embedding)

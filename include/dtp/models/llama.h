@@ -7,6 +7,7 @@
 #include "dtp/dcp/state_dict.h"
 #include "dtp/device_mesh.h"
 #include "dtp/models/kv_cache.h"
+#include "dtp/models/moe.h"
 #include "dtp/nn/modules.h"
 #include "dtp/ac/activation_checkpoint.h"
 #include "dtp/fsdp/fully_shard.h"
@@ -39,6 +40,8 @@ struct RopeScaling {
 //   mistral  llama + sliding_window
 //   qwen2    qkv_bias (not o), tie_embeddings in the small sizes
 //   qwen3    qk_norm, head_dim apart from dim / n_heads
+//   mixtral  mistral + moe (num_experts, top_k; norm_topk_prob always)
+//   qwen3_moe qwen3 + moe (norm_topk_prob as configured)
 struct LlamaConfig {
   int64_t vocab_size = 256;  // byte-level tokens
   int64_t dim = 128;
@@ -59,6 +62,7 @@ struct LlamaConfig {
   bool qk_norm = false;           // RMSNorm over head_dim on each q and k head, before rotary
   int64_t sliding_window = 0;     // > 0: a query attends to the last sliding_window positions (itself included)
   RopeScaling rope_scaling;
+  MoEConfig moe;                  // num_experts > 0: every block's MLP is a mixture of experts
   // A pipeline stage holds some layers only: no embedding, no head.
   bool with_embedding = true;
   bool with_head = true;
@@ -140,7 +144,8 @@ class TransformerBlockImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   dtp::nn::RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
   Attention attention{nullptr};
-  FeedForward feed_forward{nullptr};
+  FeedForward feed_forward{nullptr};  // or, with LlamaConfig::moe:
+  MoE moe{nullptr};
   dtp::nn::Dropout dropout{nullptr};
 };
 DTP_MODULE(TransformerBlock);
@@ -213,6 +218,7 @@ struct TensorParallelOptions {
 //   layers.*.feed_forward           PrepareModuleInput (R, gradient boundary)
 //   layers.*.feed_forward.w{1,3}    ColwiseParallel
 //   layers.*.feed_forward.w2        RowwiseParallel
+//   layers.*.moe                    PrepareModuleInputOutput -> R -> residual (MoE: experts replicated)
 //   layers.*.{attention,ffn}_norm   SequenceParallel (SP)
 //   tok_embeddings                  RowwiseParallel, output S(1) under SP, else R
 //   norm                            SequenceParallel (SP)
@@ -239,6 +245,20 @@ void apply_ac(Llama& model, ACOptions options = {});
 // torchtitan's apply_fsdp: each transformer block is a fully_shard unit, the
 // root (embedding, final norm, head) the last one. A 1-D mesh is dp alone.
 void apply_fsdp(Llama& model, const DeviceMesh& mesh, FullyShardOptions options = {});
+
+// Expert parallelism over mesh["ep"] (NOTE: [Expert parallelism] in
+// src/models/moe.cpp): every MoE layer's experts become Shard(0) over ep and
+// tokens travel to their experts' ranks by all-to-all. Each ep rank feeds
+// its own tokens. NYI: composing it with TP, FSDP or DDP (the other
+// parameters stay plain; their gradients are this rank's tokens' only).
+void apply_expert_parallel(Llama& model, const DeviceMesh& mesh);
+
+// The load-balancing loss of the last forward (Switch / Mixtral form, HF's
+// load_balancing_loss_func over all MoE layers at once):
+//   num_experts * sum_e (fraction of routed slots to e) * (mean router probability of e),
+// times LlamaConfig::moe.aux_loss_coef. Add it to the training loss. A
+// model without MoE layers gives 0. NYI under expert parallelism.
+at::Tensor moe_load_balancing_loss(Llama& model);
 
 // Data parallelism over mesh["dp"] after apply_tensor_parallel, as
 // torchtitan's apply_ddp: replicate() on the whole model.

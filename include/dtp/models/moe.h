@@ -1,0 +1,53 @@
+// A mixture-of-experts SwiGLU feed-forward (Mixtral, Qwen3-MoE) for the
+// reference decoder, dropless, with expert parallelism over an "ep" mesh
+// dimension (NOTE: [Expert parallelism] in src/models/moe.cpp).
+#pragma once
+
+#include "dtp/device_mesh.h"
+#include "dtp/nn/modules.h"
+
+#include <optional>
+
+namespace dtp::models {
+
+struct MoEConfig {
+  int64_t num_experts = 0;     // 0: a dense SwiGLU MLP in every block
+  int64_t top_k = 2;           // experts per token
+  int64_t hidden = 0;          // each expert's SwiGLU width (HF's moe_intermediate_size)
+  // Routing weights: softmax over all experts, the top_k kept, renormalized
+  // to sum 1 when norm_topk_prob (Mixtral always, which equals a softmax
+  // over the top_k logits; Qwen3-MoE's norm_topk_prob).
+  bool norm_topk_prob = true;
+  double aux_loss_coef = 0.0;  // router_aux_loss_coef: moe_load_balancing_loss's weight in training
+};
+
+// Each token goes to its top_k experts and comes back as their outputs
+// weighted by its routing weights; every routed token is computed (no
+// capacity, nothing dropped). Experts are stacked: expert e is
+// w2[e] (silu(w1[e] x) * w3[e] x).
+class MoEImpl : public torch::nn::Module {
+ public:
+  MoEImpl(int64_t dim, const MoEConfig& config);
+  // x [batch, seq, dim] -> [batch, seq, dim]. Plain, or a replicated DTensor
+  // (under TP the experts are replicated: every tp rank computes them).
+  at::Tensor forward(const at::Tensor& x);
+
+  MoEConfig config;
+  dtp::nn::Linear gate{nullptr};  // the router: dim -> num_experts, no bias
+  at::Tensor w1, w2, w3;           // [E, hidden, dim], [E, dim, hidden], [E, hidden, dim]
+  // Set by apply_expert_parallel: the experts are Shard(0) over this mesh
+  // (1-D, "ep") and tokens travel to their experts' ranks.
+  std::optional<DeviceMesh> ep_mesh;
+  // Of the last forward, for moe_load_balancing_loss: the router's
+  // probabilities [tokens, E] and each token's experts [tokens, top_k].
+  at::Tensor router_probs, selected;
+};
+DTP_MODULE(MoE);
+
+// Expert parallelism of one MoE layer over the 1-D mesh `ep`: w1, w2, w3
+// become Shard(0) (experts [r E/P, (r+1) E/P) on ep rank r) and forward
+// dispatches tokens by all-to-all (NOTE: [Expert parallelism]).
+// apply_expert_parallel does this for every MoE layer of a model.
+void distribute_experts(MoEImpl& moe, const DeviceMesh& ep);
+
+}  // namespace dtp::models

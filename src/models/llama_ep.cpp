@@ -1,0 +1,61 @@
+// apply_expert_parallel and the MoE load-balancing loss of a model.
+#include "dtp/dtensor.h"
+#include "dtp/models/llama.h"
+
+#include <ATen/ATen.h>
+
+namespace dtp::models {
+namespace {
+
+std::vector<MoEImpl*> moeLayers(Llama& model) {
+  std::vector<MoEImpl*> out;
+  if (!model->layers) return out;
+  for (const auto& layer : *model->layers) {
+    auto* block = layer->as<TransformerBlockImpl>();
+    if (block->moe) out.push_back(block->moe.get());
+  }
+  return out;
+}
+
+}  // namespace
+
+void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
+  const auto names = mesh.mesh_dim_names();
+  TORCH_CHECK(std::find(names.begin(), names.end(), "ep") != names.end(), "apply_expert_parallel: ", mesh.str(),
+              " has no \"ep\" dimension. Name the mesh dimension the experts are spread over \"ep\".");
+  const DeviceMesh ep = mesh.ndim() == 1 ? mesh : mesh["ep"];
+  const LlamaConfig& c = model->config;
+  TORCH_CHECK(c.moe.num_experts > 0, "apply_expert_parallel: the model has no MoE layers (LlamaConfig::moe."
+              "num_experts is 0). Build it with experts, or leave expert parallelism out.");
+  TORCH_CHECK(c.moe.num_experts % ep.size() == 0, "apply_expert_parallel: num_experts=", c.moe.num_experts,
+              " is not divisible by the ep degree ", ep.size(), ". Use an ep degree that divides the number of "
+              "experts.");
+  for (MoEImpl* moe : moeLayers(model)) distribute_experts(*moe, ep);
+}
+
+at::Tensor moe_load_balancing_loss(Llama& model) {
+  const auto layers = moeLayers(model);
+  const LlamaConfig& c = model->config;
+  if (layers.empty()) return at::zeros({}, at::TensorOptions().dtype(c.dtype).device(c.device));
+  std::vector<at::Tensor> probs, masks;
+  for (MoEImpl* moe : layers) {
+    TORCH_CHECK(moe->router_probs.defined(), "moe_load_balancing_loss: no forward has run yet. Call it after the "
+                "model's forward, before backward.");
+    TORCH_CHECK(!moe->ep_mesh, "moe_load_balancing_loss: NYI under expert parallelism (the means run over every "
+                "rank's tokens). Leave the coefficient at 0 with apply_expert_parallel.");
+    probs.push_back(moe->router_probs);
+    masks.push_back(at::one_hot(moe->selected, c.moe.num_experts).to(moe->router_probs.scalar_type()));
+  }
+  // HF's load_balancing_loss_func on the layers' logits concatenated.
+  const at::Tensor tokens_per_expert = at::cat(masks).mean(0);   // [top_k, E]
+  const at::Tensor router_prob_per_expert = at::cat(probs).mean(0);  // [E]
+  const at::Tensor loss = (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * c.moe.num_experts;
+  at::Tensor out = (loss * c.moe.aux_loss_coef).to(c.dtype);
+  // Under TP every tp rank routed the same tokens with a replicated router:
+  // the loss is replicated, to be added to loss_parallel's.
+  const at::Tensor& router = layers[0]->gate->weight;
+  if (is_dtensor(router)) out = from_local(out, device_mesh(router), placements(router), /*run_check=*/false);
+  return out;
+}
+
+}  // namespace dtp::models

@@ -1,0 +1,184 @@
+// The mixture-of-experts feed-forward: routing, dropless expert compute and
+// the token dispatch of expert parallelism.
+#include "dtp/models/moe.h"
+
+#include "dtp/dtensor.h"
+#include "dtp/ep/all_to_all.h"
+#include "dtp/module_utils.h"
+
+#include <ATen/ATen.h>
+
+#include <numeric>
+
+namespace dtp::models {
+namespace {
+
+// Rows [sum(counts[:e]), +counts[e]) of `x` belong to local expert e: each
+// runs its SwiGLU on its rows. Experts without rows are skipped (their
+// weights then get no gradient contribution, as on one device).
+at::Tensor runExperts(const at::Tensor& x, const std::vector<int64_t>& counts, const at::Tensor& w1,
+                      const at::Tensor& w2, const at::Tensor& w3) {
+  std::vector<at::Tensor> out;
+  int64_t at = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const at::Tensor rows = x.narrow(0, at, counts[e]);
+    const auto i = static_cast<int64_t>(e);
+    out.push_back(at::matmul(at::silu(at::matmul(rows, w1[i].t())) * at::matmul(rows, w3[i].t()), w2[i].t()));
+    at += counts[e];
+  }
+  if (out.empty()) {
+    // Nothing routed here: an empty result still on x's and the weights'
+    // graph, so that backward runs this rank's all-to-alls as every other
+    // rank does, and the local experts get (zero) gradients as on one device.
+    const at::Tensor none = x.narrow(0, 0, 0);
+    return at::matmul(at::silu(at::matmul(none, w1[0].t())) * at::matmul(none, w3[0].t()), w2[0].t());
+  }
+  return at::cat(out);
+}
+
+std::vector<int64_t> toVector(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kLong).contiguous().cpu();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+}  // namespace
+
+MoEImpl::MoEImpl(int64_t dim, const MoEConfig& c) : config(c) {
+  // Parallelizing swaps parameters (DTensors, FSDP's shards): the public
+  // fields follow the registry.
+  static const bool fields = [] {
+    FieldSetter set = [](torch::nn::Module& m, const std::string& n, const at::Tensor& t) {
+      auto& moe = dynamic_cast<MoEImpl&>(m);
+      (n == "w1" ? moe.w1 : n == "w2" ? moe.w2 : moe.w3) = t;
+    };
+    register_parameter_fields(typeid(MoEImpl), set);
+    register_parameter_fields(typeid(dtp::nn::HookedImpl<MoEImpl>), set);
+    return true;
+  }();
+  (void)fields;
+  TORCH_CHECK(c.num_experts > 0 && c.hidden > 0, "MoE: num_experts=", c.num_experts, " and hidden=", c.hidden,
+              " must be positive.");
+  TORCH_CHECK(c.top_k >= 1 && c.top_k <= c.num_experts, "MoE: top_k=", c.top_k, " must be in [1, num_experts=",
+              c.num_experts, "]. Pick top_k <= num_experts.");
+  gate = register_module("gate", dtp::nn::Linear(torch::nn::LinearOptions(dim, c.num_experts).bias(false)));
+  w1 = register_parameter("w1", at::empty({c.num_experts, c.hidden, dim}));
+  w2 = register_parameter("w2", at::empty({c.num_experts, dim, c.hidden}));
+  w3 = register_parameter("w3", at::empty({c.num_experts, c.hidden, dim}));
+}
+
+// NOTE: [Expert parallelism] With ep_mesh (apply_expert_parallel), every ep
+// rank routes its own tokens (ep borrows from data parallelism, as in
+// torchtitan) and holds experts [r E/P, (r+1) E/P) of w1/w2/w3 (Shard(0)):
+//   1. the per-expert token counts of every rank: one all_gather [P, E];
+//   2. dispatch: this rank's routed rows, sorted by expert (so by owner),
+//      go to their owners (all_to_all_single, uneven splits, differentiable);
+//   3. each local expert runs on its rows from every rank (regrouped from
+//      rank-major to expert-major and back);
+//   4. combine: the outputs go back (all_to_all_single, splits swapped) and
+//      are summed into each token with its routing weights.
+// Backward runs the two all-to-alls in reverse. An expert's gradient then
+// sums over every rank's tokens, the router's and the rest of the model's
+// over this rank's only: the gradient of the sum of the ranks' losses, which
+// data parallelism turns into the mean.
+at::Tensor MoEImpl::forward(const at::Tensor& input) {
+  // Under TP the input arrives replicated: the experts are too, so every tp
+  // rank computes the layer on its (identical) local copy.
+  std::optional<DeviceMesh> tp_mesh;
+  at::Tensor x = input;
+  if (is_dtensor(input)) {
+    for (const auto& p : placements(input)) {
+      TORCH_CHECK(p.is_replicate(), "MoE: the input must be replicated, got ", dtensor_spec(input).str(),
+                  ". Parallelize with apply_tensor_parallel (its plan gathers the MoE's input).");
+    }
+    tp_mesh = device_mesh(input);
+    x = to_local(input);
+  }
+  auto local = [](const at::Tensor& p) { return is_dtensor(p) ? to_local(p) : p; };
+  const at::Tensor W1 = local(w1), W2 = local(w2), W3 = local(w3), G = local(gate->weight);
+  const int64_t E = config.num_experts, k = config.top_k, D = x.size(-1);
+  const at::Tensor flat = x.reshape({-1, D});
+  const int64_t T = flat.size(0);
+
+  // Routing, as HF's Mixtral and Qwen3-MoE: softmax in float32 or wider,
+  // top-k, renormalized, back to the activations' dtype.
+  const at::Tensor logits = at::matmul(flat, G.t());
+  router_probs = at::softmax(logits, -1, at::promote_types(logits.scalar_type(), at::kFloat));
+  auto [weights, experts] = router_probs.topk(k, -1);
+  if (config.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(x.scalar_type());
+  selected = experts;
+
+  // Rows sorted by expert: row i of `sorted` is token order[i] / k.
+  const at::Tensor slots = experts.flatten();
+  const at::Tensor order = std::get<1>(slots.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const at::Tensor token = order.div(k, "floor");
+  const at::Tensor sorted = flat.index_select(0, token);
+  const std::vector<int64_t> counts = toVector(at::bincount(slots, /*weights=*/{}, E));
+
+  at::Tensor y;
+  if (!ep_mesh) {
+    y = runExperts(sorted, counts, W1, W2, W3);
+  } else {
+    const ProcessGroup group = ep_mesh->get_group(0);
+    const int64_t P = group.size(), me = group.rank(), El = E / P;
+    // 1. Everyone's counts: all[r][e] rows of rank r for expert e.
+    const at::Tensor mine = at::tensor(counts, at::kLong);
+    const std::vector<int64_t> all = toVector(group.all_gather(mine.view({1, E}), 0, std::vector<int64_t>(P, 1)).wait());
+    std::vector<int64_t> send(P, 0), recv(P, 0);
+    for (int64_t r = 0; r < P; ++r) {
+      for (int64_t e = 0; e < El; ++e) {
+        send[r] += counts[r * El + e];
+        recv[r] += all[r * E + me * El + e];
+      }
+    }
+    // 2. Dispatch.
+    const at::Tensor got = ep::all_to_all_single_autograd(sorted, recv, send, group);
+    // 3. Rank-major (r, e) blocks -> expert-major (e, r), run, and back.
+    std::vector<int64_t> start(P * El), per_expert(El, 0);
+    int64_t at = 0;
+    for (int64_t r = 0; r < P; ++r) {
+      for (int64_t e = 0; e < El; ++e) {
+        start[r * El + e] = at;
+        at += all[r * E + me * El + e];
+        per_expert[e] += all[r * E + me * El + e];
+      }
+    }
+    std::vector<int64_t> perm;
+    perm.reserve(at);
+    for (int64_t e = 0; e < El; ++e) {
+      for (int64_t r = 0; r < P; ++r) {
+        for (int64_t i = 0; i < all[r * E + me * El + e]; ++i) perm.push_back(start[r * El + e] + i);
+      }
+    }
+    const at::Tensor index = at::tensor(perm, at::kLong).to(x.device());
+    const at::Tensor out = runExperts(got.index_select(0, index), per_expert, W1, W2, W3);
+    const at::Tensor back = at::zeros_like(out).index_copy(0, index, out);
+    // 4. Combine.
+    y = ep::all_to_all_single_autograd(back, send, recv, group);
+  }
+  const at::Tensor w = weights.flatten().index_select(0, order).unsqueeze(1);
+  at::Tensor result = at::zeros_like(flat).index_add(0, token, y * w).view(x.sizes());
+  if (tp_mesh) result = from_local(result, *tp_mesh, placements(input), /*run_check=*/false);
+  return result;
+}
+
+void distribute_experts(MoEImpl& moe, const DeviceMesh& ep) {
+  TORCH_CHECK(ep.ndim() == 1, "distribute_experts: expected a 1-D mesh, got ", ep.str(), ". Slice it: mesh[\"ep\"].");
+  TORCH_CHECK(moe.config.num_experts % ep.size() == 0, "distribute_experts: num_experts=", moe.config.num_experts,
+              " is not divisible by the ep degree ", ep.size(), ". Use an ep degree that divides the number of "
+              "experts.");
+  TORCH_CHECK(!moe.ep_mesh, "distribute_experts: the experts are spread already (expert parallelism applied twice).");
+  torch::NoGradGuard no_grad;
+  for (const char* name : {"w1", "w2", "w3"}) {
+    const at::Tensor p = moe.named_parameters(/*recurse=*/false)[name];
+    TORCH_CHECK(!is_dtensor(p), "distribute_experts: the experts are DTensors already (", dtensor_spec(p).str(),
+                "). NYI: expert parallelism after TP, FSDP or DDP; apply it first.");
+    at::Tensor shard = distribute_tensor(p.detach(), ep, {Shard(0)});
+    shard.set_requires_grad(p.requires_grad());
+    set_parameter(moe, name, shard);
+  }
+  moe.ep_mesh = ep;
+}
+
+}  // namespace dtp::models

@@ -1,0 +1,279 @@
+// Mixtures of experts: all_to_all_single with uneven splits (values, counts,
+// autograd), the MoE layer against a token-by-token reference, expert
+// parallelism against one device in float64 (outputs and every gradient),
+// uneven routing (experts without tokens, a rank that sends nothing), the
+// collectives per layer in closed form, the load-balancing loss, and the
+// errors. Logits of Mixtral and Qwen3-MoE folders against an independent
+// Python reference: tests/hf (HfInterop.PythonReferenceAndExport).
+#include "dist.h"
+#include "llama_util.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/dtensor.h"
+#include "dtp/ep/all_to_all.h"
+#include "dtp/models/llama.h"
+#include "dtp/models/moe.h"
+
+#include <mutex>
+
+using namespace dtp;
+using namespace dtp::models;
+using dtp::test::expect_error;
+using dtp::test::run_ranks;
+
+namespace {
+
+// Rank r sends (r + q) % 3 rows to rank q, each row [r, q, i]; rank q gets
+// from r what r sent it, in rank order. Some pairs send nothing (r + q = 3).
+TEST(AllToAllSingleTest, UnevenSplitsArriveInRankOrderAndBackwardReturnsThem) {
+  constexpr int W = 3;
+  run_ranks(W, [&](int r) {
+    ProcessGroup g = init_device_mesh("cpu", {W}, {"ep"}).get_group(0);
+    std::vector<int64_t> send, recv;
+    std::vector<at::Tensor> rows;
+    for (int q = 0; q < W; ++q) {
+      send.push_back((r + q) % 3);
+      recv.push_back((q + r) % 3);
+      for (int64_t i = 0; i < send.back(); ++i) rows.push_back(at::tensor({double(r), double(q), double(i)}).view({1, 3}));
+    }
+    at::Tensor input = rows.empty() ? at::zeros({0, 3}, at::kDouble) : at::cat(rows);
+    input.requires_grad_(true);
+    CommCounter comm;
+    at::Tensor out = ep::all_to_all_single_autograd(input, recv, send, g);
+    EXPECT_EQ(comm.count(CollectiveType::AllToAll), 1);
+    EXPECT_EQ(comm.bytes(CollectiveType::AllToAll), input.numel() * 8);
+    std::vector<at::Tensor> want;
+    for (int src = 0; src < W; ++src) {
+      for (int64_t i = 0; i < (src + r) % 3; ++i) want.push_back(at::tensor({double(src), double(r), double(i)}).view({1, 3}));
+    }
+    ASSERT_EQ(out.size(0), static_cast<int64_t>(want.size()));
+    if (!want.empty()) EXPECT_TRUE(at::equal(out, at::cat(want))) << out;
+    // The gradient of sum(out * out) is 2 out, sent back to the rows' owners.
+    (out * out).sum().backward();
+    EXPECT_TRUE(at::equal(input.grad(), 2 * input.detach())) << "rank " << r;
+    EXPECT_EQ(comm.count(CollectiveType::AllToAll), 2) << "one more in backward";
+  });
+}
+
+TEST(AllToAllSingleTest, SplitsThatDoNotAddUpAreNamedErrors) {
+  run_ranks(2, [&](int) {
+    ProcessGroup g = init_device_mesh("cpu", {2}, {"ep"}).get_group(0);
+    expect_error([&] { g.all_to_all_single(at::zeros({3, 2}), {1, 1}, {1, 1}); },
+                 {"all_to_all_single", "3 rows", "add up to 2"});
+  });
+}
+
+MoEConfig moeConfig(int64_t experts, int64_t top_k, bool norm) {
+  MoEConfig c;
+  c.num_experts = experts;
+  c.top_k = top_k;
+  c.hidden = 12;
+  c.norm_topk_prob = norm;
+  return c;
+}
+
+// A MoE layer with float64 weights drawn from `seed`.
+MoE makeMoE(int64_t dim, const MoEConfig& c, uint64_t seed) {
+  MoE m(dim, c);
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) p.set_data(at::normal(0.0, 0.3, p.sizes(), g).to(at::kDouble));
+  return m;
+}
+
+// Token by token: softmax, top-k (renormalized), the chosen experts' SwiGLU
+// weighted. Written apart from MoEImpl's sorted dispatch.
+at::Tensor reference(MoE& m, const at::Tensor& x) {
+  const at::Tensor flat = x.reshape({-1, x.size(-1)});
+  at::Tensor out = at::zeros_like(flat);
+  for (int64_t t = 0; t < flat.size(0); ++t) {
+    const at::Tensor probs = at::softmax(at::matmul(m->gate->weight, flat[t]), 0);
+    auto [w, e] = probs.topk(m->config.top_k);
+    if (m->config.norm_topk_prob) w = w / w.sum();
+    for (int64_t j = 0; j < m->config.top_k; ++j) {
+      const int64_t k = e[j].item<int64_t>();
+      const at::Tensor h = at::silu(at::matmul(m->w1[k], flat[t])) * at::matmul(m->w3[k], flat[t]);
+      out[t] += w[j] * at::matmul(m->w2[k], h);
+    }
+  }
+  return out.view(x.sizes());
+}
+
+TEST(MoETest, EqualsATokenByTokenReferenceForBothRoutings) {
+  for (bool norm : {true, false}) {
+    SCOPED_TRACE(norm ? "norm_topk_prob (Mixtral)" : "no renormalization (Qwen3-MoE's default)");
+    MoE m = makeMoE(8, moeConfig(6, 2, norm), 1);
+    const at::Tensor x = at::randn({3, 5, 8}, at::kDouble);
+    torch::NoGradGuard no_grad;
+    EXPECT_LE((m(x) - reference(m, x)).abs().max().item<double>(), 1e-14);
+  }
+}
+
+struct Grads {
+  at::Tensor out;
+  std::map<std::string, at::Tensor> grads;  // full
+};
+
+// Forward and backward of sum(out * target) on one device for the whole x.
+Grads oneDevice(MoE& m, const at::Tensor& x, const at::Tensor& target) {
+  at::Tensor xr = x.clone().requires_grad_(true);
+  at::Tensor out = m(xr);
+  (out * target).sum().backward();
+  Grads g{out.detach(), {{"x", xr.grad()}}};
+  for (auto& p : m->named_parameters()) g.grads[p.key()] = p.value().grad().clone();
+  for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
+  return g;
+}
+
+// Each ep rank feeds its slice of x (rows of dim 0); the outputs and x's
+// gradients equal one device's rows, the experts' gradients (Shard(0))
+// equal one device's, the router's summed over ranks equal one device's.
+void expectExpertParallelEqualsOneDevice(int P, MoE& one, const at::Tensor& x, const at::Tensor& target,
+                                         int64_t dispatch_rows_total) {
+  const Grads want = oneDevice(one, x, target);
+  const int64_t rows = x.size(0) / P;
+  std::mutex mu;
+  int64_t dispatched = 0;
+  run_ranks(P, [&](int r) {
+    MoE m = makeMoE(x.size(-1), one->config, 0);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : m->named_parameters()) p.value().copy_(one->named_parameters()[p.key()]);
+    }
+    auto mesh = init_device_mesh("cpu", {P}, {"ep"});
+    distribute_experts(*m, mesh);
+    EXPECT_TRUE(placements(m->w1).at(0).is_shard()) << dtensor_spec(m->w1).str();
+    EXPECT_EQ(dtensor_spec(m->w1).shape, one->w1.sizes().vec());
+    at::Tensor xs = x.narrow(0, r * rows, rows).clone().requires_grad_(true);
+    CommCounter comm;
+    at::Tensor out = m(xs);
+    EXPECT_EQ(comm.count(CollectiveType::AllGather), 1) << "the token counts";
+    EXPECT_EQ(comm.count(CollectiveType::AllToAll), 2) << "dispatch and combine";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      dispatched += comm.bytes(CollectiveType::AllToAll);
+    }
+    (out * target.narrow(0, r * rows, rows)).sum().backward();
+    EXPECT_EQ(comm.count(CollectiveType::AllToAll), 4) << "and both again in backward";
+    EXPECT_LE((out - want.out.narrow(0, r * rows, rows)).abs().max().item<double>(), 1e-13);
+    EXPECT_LE((xs.grad() - want.grads.at("x").narrow(0, r * rows, rows)).abs().max().item<double>(), 1e-13);
+    for (const char* w : {"w1", "w2", "w3"}) {
+      const at::Tensor grad = m->named_parameters()[w].grad();
+      EXPECT_EQ(dtensor_spec(grad).str(), dtensor_spec(m->named_parameters()[w]).str()) << w;
+      EXPECT_LE((full_tensor(grad) - want.grads.at(w)).abs().max().item<double>(), 1e-13) << w;
+    }
+    at::Tensor router = m->gate->weight.grad().clone();
+    mesh.get_group(0).all_reduce(router).wait();
+    EXPECT_LE((router - want.grads.at("gate.weight")).abs().max().item<double>(), 1e-13);
+  });
+  // Each rank's dispatch and combine move its routed rows (top_k per token).
+  EXPECT_EQ(dispatched, 2 * dispatch_rows_total * x.size(-1) * 8);
+}
+
+TEST(MoETest, ExpertParallelEqualsOneDeviceInFloat64) {
+  for (int P : {2, 4}) {
+    SCOPED_TRACE(c10::str("ep ", P));
+    MoE one = makeMoE(8, moeConfig(8, 2, true), 2);
+    const at::Tensor x = at::randn({4, 6, 8}, at::kDouble), target = at::randn({4, 6, 8}, at::kDouble);
+    expectExpertParallelEqualsOneDevice(P, one, x, target, 4 * 6 * 2);
+  }
+}
+
+// Positive inputs and a router whose rows for experts 0 and 1 are positive,
+// for 2 and 3 negative: every token picks experts 0 and 1 (rank 0's at ep 2),
+// so experts 2 and 3 get nothing, rank 0 sends nothing to rank 1 and rank 1
+// receives nothing. Still exact, no hang.
+TEST(MoETest, UnevenRoutingStaysExact) {
+  MoE one = makeMoE(8, moeConfig(4, 2, true), 3);
+  {
+    torch::NoGradGuard no_grad;
+    one->gate->weight.abs_();
+    one->gate->weight.narrow(0, 2, 2).neg_();
+  }
+  const at::Tensor x = at::rand({2, 5, 8}, at::kDouble) + 0.1, target = at::randn({2, 5, 8}, at::kDouble);
+  expectExpertParallelEqualsOneDevice(2, one, x, target, 2 * 5 * 2);
+  // The experts without tokens get zero gradients, as on one device.
+  const Grads g = oneDevice(one, x, target);
+  EXPECT_EQ(g.grads.at("w1").narrow(0, 2, 2).abs().max().item<double>(), 0.0);
+}
+
+// A Mixtral-shaped model (MoE in every block) trains under TP, the experts
+// replicated, like one device.
+TEST(MoETest, MoEModelUnderTpTrainsLikeOneDevice) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.family = "mixtral";
+  c.moe = moeConfig(4, 2, true);
+  c.moe.aux_loss_coef = 0.02;
+  auto train = [&](Llama& model) {
+    torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor batch = dtp::test::llama_batch(c.vocab_size, step);
+      at::Tensor loss = llama_loss(model(batch.narrow(1, 0, dtp::test::kSeq)), batch.narrow(1, 1, dtp::test::kSeq));
+      loss = loss + moe_load_balancing_loss(model);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      losses.push_back(loss.item<double>());
+    }
+    return std::make_pair(losses, dtp::test::full_named_params(model));
+  };
+  Llama one(c);
+  const auto want = train(one);
+  for (bool sp : {true, false}) {
+    run_ranks(2, [&](int) {
+      Llama model(c);
+      apply_tensor_parallel(model, init_device_mesh("cpu", {2}, {"tp"}), TensorParallelOptions{sp, dtp::test::kSeq});
+      const auto got = train(model);
+      for (size_t i = 0; i < want.first.size(); ++i) EXPECT_NEAR(got.first[i], want.first[i], 1e-12) << "step " << i;
+      for (size_t i = 0; i < want.second.size(); ++i) {
+        EXPECT_LE((got.second[i].second - want.second[i].second).abs().max().item<double>(), 3e-11)
+            << want.second[i].first;
+      }
+    });
+  }
+}
+
+// HF's load_balancing_loss_func written out for one layer: E * sum over the
+// top-k slots and experts of (fraction routed) * (mean probability).
+TEST(MoETest, LoadBalancingLossIsHfsFormula) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.n_layers = 1;
+  c.moe = moeConfig(4, 2, true);
+  c.moe.aux_loss_coef = 0.5;
+  Llama model(c);
+  const at::Tensor tokens = dtp::test::llama_batch(c.vocab_size, 0).narrow(1, 0, dtp::test::kSeq);
+  model(tokens);
+  auto* moe = model->layers[0]->as<TransformerBlockImpl>()->moe.get();
+  const at::Tensor probs = moe->router_probs;
+  const int64_t T = probs.size(0);
+  double want = 0;
+  for (int64_t e = 0; e < 4; ++e) {
+    for (int64_t j = 0; j < 2; ++j) {
+      const double routed = (moe->selected.select(1, j) == e).sum().item<double>() / T;
+      want += routed * probs.select(1, e).mean().item<double>();
+    }
+  }
+  EXPECT_NEAR(moe_load_balancing_loss(model).item<double>(), 0.5 * 4 * want, 1e-15);
+}
+
+TEST(MoETest, BadInputIsANamedError) {
+  expect_error([] { MoE(8, moeConfig(4, 5, true)); }, {"top_k=5", "num_experts=4"});
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.moe = moeConfig(6, 2, true);
+  run_ranks(4, [&](int) {
+    Llama model(c);
+    expect_error([&] { apply_expert_parallel(model, init_device_mesh("cpu", {4}, {"dp"})); }, {"no \"ep\" dimension"});
+    expect_error([&] { apply_expert_parallel(model, init_device_mesh("cpu", {4}, {"ep"})); },
+                 {"num_experts=6 is not divisible by the ep degree 4"});
+  });
+  LlamaConfig dense = dtp::test::small_llama_config(2);
+  run_ranks(2, [&](int) {
+    Llama model(dense);
+    expect_error([&] { apply_expert_parallel(model, init_device_mesh("cpu", {2}, {"ep"})); }, {"no MoE layers"});
+  });
+}
+
+}  // namespace
