@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <ctime>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace dtp::models {
@@ -428,8 +431,8 @@ TEST(ChatTemplateTest, OtherTemplatesAreRefusedByName) {
        "unsupported chat template in 'gemma/tokenizer_config.json': got a template without the markers of a known "
        "family (it begins \"{{ bos_token }}"},
       {std::string(kLlama3Template) + "Cutting Knowledge Date: December 2023",
-       "got Llama 3.1's template with a dated system header"},
-      {"[INST] <<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n[/INST]", "got Llama 2 chat's [INST] <<SYS>> template"},
+       "got a dated Llama 3 template without the literal \"Cutting Knowledge Date: ...\\n\""},
+      {"[INST] <<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n[/INST]", "got an [INST] <<SYS>> template other than Llama 2"},
   };
   for (const auto& c : cases) {
     const std::string msg =
@@ -437,6 +440,121 @@ TEST(ChatTemplateTest, OtherTemplatesAreRefusedByName) {
     EXPECT_NE(msg.find(c.expected), std::string::npos) << msg;
     EXPECT_NE(msg.find("Llama 3's header format"), std::string::npos) << msg;
   }
+}
+
+// The real templates (tests/tokenizers/templates/, as Meta publishes them in
+// the models' tokenizer_config.json).
+std::string realTemplate(const std::string& name) {
+  const std::string path = std::string(DTP_CHAT_TEMPLATES_DIR) + "/" + name;
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << "no '" << from << "' in the template";
+  return at == std::string::npos ? text : text.replace(at, from.size(), to);
+}
+
+std::string todayIn(const char* format) {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[64];
+  return std::string(buf, std::strftime(buf, sizeof buf, format, &local));  // the C locale: English months
+}
+
+constexpr const char* kBot = "<|begin_of_text|>";
+
+TEST(ChatTemplateTest, Llama31DatedHeaderAlwaysWithTheTemplatesDate) {
+  const auto t = ChatTemplate::recognise(realTemplate("llama3.1-instruct.jinja"), kBot, "<|eot_id|>", "3.1");
+  EXPECT_EQ(t.family(), ChatTemplate::Family::kLlama3Dated);
+  EXPECT_STREQ(t.family_name(), "Llama 3.1");
+  EXPECT_EQ(t.end_of_turn(), "<|eot_id|>");
+  EXPECT_EQ(t.today_date(), "26 Jul 2024");
+  // No system message: the block is written with an empty one.
+  EXPECT_EQ(t.format(std::nullopt, "  Hi \n"),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(t.format(" Be brief.\n", "Hi", /*enable_thinking=*/true, /*date_string=*/"27 Nov 2026"),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 27 Nov 2026\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  // The literals come from the template's text.
+  const auto other = ChatTemplate::recognise(
+      replaced(replaced(realTemplate("llama3.1-instruct.jinja"), "\"26 Jul 2024\"", "'01 Jan 2030'"),
+               "December 2023", "March 2025"),
+      kBot, "<|eot_id|>", "3.1");
+  EXPECT_EQ(other.today_date(), "01 Jan 2030");
+  EXPECT_NE(other.format(std::nullopt, "Hi").find("Cutting Knowledge Date: March 2025\nToday Date: 01 Jan 2030\n\n"),
+            std::string::npos);
+}
+
+TEST(ChatTemplateTest, Llama32DatedHeaderHasTodaysDateUnlessGiven) {
+  const std::string text = realTemplate("llama3.2-instruct.jinja");
+  const auto t = ChatTemplate::recognise(text, kBot, "<|eot_id|>", "3.2");
+  EXPECT_EQ(t.family(), ChatTemplate::Family::kLlama3Dated);
+  // strftime_now("%d %b %Y"), as Python transformers renders it, e.g. "27 Nov 2026".
+  const std::string today = todayIn("%d %b %Y");
+  EXPECT_EQ(t.today_date(), today);
+  EXPECT_NE(t.format("S", "Hi").find("Today Date: " + today + "\n\nS<|eot_id|>"), std::string::npos);
+  EXPECT_EQ(t.today_date("05 Jan 2027"), "05 Jan 2027");
+  EXPECT_EQ(t.format("S", "Hi", /*enable_thinking=*/true, /*date_string=*/"05 Jan 2027"),
+            ChatTemplate::recognise(realTemplate("llama3.1-instruct.jinja"), kBot, "<|eot_id|>", "3.1")
+                .format("S", "Hi", /*enable_thinking=*/true, /*date_string=*/"05 Jan 2027"));
+  const auto iso = ChatTemplate::recognise(replaced(text, "%d %b %Y", "%Y-%m-%d %B"), kBot, "<|eot_id|>", "3.2");
+  EXPECT_EQ(iso.today_date(), todayIn("%Y-%m-%d %B"));
+  const std::string msg = any_error_of([&] { t.today_date(""); });
+  EXPECT_NE(msg.find("bad date_string for the template of '3.2': got an empty string"), std::string::npos) << msg;
+}
+
+TEST(ChatTemplateTest, DatedLlama3VariantsAreRefusedByName) {
+  const std::string l31 = realTemplate("llama3.1-instruct.jinja");
+  const std::string l32 = realTemplate("llama3.2-instruct.jinja");
+  const struct {
+    std::string text;
+    const char* expected;
+  } cases[] = {
+      {replaced(l32, "{{- system_message }}", "{{- '<|image|>' }}{{- system_message }}"),
+       "got a Llama 3.2 Vision template (<|image|>)"},
+      {replaced(l31, "{{- \"<|start_header_id|>system", "{%- if system_message %}{{- \"<|start_header_id|>system"),
+       "writes its system block only for a system message"},
+      {replaced(l31, "{%- set tools = none %}", "{%- set tools = [] %}"), "whose tools are not none by default"},
+      {replaced(l31, "\"Today Date: \" + date_string", "\"Date: \" + date_string"),
+       "without \"Today Date: \" + date_string + \"\\n\\n\""},
+      {replaced(l31, "set date_string = \"26 Jul 2024\"", "set date_string = today"),
+       "without a literal default for date_string"},
+      {replaced(l32, "%d %b %Y", "%d %b %Y %Z"), "a strftime_now format with directives other than"},
+      {replaced(l31, "messages[0]['content']|trim", "messages[0]['content']"), "without Llama 3.1's system block"},
+  };
+  for (const auto& c : cases) {
+    const std::string msg = any_error_of([&] { ChatTemplate::recognise(c.text, kBot, "<|eot_id|>", "cfg"); });
+    EXPECT_NE(msg.find("unsupported chat template in 'cfg': got"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << msg;
+  }
+}
+
+TEST(ChatTemplateTest, Llama2ChatSystemInTheFirstTurnAndTheTurnStripped) {
+  const std::string text = realTemplate("llama2-chat.jinja");
+  const auto t = ChatTemplate::recognise(text, "<s>", "</s>", "l2");
+  EXPECT_EQ(t.family(), ChatTemplate::Family::kLlama2);
+  EXPECT_EQ(t.end_of_turn(), "</s>");
+  EXPECT_EQ(t.format(std::nullopt, "  Hi \n"), "<s>[INST] Hi [/INST]");
+  // The strip covers "<<SYS>>..." + user: the system keeps its white space.
+  EXPECT_EQ(t.format(" Be brief. ", "  Hi \n"), "<s>[INST] <<SYS>>\n Be brief. \n<</SYS>>\n\n  Hi [/INST]");
+  const std::string msg = any_error_of([&] {
+    ChatTemplate::recognise(replaced(text, "{% else %}{% set loop_messages = messages %}",
+                                     "{% elif USE_DEFAULT_PROMPT == true %}"
+                                     "{% set system_message = 'DEFAULT_SYSTEM_MESSAGE' %}"
+                                     "{% else %}{% set loop_messages = messages %}"),
+                            "<s>", "</s>", "l2");
+  });
+  EXPECT_NE(msg.find("got Llama 2 chat's [INST] <<SYS>> template with a default system prompt"), std::string::npos)
+      << msg;
 }
 
 class ChatFolderTest : public dtp::test::TempDirTest {};

