@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <future>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -22,26 +24,51 @@ namespace {
 // Nothing is written while collectives succeed. A point-to-point message is
 // the same between its two ends, under the message's own number (per source,
 // destination and tag).
+//
+// The store lives on rank 0's host. When the network to that host is down,
+// a store request waits for the store's own timeout (DTP_TIMEOUT_S again),
+// so the look happens on a thread of its own with copies of what it needs,
+// and the failing rank waits for it at most kLookSeconds + 1 s: it then names
+// the other members it could not ask about.
+constexpr int kLookSeconds = 3;
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "global rank " : "global ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
 std::string whoDidNotArrive(const ProcessGroup::Impl& g, const std::string& key, const std::vector<int>& members) {
-  try {
-    c10d::PrefixStore store(g.prefix + "/dtp.arrived/" + key, g.root_store);
-    store.set(std::to_string(g.rank), std::vector<uint8_t>{1});
-    std::vector<int> missing;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-    while (true) {
-      missing.clear();
-      for (int r : members)
-        if (r != g.rank && !store.check({std::to_string(r)})) missing.push_back(g.global_ranks[r]);
-      if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::vector<int> others;  // global ranks
+  for (int r : members)
+    if (r != g.rank) others.push_back(g.global_ranks[r]);
+  const std::string unreachable =
+      "the job's store (served by global rank 0) did not answer, so rank 0 exited or its host is unreachable; "
+      "not known whether " + rankList(others) + " reached it";
+  auto answer = std::make_shared<std::promise<std::string>>();
+  auto future = answer->get_future();
+  std::thread([answer, unreachable, store = g.root_store, prefix = g.prefix + "/dtp.arrived/" + key, rank = g.rank,
+               global = g.global_ranks, members] {
+    try {
+      c10d::PrefixStore arrived(prefix, store);
+      arrived.set(std::to_string(rank), std::vector<uint8_t>{1});
+      std::vector<int> missing;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kLookSeconds);
+      while (true) {
+        missing.clear();
+        for (int r : members)
+          if (r != rank && !arrived.check({std::to_string(r)})) missing.push_back(global[r]);
+        if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      answer->set_value(missing.empty() ? (members.size() == 2 ? "both ends reached it" : "every member reached it")
+                                        : rankList(missing) + " did not reach it");
+    } catch (const std::exception&) {
+      answer->set_value(unreachable);
     }
-    if (missing.empty()) return members.size() == 2 ? "both ends reached it" : "every member reached it";
-    std::string s = missing.size() == 1 ? "global rank " : "global ranks ";
-    for (size_t i = 0; i < missing.size(); ++i) s += (i ? ", " : "") + std::to_string(missing[i]);
-    return s + " did not reach it";
-  } catch (const std::exception&) {
-    return "the job's store (served by global rank 0) is unreachable, so rank 0 has probably exited";
-  }
+  }).detach();
+  if (future.wait_for(std::chrono::seconds(kLookSeconds + 1)) != std::future_status::ready) return unreachable;
+  return future.get();
 }
 
 // Why the backend failed, from its error text.

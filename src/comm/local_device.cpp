@@ -1,5 +1,7 @@
 #include "comm/local_device.h"
 
+#include "comm/job_env.h"
+
 #include <ATen/Context.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -14,7 +16,8 @@ namespace dtp::detail {
 // NOTE: [The rank's device] A rank uses GPU LOCAL_RANK (set by torchrun and
 // dtprun; the rank on its node), made the thread's current CUDA device so
 // that NCCL, the caching allocator and kernels without an explicit device
-// all agree. Without LOCAL_RANK (mpirun, srun, ranks as threads), PyTorch's
+// all agree. mpirun's OMPI_COMM_WORLD_LOCAL_RANK and srun's SLURM_LOCALID
+// stand in for LOCAL_RANK. Without any (ranks as threads), PyTorch's
 // fallback: rank % number of visible GPUs, said once on stderr. A LOCAL_RANK
 // beyond the visible GPUs is an error: NCCL refuses two ranks on one GPU.
 c10::Device rank_device(const std::string& device_type, int rank, const std::string& what) {
@@ -25,9 +28,10 @@ c10::Device rank_device(const std::string& device_type, int rank, const std::str
   const auto& guard = *c10::impl::getDeviceGuardImpl(c10::kCUDA);
   const int count = static_cast<int>(guard.deviceCount());
   int index = rank % count;
-  if (const char* local = std::getenv("LOCAL_RANK"); local != nullptr && *local != '\0') {
-    index = std::atoi(local);
-    TORCH_CHECK(std::to_string(index) == local && index >= 0 && index < count, what, ": LOCAL_RANK=", local,
+  std::string from;
+  if (const auto local = local_rank(&from)) {
+    index = *local;
+    TORCH_CHECK(index < count, what, ": ", from, "=", index,
                 " but this process sees ", count, " CUDA device(s). Start at most ", count,
                 " ranks per node (dtprun/torchrun --nproc-per-node), or check CUDA_VISIBLE_DEVICES.");
   } else {

@@ -103,10 +103,21 @@ void ignoreSigpipe() {
 void connect(ProcessGroup::Impl& g, bool nccl) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(g.prefix, g.root_store);
   auto opts = c10d::ProcessGroupGloo::Options::create(g.options.timeout);
-  const std::string& addr = g.options.bind_address.empty() ? "127.0.0.1" : g.options.bind_address;
-  opts->devices.push_back(addr == "*"
-                              ? c10d::ProcessGroupGloo::createDefaultDevice()
-                              : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+  // One Gloo device per address of a comma-separated list (GLOO_SOCKET_IFNAME
+  // with several interfaces); "*" as c10d's default. See NOTE: [Choosing the
+  // interface] in bind_address.cpp.
+  const std::string addrs = g.options.bind_address.empty() ? "127.0.0.1" : g.options.bind_address;
+  for (size_t start = 0; start < addrs.size();) {
+    const size_t comma = std::min(addrs.find(',', start), addrs.size());
+    const std::string addr = addrs.substr(start, comma - start);
+    start = comma + 1;
+    if (addr.empty()) continue;
+    opts->devices.push_back(addr == "*" ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                        : c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+  }
+  TORCH_CHECK(!opts->devices.empty(), "dtp: process group: bind_address '", addrs,
+              "': got no address, expected an address or a comma-separated list. Fix ProcessGroupOptions::bind_address "
+              "or DTP_BIND_ADDR.");
   opts->threads = 1;
   g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, g.rank, g.size, opts);
   if (g.size > 1) g.shm = detail::ShmGroup::connect(store, g.rank, g.size, g.options.timeout);  // NOTE: [Shared-memory collectives]

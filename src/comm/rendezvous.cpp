@@ -1,8 +1,10 @@
 // Rendezvous from the environment, as torchrun, mpirun and srun describe a job.
 #include "dtp/process_group.h"
 
+#include "comm/bind_address.h"
 #include "comm/compat.h"
 #include "comm/error_text.h"
+#include "comm/job_env.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -38,10 +40,6 @@ std::optional<int> envInt(std::initializer_list<const char*> names) {
   return std::nullopt;
 }
 
-bool isLoopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
-
 }  // namespace
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
@@ -65,14 +63,15 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
   TORCH_CHECK(*world >= 1 && *rank >= 0 && *rank < *world, "dtp: RANK=", *rank,
               " is outside [0, WORLD_SIZE=", *world, ").");
 
-  const std::string addr = env("MASTER_ADDR").value_or("127.0.0.1");
-  const int port = envInt({"MASTER_PORT"}).value_or(29500);
+  // See NOTE: [Slurm across nodes] in job_env.cpp.
+  const std::string addr = env("MASTER_ADDR") ? *env("MASTER_ADDR") : detail::slurm_master_addr().value_or("127.0.0.1");
+  const int port = envInt({"MASTER_PORT"}).value_or(env("SLURM_JOB_ID")
+                                                         ? detail::slurm_master_port(*env("SLURM_JOB_ID"))
+                                                         : 29500);
   TORCH_CHECK(port > 0 && port < 65536, "dtp: MASTER_PORT=", port, " is not a valid port.");
   if (auto t = envInt({"DTP_TIMEOUT_S"})) options.timeout = std::chrono::seconds(*t);
-  if (options.bind_address.empty()) {
-    if (auto a = env("DTP_BIND_ADDR")) options.bind_address = *a;
-    else options.bind_address = isLoopback(addr) ? "127.0.0.1" : "*";
-  }
+  // See NOTE: [Choosing the interface] in bind_address.cpp.
+  if (options.bind_address.empty()) options.bind_address = detail::choose_bind_address(addr);
 
   // Under torchrun's elastic agent (TORCHELASTIC_USE_AGENT_STORE=True) the
   // agent already serves a TCPStore on MASTER_ADDR:MASTER_PORT: every rank

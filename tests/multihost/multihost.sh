@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# Simulated hosts on one machine, each a network namespace with its own mount
+# namespace and /dev/shm, joined by veth pairs on a bridge that lives in a
+# namespace of its own ("the switch"). Addresses 10.213.0.10+i/24 exist only
+# inside these namespaces; the machine's own interfaces, addresses and
+# routes are never touched. Everything is made by this script and removed on
+# exit. Hosts share the machine's file system (like a cluster's shared NFS),
+# but each has /dev/shm of its own: DIR/hI/shm, bind-mounted, so that what a
+# host leaves there can be checked after its processes are gone.
+#
+# Usage: multihost.sh BUILD_DIR CASE
+#   dp_tp       2 hosts x 2 ranks, dtprun --nnodes 2: dp across hosts, tp
+#               within, float64 parity with one device and the collective
+#               counts of the same job on one host; hostnames that resolve to
+#               loopback (as in containers), so Gloo takes the address on the
+#               route to MASTER_ADDR
+#   ifname      the same with GLOO_SOCKET_IFNAME=eth0, and with hostnames
+#               h0/h1 that resolve to the hosts' addresses (c10d's default)
+#   pp          pp across hosts, tp within
+#   ckpt        saved on 2 hosts at (dp, tp) = (2, 2), resumed on 1 host at
+#               tp 2: the losses continue as an uninterrupted run's
+#   link_down   host 1's link is cut mid-training: every rank fails within
+#               DTP_TIMEOUT_S naming ranks of the other host; no /dev/shm
+#               leftovers on either host
+#   slurm       srun's environment (SLURM_PROCID, SLURM_LOCALID,
+#               SLURM_STEP_NODELIST=h[0-1], SLURM_JOB_ID, no MASTER_ADDR/PORT)
+#               across the hosts: dp across hosts, tp within, parity
+#   torchrun    torchrun --nnodes 2 with c10d rendezvous (where torchrun exists)
+# Exit 77 (skipped) without root, ip netns or unshare.
+set -uo pipefail
+export LC_ALL=C
+build=$(cd "$1" && pwd) case=$2
+dtprun=$build/apps/dtprun/dtprun train=$build/apps/dtp-train
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+skip() { echo "multihost: SKIPPED: $*"; exit 77; }
+fail() { echo "multihost $case: FAILED: $*"; exit 1; }
+[ "$(id -u)" = 0 ] || skip "needs root for network namespaces (CI runs as root)"
+command -v ip >/dev/null && command -v unshare >/dev/null || skip "needs ip (iproute2) and unshare (util-linux)"
+
+W=$(mktemp -d /tmp/dtp-multihost.XXXXXX)
+tag=dmh$$                 # namespace names of this run: dmh<pid>sw, dmh<pid>h0, ...
+sw=${tag}sw
+hosts=()
+cleanup() {
+  for ns in "${hosts[@]}" "$sw"; do
+    # Processes left in a host (a failed case) go with it.
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  [ -n "${DTP_MULTIHOST_KEEP:-}" ] && echo "multihost: kept $W" || rm -rf "$W"
+}
+trap cleanup EXIT
+
+# make_hosts N: hosts h0..h(N-1) at 10.213.0.10+i, all on the switch's bridge.
+make_hosts() {
+  ip netns add "$sw" 2>/dev/null || skip "cannot create a network namespace (ip netns add)"
+  ip -n "$sw" link add br0 type bridge && ip -n "$sw" link set br0 up && ip -n "$sw" link set lo up ||
+    fail "cannot make the switch's bridge"
+  : > "$W/hosts"
+  echo "127.0.0.1 localhost" >> "$W/hosts"
+  for ((i = 0; i < $1; i++)); do
+    local ns=${tag}h$i
+    ip netns add "$ns" || fail "ip netns add $ns"
+    hosts+=("$ns")
+    ip -n "$sw" link add "p$i" type veth peer name eth0 netns "$ns" || fail "veth for host $i"
+    ip -n "$sw" link set "p$i" master br0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "10.213.0.$((10 + i))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    mkdir -p "$W/h$i/shm"
+    echo "10.213.0.$((10 + i)) h$i" >> "$W/hosts"
+  done
+  # Each host reaches the others (the bridge may take a moment to forward).
+  for ((i = 1; i < $1; i++)); do
+    for t in 1 2 3 4 5 6 7 8 9 10; do on 0 ping -c1 -W1 "10.213.0.$((10 + i))" >/dev/null 2>&1 && break; sleep 0.5; done
+  done
+}
+
+# on I CMD...: CMD on host I, in a mount namespace of its own with DIR/hI/shm
+# as /dev/shm. With NAMED=1, also a UTS namespace with hostname hI and the
+# hosts' /etc/hosts (hI resolves to its address); otherwise the machine's
+# hostname, which (in containers and on Debian) resolves to loopback.
+on() {
+  local i=$1
+  shift
+  local uts=() named=${NAMED:-0}
+  [ "$named" = 1 ] && uts=(-u)
+  ip netns exec "${tag}h$i" unshare -m "${uts[@]}" --propagation private -- bash -c '
+    mount --bind "$1/h$2/shm" /dev/shm || exit 98
+    if [ "$3" = 1 ]; then mount --bind "$1/hosts" /etc/hosts && hostname "h$2" || exit 98; fi
+    shift 3; exec "$@"' _ "$W" "$i" "$named" "$@"
+}
+
+common="--dim 32 --seq 16 --kv-heads 2 --layers 2 --dtype float64 --log-every 1"
+master=10.213.0.10
+# A job of 2 hosts x 2 ranks through dtprun; output in DIR/NAME.h0/.h1.
+two_hosts() {
+  local name=$1
+  shift
+  on 1 "$dtprun" --nnodes 2 --node-rank 1 --master-addr $master --master-port 29500 -n 2 "$@" > "$W/$name.h1" 2>&1 &
+  local h1=$!
+  on 0 "$dtprun" --nnodes 2 --node-rank 0 --master-addr $master --master-port 29500 -n 2 "$@" > "$W/$name.h0" 2>&1
+  local s0=$?
+  wait $h1
+  local s1=$?
+  [ $s0 = 0 ] && [ $s1 = 0 ] || { cat "$W/$name.h0" "$W/$name.h1"; fail "$name: exit status $s0 (host 0), $s1 (host 1)"; }
+}
+collectives() { grep -o '\[rank 0\] done: .*' "$1" | sed 's/.*tok\/s, //'; }
+parity() {
+  grep -E '^(\[rank 0\] )?parity vs one device in float64 .*: ok' "$1" || { cat "$1"; fail "$2: no float64 parity line"; }
+}
+no_leftovers() {
+  for ((i = 0; i < ${#hosts[@]}; i++)); do
+    [ -z "$(ls -A "$W/h$i/shm")" ] || fail "host $i left in /dev/shm: $(ls -A "$W/h$i/shm")"
+  done
+  echo "no /dev/shm leftovers on ${#hosts[@]} hosts"
+}
+# Same job, same counts: the reference on one host (4 local ranks).
+same_counts_as_one_host() {
+  local name=$1
+  shift
+  on 0 "$dtprun" -n 4 "$@" > "$W/$name.one" 2>&1 || { cat "$W/$name.one"; fail "$name on one host"; }
+  local want got
+  want=$(collectives "$W/$name.one") got=$(collectives "$W/$name.h0")
+  [ -n "$want" ] && [ "$want" = "$got" ] || fail "$name: collectives on 2 hosts '$got', on one host '$want'"
+  echo "$name: collectives as on one host: $got"
+}
+
+case $case in
+dp_tp)
+  make_hosts 2
+  args=("$train" $common --steps 3 --dp 2 --tp 2 --check-parity)
+  two_hosts dp_tp "${args[@]}"
+  parity "$W/dp_tp.h0" dp_tp
+  # The hostname resolves to loopback here: said once per host, with the choice.
+  for i in 0 1; do
+    grep -q "Gloo binds to 10.213.0.1$i, this host's address on the route to MASTER_ADDR=$master" "$W/dp_tp.h$i" ||
+      { cat "$W/dp_tp.h$i"; fail "host $i did not say which address Gloo took"; }
+  done
+  same_counts_as_one_host dp_tp "${args[@]}"
+  no_leftovers
+  ;;
+ifname)
+  make_hosts 2
+  GLOO_SOCKET_IFNAME=eth0 two_hosts ifname "$train" $common --steps 2 --dp 2 --tp 2 --check-parity
+  parity "$W/ifname.h0" "GLOO_SOCKET_IFNAME=eth0"
+  ! grep -q "Gloo binds to" "$W/ifname.h0" || fail "GLOO_SOCKET_IFNAME set, yet dtp guessed"
+  NAMED=1 two_hosts named "$train" $common --steps 2 --dp 2 --tp 2 --check-parity
+  parity "$W/named.h0" "hostnames h0/h1"
+  ! grep -q "Gloo binds to" "$W/named.h0" || fail "the hostname resolves to the host's address, yet dtp guessed"
+  # A wrong interface is named before any connection.
+  GLOO_SOCKET_IFNAME=eth9 on 0 env RANK=0 WORLD_SIZE=2 MASTER_ADDR=$master "$train" $common --steps 1 > "$W/bad" 2>&1 &&
+    fail "GLOO_SOCKET_IFNAME=eth9 was accepted"
+  grep -q "GLOO_SOCKET_IFNAME names interface 'eth9': got no such interface on this host, expected one of lo, eth0" "$W/bad" ||
+    { cat "$W/bad"; fail "GLOO_SOCKET_IFNAME=eth9: no error naming it"; }
+  echo "GLOO_SOCKET_IFNAME=eth9 is refused naming lo, eth0"
+  ;;
+pp)
+  make_hosts 2
+  args=("$train" $common --steps 3 --pp 2 --tp 2 --check-parity)
+  two_hosts pp "${args[@]}"
+  parity "$W/pp.h0" pp
+  same_counts_as_one_host pp "${args[@]}"
+  ;;
+ckpt)
+  make_hosts 2
+  losses() { grep -E '^\[rank 0\] step +[0-9]+  loss' "$1" | sed 's/ *[0-9.]* tok.*//'; }
+  on 0 "$dtprun" -n 2 "$train" $common --steps 6 --tp 2 > "$W/want" 2>&1 || { cat "$W/want"; fail "reference run"; }
+  two_hosts save "$train" $common --steps 3 --dp 2 --tp 2 --save "$W/ckpt"
+  [ -e "$W/ckpt/step-3/index.json" ] || fail "no $W/ckpt/step-3/index.json after the 2-host save: $(ls -R "$W/ckpt")"
+  on 1 "$dtprun" -n 2 "$train" $common --steps 6 --tp 2 --resume "$W/ckpt" > "$W/resume" 2>&1 || { cat "$W/resume"; fail "resume on host 1"; }
+  grep -q "resuming from $W/ckpt/step-3" "$W/resume" || { cat "$W/resume"; fail "did not resume from step-3"; }
+  diff <(losses "$W/want" | grep -E 'step +[4-6] ') <(losses "$W/resume") || fail "losses after resuming differ"
+  echo "saved on 2 hosts at (dp, tp) = (2, 2), resumed on 1 host at tp 2: steps 4-6 equal the uninterrupted run"
+  ;;
+link_down)
+  make_hosts 2
+  timeout_s=8
+  export DTP_TIMEOUT_S=$timeout_s
+  on 1 "$dtprun" --nnodes 2 --node-rank 1 --master-addr $master --master-port 29500 -n 2 "$train" $common \
+    --steps 100000 --dp 2 --tp 2 > "$W/ld.h1" 2>&1 &
+  h1=$!
+  on 0 "$dtprun" --nnodes 2 --node-rank 0 --master-addr $master --master-port 29500 -n 2 "$train" $common \
+    --steps 100000 --dp 2 --tp 2 > "$W/ld.h0" 2>&1 &
+  h0=$!
+  for t in $(seq 1 300); do grep -q 'step    20 ' "$W/ld.h0" && break; sleep 0.1; done
+  grep -q 'step    20 ' "$W/ld.h0" || { cat "$W/ld.h0" "$W/ld.h1"; fail "training did not reach step 20"; }
+  ip -n "$sw" link set p1 down  # host 1's cable, pulled at the switch
+  cut=$(date +%s.%N)
+  wait $h0; s0=$?
+  t0=$(date +%s.%N)
+  wait $h1; s1=$?
+  t1=$(date +%s.%N)
+  echo "host 0 exited with $s0 after $(echo "$t0 - $cut" | bc) s, host 1 with $s1 after $(echo "$t1 - $cut" | bc) s"
+  [ $s0 != 0 ] && [ $s1 != 0 ] || fail "a host exited 0 after its link went down"
+  for t in "$t0" "$t1"; do
+    (( $(echo "$t - $cut < $timeout_s + 6" | bc) )) || fail "a host took $(echo "$t - $cut" | bc) s, over DTP_TIMEOUT_S=$timeout_s s + 6"
+  done
+  # Each host names ranks of the other as the ones that did not arrive.
+  grep -E 'failed: global ranks? [23].* did not reach it' "$W/ld.h0" | head -2
+  grep -qE 'failed: global ranks? [23].* did not reach it' "$W/ld.h0" || { cat "$W/ld.h0"; fail "host 0 did not name rank 2 or 3"; }
+  # Host 1 cannot reach the store on host 0 either: it names who it could not ask about.
+  named1='failed: (global ranks? [01].* did not reach it|the job.s store \(served by global rank 0\) did not answer, so rank 0 exited or its host is unreachable; not known whether global ranks? [01])'
+  grep -E "$named1" "$W/ld.h1" | head -2
+  grep -qE "$named1" "$W/ld.h1" || { cat "$W/ld.h1"; fail "host 1 did not name rank 0 or 1"; }
+  no_leftovers
+  ;;
+slurm)
+  make_hosts 2
+  export NAMED=1
+  # 29500 taken on host 0: a rank that ignored SLURM_JOB_ID would fail there.
+  on 0 python3 -c 'import socket, time; s = socket.socket(); s.bind(("0.0.0.0", 29500)); s.listen(); time.sleep(120)' &
+  blocker=$!
+  sleep 0.3
+  # What srun gives each task of `srun -N 2 --ntasks-per-node 2` in job 4242.
+  for i in 1 0; do
+    for l in 0 1; do
+      on $i env SLURM_PROCID=$((2 * i + l)) SLURM_NTASKS=4 SLURM_LOCALID=$l SLURM_NODEID=$i SLURM_JOB_ID=4242 \
+        SLURM_STEP_NODELIST='h[0-1]' SLURM_JOB_NODELIST='h[0-1]' OMP_NUM_THREADS=1 \
+        "$train" $common --steps 3 --dp 2 --tp 2 --check-parity > "$W/slurm.$i$l" 2>&1 &
+      eval "pid$i$l=\$!"
+    done
+  done
+  for p in $pid00 $pid01 $pid10 $pid11; do wait $p || { cat "$W"/slurm.*; fail "a task failed"; }; done
+  parity "$W/slurm.00" slurm
+  kill $blocker
+  echo "srun's environment across 2 hosts: MASTER_ADDR h0 from SLURM_STEP_NODELIST, MASTER_PORT 19242 from SLURM_JOB_ID"
+  ;;
+torchrun)
+  command -v torchrun >/dev/null || skip "torchrun is not installed (Debian 13's python3-torch: scripts/debian13.sh)"
+  make_hosts 2
+  for i in 1 0; do
+    on $i python3 "$here/../multiprocess/torchrun_nolibuv.py" --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d \
+      --rdzv_endpoint $master:29400 --rdzv_id dtp --no-python "$train" $common --steps 3 --dp 2 --tp 2 --check-parity \
+      > "$W/torchrun.h$i" 2>&1 &
+    eval "pid$i=\$!"
+  done
+  wait $pid0 && wait $pid1 || { cat "$W"/torchrun.*; fail "torchrun across 2 hosts"; }
+  grep -E 'parity vs one device in float64 .*: ok' "$W"/torchrun.h* || { cat "$W"/torchrun.*; fail "no parity line"; }
+  ;;
+*)
+  fail "unknown case '$case'"
+  ;;
+esac
+echo "multihost $case: ok"
