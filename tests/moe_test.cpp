@@ -197,9 +197,9 @@ TEST(MoETest, UnevenRoutingStaysExact) {
   EXPECT_EQ(g.grads.at("w1").narrow(0, 2, 2).abs().max().item<double>(), 0.0);
 }
 
-// A Mixtral-shaped model (MoE in every block) trains under TP, the experts
-// replicated, like one device.
-TEST(MoETest, MoEModelUnderTpTrainsLikeOneDevice) {
+// A Mixtral-shaped model (MoE in every block) with its load-balancing loss
+// trains under TP (the experts replicated), FSDP and DDP like one device.
+TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
   LlamaConfig c = dtp::test::small_llama_config(2);
   c.dtype = at::kDouble;
   c.family = "mixtral";
@@ -221,16 +221,32 @@ TEST(MoETest, MoEModelUnderTpTrainsLikeOneDevice) {
   };
   Llama one(c);
   const auto want = train(one);
+  auto expectSame = [&](const std::pair<std::vector<double>, std::vector<std::pair<std::string, at::Tensor>>>& got) {
+    for (size_t i = 0; i < want.first.size(); ++i) EXPECT_NEAR(got.first[i], want.first[i], 1e-12) << "step " << i;
+    for (size_t i = 0; i < want.second.size(); ++i) {
+      EXPECT_LE((got.second[i].second - want.second[i].second).abs().max().item<double>(), 3e-11)
+          << want.second[i].first;
+    }
+  };
   for (bool sp : {true, false}) {
+    SCOPED_TRACE(sp ? "tp 2, sp" : "tp 2");
     run_ranks(2, [&](int) {
       Llama model(c);
       apply_tensor_parallel(model, init_device_mesh("cpu", {2}, {"tp"}), TensorParallelOptions{sp, dtp::test::kSeq});
-      const auto got = train(model);
-      for (size_t i = 0; i < want.first.size(); ++i) EXPECT_NEAR(got.first[i], want.first[i], 1e-12) << "step " << i;
-      for (size_t i = 0; i < want.second.size(); ++i) {
-        EXPECT_LE((got.second[i].second - want.second[i].second).abs().max().item<double>(), 3e-11)
-            << want.second[i].first;
-      }
+      expectSame(train(model));
+    });
+  }
+  // Data parallel over a replicated batch (every dp rank the whole batch):
+  // the mean of equal gradients is each one, so the steps equal one device's.
+  for (bool ddp : {false, true}) {
+    SCOPED_TRACE(ddp ? "dp 2 x tp 2, DDP" : "dp 2 x tp 2, FSDP");
+    run_ranks(4, [&](int) {
+      auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+      Llama model(c);
+      apply_tensor_parallel(model, mesh, TensorParallelOptions{true, dtp::test::kSeq});
+      if (ddp) apply_ddp(model, mesh);
+      else apply_fsdp(model, mesh);
+      expectSame(train(model));
     });
   }
 }

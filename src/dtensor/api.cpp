@@ -154,6 +154,8 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   } else {
     for (size_t m = 0; m < placements.size(); ++m) {
       if (!placements[m].is_shard()) continue;
+      TORCH_CHECK(local.dim() > 0, "from_local: a scalar (0-d) tensor cannot be sharded: mesh dim ", m,
+                  " says Shard(", placements[m].dim, "). Use Replicate or Partial, or give the tensor a dimension.");
       int64_t d = c10::maybe_wrap_dim(placements[m].dim, local.dim());
       global[d] *= mesh.size(static_cast<int64_t>(m));
     }

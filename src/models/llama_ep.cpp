@@ -53,8 +53,8 @@ at::Tensor moe_load_balancing_loss(Llama& model) {
   at::Tensor out = (loss * c.moe.aux_loss_coef).to(c.dtype);
   // Under TP every tp rank routed the same tokens with a replicated router:
   // the loss is replicated, to be added to loss_parallel's.
-  const at::Tensor& router = layers[0]->gate->weight;
-  if (is_dtensor(router)) out = from_local(out, device_mesh(router), placements(router), /*run_check=*/false);
+  if (const auto& mesh = layers[0]->input_mesh)
+    out = from_local(out, *mesh, Placements(mesh->ndim(), Replicate()), /*run_check=*/false);
   return out;
 }
 

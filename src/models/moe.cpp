@@ -50,7 +50,9 @@ MoEImpl::MoEImpl(int64_t dim, const MoEConfig& c) : config(c) {
   static const bool fields = [] {
     FieldSetter set = [](torch::nn::Module& m, const std::string& n, const at::Tensor& t) {
       auto& moe = dynamic_cast<MoEImpl&>(m);
-      (n == "w1" ? moe.w1 : n == "w2" ? moe.w2 : moe.w3) = t;
+      if (n == "w1") moe.w1 = t;
+      if (n == "w2") moe.w2 = t;
+      if (n == "w3") moe.w3 = t;
     };
     register_parameter_fields(typeid(MoEImpl), set);
     register_parameter_fields(typeid(dtp::nn::HookedImpl<MoEImpl>), set);
@@ -94,6 +96,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
     tp_mesh = device_mesh(input);
     x = to_local(input);
   }
+  input_mesh = tp_mesh;
   auto local = [](const at::Tensor& p) { return is_dtensor(p) ? to_local(p) : p; };
   const at::Tensor W1 = local(w1), W2 = local(w2), W3 = local(w3), G = local(gate->weight);
   const int64_t E = config.num_experts, k = config.top_k, D = x.size(-1);

@@ -10,6 +10,7 @@
 - greedy: greedy_f64 [batch, N] equal, token for token, to the reference's.
 - loss: loss_f64, the mean cross-entropy of the reference's float64 logits
   against input_ids.roll(-1, 1), within 1e-12 relative.
+- aux: aux_f64, the MoE load-balancing loss, within 1e-12 relative.
 
     python3 tests/hf/compare_logits.py /tmp/ref.safetensors /tmp/got.safetensors --expect logits,greedy
 
@@ -98,7 +99,19 @@ def check_loss(ref, got, problems):
     return f"loss {t.item():.15g} vs {want:.15g}: |diff| {d:.3g} (bound {bound:.3g}): {'ok' if ok else 'FAILED'}"
 
 
-CHECKS = {"logits": check_logits, "greedy": check_greedy, "loss": check_loss}
+def check_aux(ref, got, problems):
+    want, t = ref.get("aux_f64"), got.get("aux_f64")
+    if want is None or t is None or t.dtype != torch.float64:
+        problems.append("aux")
+        return f"aux: got {t}, reference {want}: FAILED"
+    d = abs(t.item() - want.item())
+    bound = F64_BOUND * max(1.0, abs(want.item()))
+    if d > bound:
+        problems.append("aux")
+    return f"aux {t.item():.15g}: |diff| {d:.3g} (bound {bound:.3g}): {'ok' if d <= bound else 'FAILED'}"
+
+
+CHECKS = {"logits": check_logits, "greedy": check_greedy, "loss": check_loss, "aux": check_aux}
 
 
 def main():

@@ -14,6 +14,9 @@
 // - --greedy N (dp 1): the float64 model parallelized for inference
 //   (apply_tensor_parallel_for_inference) continues every sequence by N
 //   greedy tokens with the KV cache: greedy_f64 [batch, N] in OUT.
+// - MoE folders: aux_f64, moe_load_balancing_loss after the float64 forward.
+// - --ep: expert parallelism over all ranks instead (mesh ("ep")): rank r
+//   feeds sequence r % batch; logits_f64/f32 of ranks 0..batch-1 gathered.
 // - --pp P instead: a float64 pipeline over (pp, tp) = (P, WORLD_SIZE / P),
 //   GPipe, one sequence per microbatch, computes the mean cross-entropy
 //   against the tokens shifted by one (input_ids.roll(-1, 1)): loss_f64 in
@@ -52,12 +55,12 @@ namespace fs = std::filesystem;
 struct Args {
   std::string model_dir, reference, out, export_dir;
   int64_t dp = 1, pp = 1, greedy = 0;
-  bool ddp = false;
+  bool ddp = false, ep = false;
 };
 
 constexpr const char* kUsage =
     "usage: hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors EXPORT_DIR [--dp N [--ddp]] [--greedy N] "
-    "[--pp N]";
+    "[--pp N] [--ep]";
 
 Args parseArgs(int argc, char** argv) {
   Args a;
@@ -73,6 +76,8 @@ Args parseArgs(int argc, char** argv) {
       (arg == "--dp" ? a.dp : arg == "--pp" ? a.pp : a.greedy) = n;
     } else if (arg == "--ddp") {
       a.ddp = true;
+    } else if (arg == "--ep") {
+      a.ep = true;
     } else {
       positional.push_back(arg);
     }
@@ -84,6 +89,7 @@ Args parseArgs(int argc, char** argv) {
   a.export_dir = positional[3];
   TORCH_CHECK(a.pp == 1 || (a.dp == 1 && a.greedy == 0), "--pp runs alone (no --dp, no --greedy). ", kUsage);
   TORCH_CHECK(a.greedy == 0 || a.dp == 1, "--greedy runs at dp 1. ", kUsage);
+  TORCH_CHECK(!a.ep || (a.dp == 1 && a.pp == 1 && a.greedy == 0), "--ep runs alone. ", kUsage);
   return a;
 }
 
@@ -187,9 +193,38 @@ at::Tensor greedyAt(const Args& a, const std::optional<DeviceMesh>& mesh, const 
   return tokens;
 }
 
+// --ep: every rank its own sequence, the experts spread over all ranks.
+int runExpertParallel(const Args& a, ProcessGroup& world) {
+  const DeviceMesh mesh = init_device_mesh("cpu", {world.size()}, {"ep"});
+  const at::Tensor ids = tensorIn(a.reference, "input_ids");
+  const int64_t batch = ids.size(0);
+  TORCH_CHECK(world.size() >= batch, "--ep needs at least one rank per sequence: ", batch, " sequences, ",
+              world.size(), " ranks.");
+  io::TensorMap out;
+  for (at::ScalarType dtype : {at::kDouble, at::kFloat}) {
+    LlamaConfig c = llama_config_from_hf(a.model_dir);
+    c.dtype = dtype;
+    Llama model(c);
+    apply_expert_parallel(model, mesh);
+    load_hf_weights(model, a.model_dir);
+    at::NoGradGuard no_grad;
+    const at::Tensor mine = model(ids.narrow(0, world.rank() % batch, 1));
+    const std::vector<int64_t> ones(world.size(), 1);
+    const at::Tensor all = world.all_gather(mine.contiguous(), 0, ones).wait();
+    out.emplace_back(dtype == at::kDouble ? "logits_f64" : "logits_f32", all.narrow(0, 0, batch).contiguous());
+  }
+  if (world.rank() == 0) {
+    io::save_safetensors(a.out, out);
+    std::printf("hf_check: ep=%d: logits of %s written to %s\n", world.size(), a.model_dir.c_str(), a.out.c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int run(const Args& a) {
   ProcessGroup world = init_process_group();
   if (a.pp > 1) return runPipeline(a, world);
+  if (a.ep) return runExpertParallel(a, world);
   const int64_t W = world.size(), dp = a.dp, tp = W / dp;
   TORCH_CHECK(dp * tp == W, "--dp ", dp, " does not divide WORLD_SIZE=", W,
               ". Choose --dp a divisor of the number of ranks.");
@@ -201,10 +236,16 @@ int run(const Args& a) {
   const at::Tensor ids = tensorIn(a.reference, "input_ids");
   Llama f64 = loadAt(a, mesh, dp, at::kDouble);
   const at::Tensor logits_f64 = logitsOf(f64, ids);
+  at::Tensor aux;
+  if (f64->config.moe.num_experts > 0) {
+    aux = moe_load_balancing_loss(f64).detach();
+    if (is_dtensor(aux)) aux = full_tensor(aux);
+  }
   Llama f32 = loadAt(a, mesh, dp, at::kFloat);
   const at::Tensor logits_f32 = logitsOf(f32, ids);
   std::vector<std::pair<std::string, at::Tensor>> out = {{"logits_f64", logits_f64}, {"logits_f32", logits_f32}};
   if (a.greedy > 0) out.emplace_back("greedy_f64", greedyAt(a, mesh, ids));
+  if (aux.defined()) out.emplace_back("aux_f64", aux.reshape({}));
   if (root) {
     io::save_safetensors(a.out, out);
     std::printf("hf_check: dp=%lld tp=%lld: logits %s of %s written to %s\n", static_cast<long long>(dp),

@@ -5,7 +5,11 @@ eager attention, no cache) line for line, with what the other families add
 to it: Llama 3.1's "llama3" rope_scaling (_compute_llama3_parameters),
 attention biases (attention_bias; Qwen 2.5's on q/k/v only), Qwen 3's
 q_norm/k_norm over head_dim before rotary, Mistral's sliding window (a key
-is visible iff q_idx - sliding_window < kv_idx <= q_idx). It runs twice:
+is visible iff q_idx - sliding_window < kv_idx <= q_idx), and the sparse
+MoE blocks of Mixtral and Qwen3-MoE (MixtralSparseMoeBlock,
+Qwen3MoeSparseMoeBlock: softmax in float32, top-k, renormalized (Mixtral;
+Qwen3-MoE when norm_topk_prob), each expert on its tokens, index_add) with
+load_balancing_loss_func over all layers' router logits. It runs twice:
 
 - logits_f64: weights cast to float64 and every step in float64, inv_freq and
   cos/sin included: the exact answer, up to float64 rounding.
@@ -18,7 +22,8 @@ is visible iff q_idx - sliding_window < kv_idx <= q_idx). It runs twice:
 The output file holds logits_f64 f64[batch,seq,vocab], logits_f32
 f32[batch,seq,vocab] and input_ids i64[batch,seq]; with --greedy N also
 greedy_f64 i64[batch,N], the argmax continuation of every sequence by
-repeated float64 forwards.
+repeated float64 forwards; for MoE folders aux_f64, router_aux_loss_coef
+times the load-balancing loss of the float64 forward.
 """
 
 import argparse
@@ -123,7 +128,7 @@ def attention(cfg, w, p, x, cos, sin):
     q_idx = torch.arange(s)[:, None]
     kv_idx = torch.arange(s)[None, :]
     hidden = kv_idx > q_idx
-    window = cfg.get("sliding_window") if cfg["model_type"] == "mistral" else None
+    window = cfg.get("sliding_window") if cfg["model_type"] in ("mistral", "mixtral") else None
     if window:
         hidden |= kv_idx <= q_idx - window
     # HF adds finfo(dtype).min instead; both give masked probabilities of
@@ -135,7 +140,51 @@ def attention(cfg, w, p, x, cos, sin):
     return F.linear(out, w[p + "o_proj.weight"], w.get(p + "o_proj.bias"))
 
 
-def forward(cfg, weights, input_ids, dtype):
+def sparse_moe(cfg, w, x, router_logits):
+    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock.forward on x [b, s, d]."""
+    b, s, d = x.shape
+    mixtral = cfg["model_type"] == "mixtral"
+    p = "block_sparse_moe." if mixtral else "mlp."
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    experts = cfg["num_local_experts"] if mixtral else cfg["num_experts"]
+    top_k = cfg["num_experts_per_tok"]
+    h = x.view(-1, d)
+    logits = F.linear(h, w[p + "gate.weight"])
+    router_logits.append(logits)
+    routing_weights = F.softmax(logits, dim=1, dtype=torch.promote_types(h.dtype, torch.float32))
+    routing_weights, selected = torch.topk(routing_weights, top_k, dim=-1)
+    if mixtral or cfg.get("norm_topk_prob"):
+        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+    routing_weights = routing_weights.to(h.dtype)
+    out = torch.zeros_like(h)
+    mask = F.one_hot(selected, num_classes=experts).permute(2, 1, 0)
+    for e in range(experts):
+        idx, top_x = torch.where(mask[e])
+        if top_x.numel() == 0:
+            continue
+        cur = h[top_x]
+        q = f"{p}experts.{e}."
+        y = F.linear(F.silu(F.linear(cur, w[q + names[0] + ".weight"])) * F.linear(cur, w[q + names[1] + ".weight"]),
+                     w[q + names[2] + ".weight"])
+        out.index_add_(0, top_x, y * routing_weights[top_x, idx, None])
+    return out.view(b, s, d)
+
+
+def load_balancing_loss(cfg, router_logits):
+    """transformers' load_balancing_loss_func (no attention mask), with the
+    routed fractions in the logits' dtype (HF's .float() rounds them to
+    float32, ~1e-8: an artifact, not the published formula)."""
+    experts = cfg.get("num_local_experts") or cfg["num_experts"]
+    logits = torch.cat(router_logits, dim=0)
+    routing_weights = F.softmax(logits, dim=-1)
+    _, selected = torch.topk(routing_weights, cfg["num_experts_per_tok"], dim=-1)
+    expert_mask = F.one_hot(selected, experts)
+    tokens_per_expert = torch.mean(expert_mask.float().to(logits.dtype), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * experts
+
+
+def forward(cfg, weights, input_ids, dtype, router_logits=None):
     """LlamaForCausalLM logits [batch, seq, vocab] with weights cast to dtype."""
     w = {k: t.to(dtype) for k, t in weights.items()}
     eps = cfg["rms_norm_eps"]
@@ -146,6 +195,10 @@ def forward(cfg, weights, input_ids, dtype):
         x = rms_norm(h, w[p + "input_layernorm.weight"], eps)
         h = h + attention(cfg, w, p + "self_attn.", x, cos, sin)
         x = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
+        if cfg["model_type"] in ("mixtral", "qwen3_moe"):
+            lw = {k[len(p):]: t for k, t in w.items() if k.startswith(p)}
+            h = h + sparse_moe(cfg, lw, x, router_logits if router_logits is not None else [])
+            continue
         gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
         up = F.linear(x, w[p + "mlp.up_proj.weight"])
         h = h + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
@@ -183,6 +236,10 @@ def main():
             "logits_f64": forward(cfg, weights, input_ids, torch.float64),
             "logits_f32": forward(cfg, weights, input_ids, torch.float32),
         }
+        if cfg["model_type"] in ("mixtral", "qwen3_moe"):
+            router_logits = []
+            forward(cfg, weights, input_ids, torch.float64, router_logits)
+            out["aux_f64"] = load_balancing_loss(cfg, router_logits) * cfg["router_aux_loss_coef"]
         if a.greedy:
             ids = input_ids
             for _ in range(a.greedy):

@@ -2,8 +2,10 @@
 
 --family picks the transformers config and tensors: llama (LlamaForCausalLM,
 with --attention-bias and --rope-llama3 for Llama 3.1's rope_scaling),
-mistral (--sliding-window), qwen2 (Qwen 2.5: q/k/v biases) or qwen3 (q_norm
-and k_norm per head; --head-dim apart from hidden / heads).
+mistral (--sliding-window), qwen2 (Qwen 2.5: q/k/v biases), qwen3 (q_norm
+and k_norm per head; --head-dim apart from hidden / heads), or the mixtures
+of experts mixtral (mistral's attention) and qwen3_moe (qwen3's), with
+--experts, --top-k and --moe-intermediate.
 
 The folder looks like what transformers' save_pretrained writes: config.json
 plus model.safetensors, or, with --shards N > 1, model-0000k-of-0000N.safetensors
@@ -38,6 +40,8 @@ ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -81,12 +85,21 @@ def make_config(a):
     }
     if a.family == "llama":
         c.update({"attention_bias": a.attention_bias, "mlp_bias": False, "pretraining_tp": 1})
-    if a.family == "qwen3":
+    if a.family in ("qwen3", "qwen3_moe"):
         c["attention_bias"] = a.attention_bias
-    if a.family in ("qwen2", "qwen3"):
+    if a.family in ("qwen2", "qwen3", "qwen3_moe"):
         c.update({"max_window_layers": a.layers, "sliding_window": None, "use_sliding_window": False})
-    if a.family == "mistral":
+    if a.family in ("mistral", "mixtral"):
         c["sliding_window"] = a.sliding_window or None
+    if a.family == "mixtral":
+        c.update({"num_local_experts": a.experts, "num_experts_per_tok": a.top_k,
+                  "intermediate_size": a.moe_intermediate, "router_aux_loss_coef": 0.02,
+                  "output_router_logits": False})
+    if a.family == "qwen3_moe":
+        c.update({"num_experts": a.experts, "num_experts_per_tok": a.top_k,
+                  "moe_intermediate_size": a.moe_intermediate, "norm_topk_prob": a.norm_topk_prob,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
+                  "output_router_logits": False})
     if a.rope_llama3:
         factor, low, high, original = a.rope_llama3.split(",")
         c["rope_scaling"] = {"factor": float(factor), "low_freq_factor": float(low),
@@ -120,12 +133,27 @@ def make_weights(a):
         w[p + "self_attn.o_proj.weight"] = matrix(a.hidden, a.heads * head_dim)
         if o_bias(a):
             w[p + "self_attn.o_proj.bias"] = bias(a.hidden)
-        if a.family == "qwen3":
+        if a.family in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = norm(head_dim)
             w[p + "self_attn.k_norm.weight"] = norm(head_dim)
-        w[p + "mlp.gate_proj.weight"] = matrix(a.intermediate, a.hidden)
-        w[p + "mlp.up_proj.weight"] = matrix(a.intermediate, a.hidden)
-        w[p + "mlp.down_proj.weight"] = matrix(a.hidden, a.intermediate)
+        if a.family == "mixtral":  # MixtralSparseMoeBlock: gate, experts.N.w1/w2/w3
+            m = p + "block_sparse_moe."
+            w[m + "gate.weight"] = matrix(a.experts, a.hidden)
+            for e in range(a.experts):
+                w[m + f"experts.{e}.w1.weight"] = matrix(a.moe_intermediate, a.hidden)
+                w[m + f"experts.{e}.w2.weight"] = matrix(a.hidden, a.moe_intermediate)
+                w[m + f"experts.{e}.w3.weight"] = matrix(a.moe_intermediate, a.hidden)
+        elif a.family == "qwen3_moe":  # Qwen3MoeSparseMoeBlock: gate, experts.N.{gate,up,down}_proj
+            m = p + "mlp."
+            w[m + "gate.weight"] = matrix(a.experts, a.hidden)
+            for e in range(a.experts):
+                w[m + f"experts.{e}.gate_proj.weight"] = matrix(a.moe_intermediate, a.hidden)
+                w[m + f"experts.{e}.up_proj.weight"] = matrix(a.moe_intermediate, a.hidden)
+                w[m + f"experts.{e}.down_proj.weight"] = matrix(a.hidden, a.moe_intermediate)
+        else:
+            w[p + "mlp.gate_proj.weight"] = matrix(a.intermediate, a.hidden)
+            w[p + "mlp.up_proj.weight"] = matrix(a.intermediate, a.hidden)
+            w[p + "mlp.down_proj.weight"] = matrix(a.hidden, a.intermediate)
         w[p + "input_layernorm.weight"] = norm(a.hidden)
         w[p + "post_attention_layernorm.weight"] = norm(a.hidden)
     w["model.norm.weight"] = norm(a.hidden)
@@ -184,14 +212,18 @@ def main():
     ap.add_argument("--sliding-window", type=int, default=0, help="mistral; 0: none")
     ap.add_argument("--rope-llama3", default="", metavar="FACTOR,LOW,HIGH,ORIGINAL",
                     help="rope_scaling of rope_type llama3")
+    ap.add_argument("--experts", type=int, default=4, help="mixtral, qwen3_moe")
+    ap.add_argument("--top-k", type=int, default=2, help="mixtral, qwen3_moe: experts per token")
+    ap.add_argument("--moe-intermediate", type=int, default=48, help="mixtral, qwen3_moe: each expert's width")
+    ap.add_argument("--norm-topk-prob", action="store_true", help="qwen3_moe: renormalize the top-k weights")
     a = ap.parse_args()
     if (not a.head_dim and a.hidden % a.heads) or a.heads % a.kv_heads or head_dim_of(a) % 2:
         ap.error(f"got hidden {a.hidden}, heads {a.heads}, kv-heads "
                  f"{a.kv_heads}, head-dim {a.head_dim}, expected heads | hidden "
                  f"(or --head-dim), kv-heads | heads and an even head_dim")
-    if a.attention_bias and a.family not in ("llama", "qwen3"):
+    if a.attention_bias and a.family not in ("llama", "qwen3", "qwen3_moe"):
         ap.error(f"--attention-bias with --family {a.family}: only llama and qwen3 have it")
-    if a.sliding_window and a.family != "mistral":
+    if a.sliding_window and a.family not in ("mistral", "mixtral"):
         ap.error(f"--sliding-window with --family {a.family}: only mistral has it")
     if a.shards < 1:
         ap.error(f"got --shards {a.shards}, expected >= 1")

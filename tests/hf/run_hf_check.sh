@@ -55,6 +55,9 @@ cases=(
   "mistral_window5|--vocab 256 --family mistral --sliding-window 5 --seed 6 --heads 8 --kv-heads 4 --hidden 64 --shards 2"
   "qwen2_tied_bf16|--vocab 256 --family qwen2 --tied --seed 7 --heads 4 --kv-heads 2 --hidden 32 --dtype bfloat16"
   "qwen2_untied|--vocab 256 --family qwen2 --seed 9 --heads 8 --kv-heads 4 --hidden 64 --shards 3"
+  "mixtral_e4_window5|--vocab 256 --family mixtral --experts 4 --top-k 2 --sliding-window 5 --seed 10 --heads 4 --kv-heads 2 --hidden 32 --shards 2"
+  "qwen3_moe_e8_norm|--vocab 256 --family qwen3_moe --experts 8 --top-k 2 --norm-topk-prob --head-dim 16 --seed 11 --heads 4 --kv-heads 4 --hidden 32"
+  "qwen3_moe_e4|--vocab 256 --family qwen3_moe --experts 4 --top-k 3 --seed 12 --heads 4 --kv-heads 2 --hidden 32 --dtype bfloat16"
   "qwen3_head_dim16|--vocab 256 --family qwen3 --head-dim 16 --seed 8 --heads 4 --kv-heads 4 --hidden 32 --shards 2"
 )
 # Token ids < 96, the vocabulary of every case.
@@ -96,8 +99,15 @@ for c in "${cases[@]}"; do
 
   # ranks|hf_check flags|what compare_logits.py checks
   layouts=("1|--greedy 6|logits,greedy" "2|--greedy 6|logits,greedy")
+  moe=0
+  grep -q '"num_experts_per_tok"' "$model/config.json" && moe=1
   ((kv_heads % 4 == 0)) && layouts+=("4|--greedy 6|logits,greedy")
   layouts+=("4|--dp 2|logits" "4|--dp 2 --ddp|logits")
+  if ((moe)); then  # the load-balancing loss too, and expert parallelism at ep 2 and 4
+    layouts=("${layouts[@]/%|logits/|logits,aux}")
+    layouts=("${layouts[@]/%|logits,greedy/|logits,greedy,aux}")
+    layouts+=("2|--ep|logits" "4|--ep|logits")
+  fi
   # Tied embeddings across pipeline stages are NYI (llama_pipeline_stage says so).
   grep -q '"tie_word_embeddings": true' "$model/config.json" || layouts+=("2|--pp 2|loss" "4|--pp 2|loss")
   for layout in "${layouts[@]}"; do
@@ -117,7 +127,7 @@ for c in "${cases[@]}"; do
     ok=1
     got=$(step "$dir/compare_logits_$tag.log" "$python" "$here/compare_logits.py" "$ref" "$out" --expect "$expect") || ok=0
     export="no export"
-    if [[ $expect != loss ]]; then
+    if [[ $expect != loss && $flags != --ep ]]; then
       files=$(find "$export_dir" -name '*.safetensors' | wc -l)
       export=$(step "$dir/compare_export_$tag.log" "$python" "$here/compare_export.py" "$model" "$export_dir") || ok=0
       export="$export in $files files"

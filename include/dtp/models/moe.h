@@ -39,8 +39,10 @@ class MoEImpl : public torch::nn::Module {
   // (1-D, "ep") and tokens travel to their experts' ranks.
   std::optional<DeviceMesh> ep_mesh;
   // Of the last forward, for moe_load_balancing_loss: the router's
-  // probabilities [tokens, E] and each token's experts [tokens, top_k].
+  // probabilities [tokens, E], each token's experts [tokens, top_k], and the
+  // mesh the input was replicated over (TP), if any.
   at::Tensor router_probs, selected;
+  std::optional<DeviceMesh> input_mesh;
 };
 DTP_MODULE(MoE);
 
