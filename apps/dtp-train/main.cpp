@@ -448,6 +448,18 @@ int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
   return ok ? 0 : 1;
 }
 
+// Whether `dir` holds a step-<N>/ folder (not a step-<N>.incomplete/).
+bool hasCompleteStep(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.size() > 5 &&
+        name.find_first_not_of("0123456789", 5) == std::string::npos && e.is_directory(ec))
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -526,6 +538,12 @@ int main(int argc, char** argv) {
     TORCH_CHECK(o.save.empty() || !std::filesystem::exists(o.save + "/" + io::CheckpointIndex::kFileName),
                 "--save '", o.save, "' is a checkpoint of the older flat layout; --save writes step-<N>/ folders "
                 "inside the folder it names. Pass a new folder (--resume '", o.save, "' still loads this one).");
+    // Restarted by dtprun/torchrun --max-restarts with --save DIR --resume DIR,
+    // the first attempt finds no step-<N>/ yet and starts from step 0.
+    if (!o.resume.empty() && o.resume == o.save && !hasCompleteStep(o.resume)) {
+      if (world.rank() == 0) std::printf("dtp-train: no complete step-<N>/ in %s yet; starting from step 0\n", o.save.c_str());
+      o.resume.clear();
+    }
     if (!o.resume.empty() && !std::filesystem::is_regular_file(o.resume)) {
       const apps::SavedCheckpoint saved = apps::find_saved_checkpoint(o.resume, world.rank() == 0);
       if (world.rank() == 0) std::printf("dtp-train: resuming from %s\n", saved.path.c_str());

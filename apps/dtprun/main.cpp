@@ -39,6 +39,11 @@ Ranks read stdin from /dev/null.
 Output: every line a rank writes is prefixed with "[rank R] " and kept on the
 stream it was written to (stdout or stderr).
 
+Restarts: with --max-restarts K, a failed job is started again up to K
+times (all ranks of this machine; TORCHELASTIC_RESTART_COUNT tells them which
+attempt, attempt k meets on --master-port + k). Resume from a checkpoint
+there, e.g. dtp-train --save DIR --save-every N --resume DIR.
+
 Failures: if a rank exits non-zero or is killed by a signal, dtprun names it,
 sends SIGTERM to the other ranks and SIGKILL 3 s later, and exits with the
 rank's status (128+signal if it was killed). SIGINT, SIGTERM and SIGHUP are
@@ -97,6 +102,10 @@ int main(int argc, char** argv) {
   CLI::Option* port_option = app.add_option("--master-port,--master_port", options.master_port,
                                             "Port rank 0 listens on [default: a free port if --nnodes is 1, "
                                             "else 29500]");
+  app.add_option("--max-restarts,--max_restarts", options.max_restarts,
+                 "After a rank fails, stop this machine's ranks and start them all again, up to this many times, "
+                 "as torchrun --max-restarts (give every machine's dtprun the same value)")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -138,12 +147,35 @@ int main(int argc, char** argv) {
                       ". Pass a free TCP port, or leave it out on a single machine to get one");
   }
 
+  if (options.max_restarts < 0 || (port_given && options.master_port + options.max_restarts > 65535)) {
+    return usageError("--max-restarts must be at least 0, and --master-port + --max-restarts at most 65535: got " +
+                      std::to_string(options.max_restarts) + " with port " + std::to_string(options.master_port) +
+                      ". Pass fewer restarts or a lower port");
+  }
+
   try {
     if (!port_given) {
       options.master_port = options.nnodes == 1 ? dtprun::pickFreePort() : kDefaultMultiNodePort;
     }
     dtprun::defaultOmpEnvironment(options.nproc_per_node);
-    return dtprun::runRanks(options);
+    // NOTE: [Restarts] Attempt k meets on MASTER_PORT + k: the machines of a
+    // job restart one by one (each dtprun when its own ranks fail), and a
+    // machine that restarted first must never join the store of the attempt
+    // that failed, still served by the old rank 0 until it notices. Every
+    // failure fails each machine's ranks (their collectives fail), so the
+    // machines count attempts alike. On one machine, a fresh free port.
+    const int base_port = options.master_port;
+    for (;;) {
+      bool interrupted = false;
+      const int code = dtprun::runRanks(options, &interrupted);
+      if (code == 0 || interrupted || code == 127 || options.restart_count >= options.max_restarts) return code;
+      ++options.restart_count;
+      options.master_port = options.nnodes == 1 && !port_given ? dtprun::pickFreePort()
+                                                               : base_port + options.restart_count;
+      dtprun::say("restarting all " + std::to_string(options.nproc_per_node) + " ranks of this machine (restart " +
+                  std::to_string(options.restart_count) + " of " + std::to_string(options.max_restarts) +
+                  ", master port " + std::to_string(options.master_port) + ")");
+    }
   } catch (const std::exception& e) {
     dtprun::say(e.what());
     return 1;

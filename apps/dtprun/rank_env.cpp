@@ -83,7 +83,7 @@ int globalRank(const LaunchOptions& options, int local_rank) {
 }
 
 std::vector<std::string> rankEnvironment(const LaunchOptions& options, int local_rank) {
-  const std::map<std::string, std::string> rank_vars = {
+  std::map<std::string, std::string> rank_vars = {
       {"RANK", std::to_string(globalRank(options, local_rank))},
       {"WORLD_SIZE", std::to_string(options.nnodes * options.nproc_per_node)},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -92,6 +92,10 @@ std::vector<std::string> rankEnvironment(const LaunchOptions& options, int local
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", std::to_string(options.master_port)},
   };
+  if (options.max_restarts > 0) {  // as torchrun tells its workers
+    rank_vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(options.restart_count);
+    rank_vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
+  }
   std::vector<std::string> env;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     std::string kv = *entry;

@@ -84,6 +84,7 @@ class Job {
     supervise();
     return exit_code_;
   }
+  bool interrupted() const { return interrupted_; }
 
  private:
   void start();
@@ -105,6 +106,7 @@ class Job {
   std::vector<Rank> ranks_;
   int exit_code_ = 0;
   bool stopping_ = false; // set once, by the first failure or signal
+  bool interrupted_ = false; // dtprun received SIGINT, SIGTERM or SIGHUP
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
 };
@@ -228,6 +230,7 @@ void Job::onSignal(int sig) {
   if (sig == SIGCHLD) {
     return; // reapExited() runs every round
   }
+  interrupted_ = true;
   if (stopping_) {
     say("received " + signalName(sig) + " while stopping; killing all ranks now");
     signalRunning(SIGKILL);
@@ -324,8 +327,11 @@ int Job::pollTimeoutMs(Clock::time_point now) const {
 
 } // namespace
 
-int runRanks(const LaunchOptions& options) {
-  return Job(options).run();
+int runRanks(const LaunchOptions& options, bool* interrupted) {
+  Job job(options);
+  const int code = job.run();
+  if (interrupted != nullptr) *interrupted = job.interrupted();
+  return code;
 }
 
 } // namespace dtprun

@@ -14,6 +14,7 @@ namespace dtprun {
 //   forwards to every rank (a second one kills them at once);
 // - 127 when the program cannot be executed.
 // Never leaves a rank or anything in a rank's process group running.
-int runRanks(const LaunchOptions& options);
+// `interrupted` (if given) tells whether dtprun itself received a signal.
+int runRanks(const LaunchOptions& options, bool* interrupted = nullptr);
 
 } // namespace dtprun

@@ -22,6 +22,10 @@
 #   link_down   host 1's link is cut mid-training: every rank fails within
 #               DTP_TIMEOUT_S naming ranks of the other host; no /dev/shm
 #               leftovers on either host
+#   restart     dtprun --max-restarts 1 with --save/--resume across the hosts:
+#               a rank SIGKILLed mid-training costs at most the steps since
+#               the last complete save, and the losses after the restart
+#               equal the uninterrupted run's
 #   slurm       srun's environment (SLURM_PROCID, SLURM_LOCALID,
 #               SLURM_STEP_NODELIST=h[0-1], SLURM_JOB_ID, no MASTER_ADDR/PORT)
 #               across the hosts: dp across hosts, tp within, parity
@@ -205,6 +209,51 @@ link_down)
   grep -E "$named1" "$W/ld.h1" | head -2
   grep -qE "$named1" "$W/ld.h1" || { cat "$W/ld.h1"; fail "host 1 did not name rank 0 or 1"; }
   no_leftovers
+  ;;
+restart)
+  make_hosts 2
+  losses() { grep -E '^\[rank 0\] step +[0-9]+  loss' "$1" | sed 's/ *[0-9.]* tok.*//'; }
+  args=("$train" $common --steps 14 --dp 2 --tp 2)
+  two_hosts want "${args[@]}"
+  losses "$W/want.h0" > "$W/want"
+  # The same job under --max-restarts 1, saving every 2 steps; rank 3 (host 1)
+  # is SIGKILLed once step 7 was logged.
+  for i in 1 0; do
+    on $i "$dtprun" --nnodes 2 --node-rank $i --master-addr $master --master-port 29500 -n 2 --max-restarts 1 \
+      "${args[@]}" --save "$W/ck" --save-every 2 --resume "$W/ck" > "$W/rs.h$i" 2>&1 &
+    eval "pid$i=\$!"
+  done
+  for t in $(seq 1 600); do grep -q 'step     7 ' "$W/rs.h0" && break; sleep 0.05; done
+  grep -q 'step     7 ' "$W/rs.h0" || { cat "$W/rs.h0" "$W/rs.h1"; fail "training did not reach step 7"; }
+  victim=""
+  for p in $(ip netns pids ${tag}h1); do
+    tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx 'RANK=3' && victim=$p
+  done
+  [ -n "$victim" ] || fail "rank 3's process not found on host 1"
+  kill -9 "$victim"
+  killed=$(date +%s.%N)
+  last=$(losses "$W/rs.h0" | tail -1 | awk '{print $4}')
+  # Recovery: from the kill to the first step logged after the restart.
+  for t in $(seq 1 1200); do
+    sed -n '/restarting all/,$p' "$W/rs.h0" | grep -qE '^\[rank 0\] step ' && break
+    sleep 0.05
+  done
+  recovered=$(date +%s.%N)
+  wait $pid0; s0=$?
+  wait $pid1; s1=$?
+  [ $s0 = 0 ] && [ $s1 = 0 ] || { cat "$W/rs.h0" "$W/rs.h1"; fail "exit status $s0 (host 0), $s1 (host 1) after the restart"; }
+  grep -q 'restarting all 2 ranks of this machine (restart 1 of 1, master port 29501)' "$W/rs.h1" || fail "host 1 did not restart"
+  grep -q 'restarting all 2 ranks of this machine (restart 1 of 1, master port 29501)' "$W/rs.h0" || fail "host 0 did not restart"
+  from=$(grep -oE 'resuming from .*/step-[0-9]+' "$W/rs.h0" | grep -oE '[0-9]+$')
+  [ -n "$from" ] || { cat "$W/rs.h0"; fail "the restarted job did not resume"; }
+  echo "rank 3 SIGKILLed after step $last was logged; resumed from step-$from ($((last - from)) steps lost, --save-every 2);" \
+    "first step again $(echo "$recovered - $killed" | bc | sed 's/^\./0./') s after the kill"
+  (( last - from <= 3 )) || fail "lost $((last - from)) steps: more than --save-every 2 and the save in flight"
+  # After the restart, steps from+1..14 as the uninterrupted run's.
+  sed -n '/restarting all/,$p' "$W/rs.h0" > "$W/rs.after"
+  diff <(grep -E "step +($(seq -s '|' $((from + 1)) 14)) " "$W/want") <(losses "$W/rs.after") ||
+    fail "losses after the restart differ from the uninterrupted run's"
+  echo "steps $((from + 1))-14 after the restart equal the uninterrupted run's"
   ;;
 slurm)
   make_hosts 2
