@@ -21,7 +21,9 @@
 #               tp 2: the losses continue as an uninterrupted run's
 #   link_down   host 1's link is cut mid-training: every rank fails within
 #               DTP_TIMEOUT_S naming ranks of the other host; no /dev/shm
-#               leftovers on either host
+#               leftovers on either host. Before the cut: each host's tp pair
+#               shares one shared-memory segment, the groups spanning the
+#               hosts none (host identity)
 #   restart     dtprun --max-restarts 1 with --save/--resume across the hosts:
 #               a rank SIGKILLed mid-training costs at most the steps since
 #               the last complete save, and the losses after the restart
@@ -190,6 +192,21 @@ link_down)
   h0=$!
   for t in $(seq 1 300); do grep -q 'step    20 ' "$W/ld.h0" && break; sleep 0.1; done
   grep -q 'step    20 ' "$W/ld.h0" || { cat "$W/ld.h0" "$W/ld.h1"; fail "training did not reach step 20"; }
+  # Host identity: each host's tp pair shares one shared-memory segment (the
+  # groups that span the hosts have none: a segment of the other host's
+  # /dev/shm cannot be opened), so ranks 0, 1 map one and ranks 2, 3 another.
+  for i in 0 1; do
+    for p in $(ip netns pids ${tag}h$i); do
+      r=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^RANK=//p')
+      [ -n "$r" ] && echo "$r $(grep -o 'dtp-[0-9]*-[0-9a-f]*' /proc/$p/maps | sort -u | tr '\n' ' ')"
+    done
+  done | sort > "$W/segments"
+  cat "$W/segments"
+  [ "$(wc -l < "$W/segments")" = 4 ] || fail "expected 4 ranks' mappings, got: $(cat "$W/segments")"
+  seg() { awk -v r=$1 '$1 == r { $1 = ""; print }' "$W/segments" | xargs; }
+  for r in 0 1 2 3; do [ "$(seg $r | wc -w)" = 1 ] || fail "rank $r maps $(seg $r | wc -w) segments, expected 1 (its tp group's)"; done
+  [ "$(seg 0)" = "$(seg 1)" ] && [ "$(seg 2)" = "$(seg 3)" ] && [ "$(seg 0)" != "$(seg 2)" ] ||
+    fail "ranks 0, 1 and ranks 2, 3 should each share their host's segment: $(cat "$W/segments")"
   ip -n "$sw" link set p1 down  # host 1's cable, pulled at the switch
   cut=$(date +%s.%N)
   wait $h0; s0=$?
@@ -279,6 +296,8 @@ slurm)
 torchrun)
   command -v torchrun >/dev/null || skip "torchrun is not installed (Debian 13's python3-torch: scripts/debian13.sh)"
   make_hosts 2
+  # torchrun's agents advertise their hostnames: h0/h1, resolving to the hosts' addresses.
+  export NAMED=1
   for i in 1 0; do
     on $i python3 "$here/../multiprocess/torchrun_nolibuv.py" --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d \
       --rdzv_endpoint $master:29400 --rdzv_id dtp --no-python "$train" $common --steps 3 --dp 2 --tp 2 --check-parity \
