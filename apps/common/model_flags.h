@@ -13,6 +13,8 @@ namespace dtp::apps {
 
 struct ModelFlags {
   int64_t dim = 128, layers = 2, heads = 4, kv_heads = 2, ffn = 0;
+  int64_t experts = 0, top_k = 2, expert_ffn = 0;  // experts > 0: Mixtral-style MoE blocks
+  double aux_loss_coef = 0.01;
   bool tie = false;
   std::string dtype = "float32";
 };
@@ -28,6 +30,12 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--kv-heads", f.kv_heads, "Key/value heads (grouped-query attention)")->check(apps::kPositive);
   app.add_option("--ffn", f.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(apps::kNonNegative);
   app.add_flag("--tie-embeddings", f.tie, "Share the embedding and output weights");
+  app.add_option("--experts", f.experts, "Mixture of experts in every block (Mixtral's routing) [default: 0, a "
+                 "dense MLP]")->check(apps::kNonNegative);
+  app.add_option("--top-k", f.top_k, "Experts per token (--experts)")->check(apps::kPositive);
+  app.add_option("--expert-ffn", f.expert_ffn, "Each expert's hidden size [default: --ffn's]")->check(apps::kNonNegative);
+  app.add_option("--aux-loss-coef", f.aux_loss_coef, "Weight of the MoE load-balancing loss added in training "
+                 "(--experts; not under --pp)")->check(apps::kNonNegative)->capture_default_str();
   app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks")
       ->check(CLI::IsMember({"float32", "float64"}));
 }
@@ -44,6 +52,13 @@ inline models::LlamaConfig config_of(const ModelFlags& f, int64_t seq, double dr
   c.tie_embeddings = f.tie;
   c.seed = seed;
   c.dtype = dtype_of(f.dtype);
+  if (f.experts > 0) {
+    c.family = "mixtral";
+    c.moe.num_experts = f.experts;
+    c.moe.top_k = f.top_k;
+    c.moe.hidden = f.expert_ffn > 0 ? f.expert_ffn : c.hidden();
+    c.moe.aux_loss_coef = f.aux_loss_coef;
+  }
   return c;
 }
 

@@ -267,6 +267,8 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
       loss = pipe->pipeline->step(b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq));
     } else {
       loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
+      if (model->config.moe.aux_loss_coef > 0)
+        loss = loss + moe_load_balancing_loss(model, dp.valid() ? std::optional<ProcessGroup>(dp) : std::nullopt);
       opt.zero_grad();
       loss.backward();
     }
@@ -558,6 +560,8 @@ int main(int argc, char** argv) {
     TORCH_CHECK(pp * dp * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp, " x --tp ", tp, " = ",
                 pp * dp * tp, " ranks, but WORLD_SIZE=", W, ". Choose degrees whose product is the number of ranks "
                 "(dtprun -n ", pp * dp * tp, ").");
+    TORCH_CHECK(pp == 1 || o.model.experts == 0 || o.model.aux_loss_coef == 0, "--pp with --experts: the MoE "
+                "load-balancing loss is NYI in pipelines. Pass --aux-loss-coef 0, or train without --pp.");
     TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
                 "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "
                 "--resume folders move between pp layouts.");

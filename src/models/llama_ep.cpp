@@ -33,7 +33,7 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
   for (MoEImpl* moe : moeLayers(model)) distribute_experts(*moe, ep);
 }
 
-at::Tensor moe_load_balancing_loss(Llama& model) {
+at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel) {
   const auto layers = moeLayers(model);
   const LlamaConfig& c = model->config;
   if (layers.empty()) return at::zeros({}, at::TensorOptions().dtype(c.dtype).device(c.device));
@@ -46,11 +46,21 @@ at::Tensor moe_load_balancing_loss(Llama& model) {
     probs.push_back(moe->router_probs);
     masks.push_back(at::one_hot(moe->selected, c.moe.num_experts).to(moe->router_probs.scalar_type()));
   }
-  // HF's load_balancing_loss_func on the layers' logits concatenated.
-  const at::Tensor tokens_per_expert = at::cat(masks).mean(0);   // [top_k, E]
-  const at::Tensor router_prob_per_expert = at::cat(probs).mean(0);  // [E]
-  const at::Tensor loss = (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * c.moe.num_experts;
-  at::Tensor out = (loss * c.moe.aux_loss_coef).to(c.dtype);
+  // HF's load_balancing_loss_func on the layers' logits concatenated:
+  // (routed slots per (k, e)) / N times (sum of probabilities per e) / N.
+  const at::Tensor all_probs = at::cat(probs);
+  const at::Tensor prob_sums = all_probs.sum(0);      // [E]
+  at::Tensor routed = at::cat(masks).sum(0).detach();  // [top_k, E]
+  at::Tensor tokens = at::full({1}, static_cast<double>(all_probs.size(0)), routed.options());
+  double scale = 1.0;
+  if (data_parallel && data_parallel->size() > 1) {
+    data_parallel->all_reduce(routed).wait();
+    data_parallel->all_reduce(tokens).wait();
+    scale = static_cast<double>(data_parallel->size());
+  }
+  const at::Tensor n = tokens.reshape({});
+  const at::Tensor loss = ((routed / n) * (prob_sums / n).unsqueeze(0)).sum() * c.moe.num_experts;
+  at::Tensor out = (loss * (c.moe.aux_loss_coef * scale)).to(c.dtype);
   // Under TP every tp rank routed the same tokens with a replicated router:
   // the loss is replicated, to be added to loss_parallel's.
   if (const auto& mesh = layers[0]->input_mesh)

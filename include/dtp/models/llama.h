@@ -258,7 +258,12 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh);
 //   num_experts * sum_e (fraction of routed slots to e) * (mean router probability of e),
 // times LlamaConfig::moe.aux_loss_coef. Add it to the training loss. A
 // model without MoE layers gives 0. NYI under expert parallelism.
-at::Tensor moe_load_balancing_loss(Llama& model);
+// With `data_parallel` (each rank its batch slice, gradients averaged over
+// the group by FSDP/DDP): the fractions and means run over every rank's
+// tokens (one all_reduce of the counts and token numbers) and each rank
+// returns dp times its tokens' share, so that the averaged gradient and the
+// averaged value are one device's on the whole batch.
+at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel = std::nullopt);
 
 // Data parallelism over mesh["dp"] after apply_tensor_parallel, as
 // torchtitan's apply_ddp: replicate() on the whole model.
