@@ -1,0 +1,187 @@
+// dtp-serve: OpenAI's HTTP API over a model run with tensor parallelism.
+//   dtprun -n 2 dtp-serve --hf Qwen2.5-0.5B-Instruct --port 8000
+//   curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "The capital of France is", "max_tokens": 8}'
+// Rank 0 serves HTTP (127.0.0.1 unless --host says otherwise) and plans each
+// step; every rank runs it (NOTE: [Serving step] in engine.h). SIGINT or
+// SIGTERM: queued requests get 503, running ones finish (up to
+// --shutdown-grace-s), then every rank exits 0.
+#include "../common/checkpoint_flags.h"
+#include "../common/model_flags.h"
+#include "engine.h"
+#include "openai_api.h"
+#include "scheduler.h"
+
+#include "dtp/dcp/checkpoint.h"
+#include "dtp/dtensor.h"
+#include "dtp/models/chat.h"
+#include "dtp/models/checkpoint.h"
+#include "dtp/models/generate.h"
+#include "dtp/models/hf_llama.h"
+#include "dtp/models/hf_tokenizer.h"
+#include "dtp/models/llama.h"
+#include "dtp/models/tokenizer.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+namespace {
+
+std::atomic<bool> gStop{false};
+
+void onSignal(int) { gStop = true; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dtp;
+  using namespace dtp::models;
+  apps::ModelFlags model_flags;
+  std::string checkpoint, hf, tokenizer_path, device = "cpu", host = "127.0.0.1", name;
+  int port = 8000;
+  int64_t context = 0, max_batch = 16, max_prefill = 4, max_queue = 256, http_threads = 64;
+  double grace_s = 2.0;
+  CLI::App app{"dtp-serve: OpenAI's HTTP API (/v1/completions, /v1/chat/completions, /v1/models) over a model run "
+               "with tensor parallelism on every rank of dtprun"};
+  auto* ck = app.add_option("--checkpoint", checkpoint, "Folder written by dtp-train --save (its newest step-<N>/)");
+  app.add_option("--hf", hf, "Hugging Face folder (config.json, safetensors, tokenizer.json or tokenizer.model)")->excludes(ck);
+  app.add_option("--tokenizer", tokenizer_path, "A model folder, tokenizer.json, tokenizer.model or \"byte\" [default: "
+                 "the --hf folder's, else byte]");
+  apps::add_model_flags(app, model_flags);
+  app.add_option("--host", host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", port, "Port (0: any free one; the log line 'dtp-serve: listening on' names it)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--served-model-name", name, "The model's name in the API [default: the folder's name]");
+  app.add_option("--context", context, "Cached positions per sequence (prompt + output) [default: the model's "
+                 "max_seq_len]")->check(apps::kPositive);
+  app.add_option("--max-batch", max_batch, "Sequences decoded together")->check(apps::kPositive)->capture_default_str();
+  app.add_option("--max-prefill", max_prefill, "Prompts that join the batch per step")->check(apps::kPositive)
+      ->capture_default_str();
+  app.add_option("--max-queue", max_queue, "Waiting requests before 429")->check(apps::kPositive)->capture_default_str();
+  app.add_option("--http-threads", http_threads, "HTTP worker threads (each open request holds one)")
+      ->check(apps::kPositive)->capture_default_str();
+  app.add_option("--shutdown-grace-s", grace_s, "On SIGTERM, how long running requests may go on")
+      ->check(apps::kNonNegative)->capture_default_str();
+  app.add_option("--device", device, "cpu, or cuda: each rank on GPU LOCAL_RANK (untested on a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  struct sigaction sa = {};
+  sa.sa_handler = onSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a dead server
+  int rank = 0;
+  try {
+    TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "dtp-serve: no model: got neither --hf nor --checkpoint, expected "
+                "one. Pass --hf DIR or --checkpoint DIR.");
+    ProcessGroup world = init_process_group();
+    rank = world.rank();
+    LlamaConfig config = apps::config_of(model_flags, context > 0 ? context : 256, 0.0, 0);
+    if (!checkpoint.empty() && !std::filesystem::is_regular_file(checkpoint)) {
+      const apps::SavedCheckpoint saved = apps::find_saved_checkpoint(checkpoint, rank == 0);
+      checkpoint = saved.path;
+      if (saved.config) {
+        apps::adopt_saved_config(app, model_flags, *saved.config, saved.path);
+        config = *saved.config;
+        config.max_seq_len = context > 0 ? context : 256;
+      }
+    }
+    if (!hf.empty()) {
+      config = llama_config_from_hf(hf, context);
+      config.dtype = apps::dtype_of(model_flags.dtype);
+      if (tokenizer_path.empty() &&
+          (std::filesystem::exists(hf + "/tokenizer.json") || std::filesystem::exists(hf + "/tokenizer.model"))) {
+        tokenizer_path = hf;
+      }
+    }
+    const auto tokenizer = load_tokenizer(tokenizer_path.empty() ? "byte" : tokenizer_path);
+    check_tokenizer_fits_model(*tokenizer, config.vocab_size,
+                               hf.empty() ? "checkpoint " + checkpoint : hf + "/config.json");
+    std::string folder;
+    if (!tokenizer_path.empty() && tokenizer_path != "byte") {
+      folder = std::filesystem::is_directory(tokenizer_path)
+                   ? tokenizer_path
+                   : std::filesystem::path(tokenizer_path).parent_path().string();
+    }
+    serve::ServedModel served;
+    if (!folder.empty()) {
+      served.stop_tokens = end_token_ids(folder, *tokenizer);
+    } else if (tokenizer->eos_id()) {
+      served.stop_tokens = {*tokenizer->eos_id()};
+    }
+    served.chat_stop_tokens = served.stop_tokens;
+    const auto* hf_tokenizer = dynamic_cast<const HfTokenizer*>(tokenizer.get());
+    if (hf_tokenizer && std::filesystem::exists(folder + "/tokenizer_config.json")) {
+      try {
+        served.chat = ChatTemplate::from_folder(folder);
+      } catch (const c10::Error& e) {
+        if (rank == 0) std::cerr << "dtp-serve: no chat (/v1/chat/completions answers 400): " << e.what_without_backtrace() << "\n";
+      }
+      if (served.chat) {
+        const auto end = hf_tokenizer->token_to_id(served.chat->end_of_turn());
+        if (end && std::find(served.chat_stop_tokens.begin(), served.chat_stop_tokens.end(), *end) ==
+                       served.chat_stop_tokens.end()) {
+          served.chat_stop_tokens.push_back(*end);
+        }
+      }
+    }
+    DeviceMesh mesh = init_device_mesh(device, {world.size()}, {"tp"});
+    config.device = mesh.device();
+    Llama model(config);
+    if (world.size() > 1) apply_tensor_parallel_for_inference(model, mesh);
+    if (!hf.empty()) {
+      load_hf_weights(model, hf);
+    } else if (std::filesystem::is_regular_file(checkpoint)) {
+      load_checkpoint(checkpoint, model, nullptr);
+    } else {
+      dcp::load_state(checkpoint, *model, nullptr, llama_state_dict_options());
+    }
+    model->eval();
+    const int64_t ctx = context > 0 ? context : config.max_seq_len;
+    serve::Engine engine(model, max_batch, std::min(max_prefill, max_batch), ctx);
+    std::optional<ProcessGroup> group;
+    if (world.size() > 1) group = world;
+    if (rank != 0) return serve::follow_plans(engine, group);
+
+    served.name = !name.empty() ? name
+                  : !hf.empty() ? std::filesystem::path(hf).lexically_normal().filename().string()
+                                : std::filesystem::path(checkpoint).lexically_normal().filename().string();
+    if (served.name.empty()) served.name = "dtp";
+    served.tokenizer = tokenizer.get();
+    served.vocab_size = config.vocab_size;
+    served.context = ctx;
+    served.created = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+    serve::Scheduler scheduler(engine, *tokenizer, group, max_queue, grace_s);
+    httplib::Server server;
+    server.new_task_queue = [n = http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+    serve::add_openai_routes(server, scheduler, served);
+    const int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
+    TORCH_CHECK(bound > 0, "dtp-serve: --host ", host, " --port ", port, ": got a failed bind, expected a free "
+                "address. Pick another --port (0: any free one).");
+    std::thread http([&] { server.listen_after_bind(); });
+    std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", TP="
+              << world.size() << ", context " << ctx << ", max batch " << max_batch << ", tokenizer "
+              << tokenizer->name() << (served.chat ? std::string(", chat ") + served.chat->family_name() : "")
+              << ")" << std::endl;
+    const int status = scheduler.serve(gStop);
+    server.stop();
+    http.join();
+    std::cout << "dtp-serve: " << (status == 0 ? "stopped" : "failed") << std::endl;
+    return status;
+  } catch (const c10::Error& e) {
+    std::cerr << "dtp-serve: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "dtp-serve: " << e.what() << "\n";
+    return 1;
+  }
+}

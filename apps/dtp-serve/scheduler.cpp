@@ -1,0 +1,194 @@
+#include "scheduler.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <iostream>
+
+namespace dtp::serve {
+namespace {
+
+std::string messageOf(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Engine& engine, const models::Tokenizer& tokenizer, std::optional<ProcessGroup> group,
+                     int64_t max_queue, double shutdown_grace_s)
+    : engine_(engine), tokenizer_(tokenizer), group_(std::move(group)), max_queue_(max_queue), grace_s_(shutdown_grace_s) {}
+
+Scheduler::Submit Scheduler::submit(const std::shared_ptr<Request>& r) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!dead_.empty()) return Submit::kDead;
+  if (stopping_) return Submit::kStopping;
+  if (static_cast<int64_t>(waiting_.size()) >= max_queue_) {
+    ++metrics_.rejected;
+    return Submit::kQueueFull;
+  }
+  waiting_.push_back(r);
+  ++metrics_.requests;
+  metrics_.prompt_tokens += static_cast<int64_t>(r->prompt.size());
+  cv_.notify_one();
+  return Submit::kQueued;
+}
+
+Metrics Scheduler::metrics() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  Metrics m = metrics_;
+  m.waiting = static_cast<int64_t>(waiting_.size());
+  m.running = static_cast<int64_t>(running_.size());
+  return m;
+}
+
+std::string Scheduler::dead() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return dead_;
+}
+
+void Scheduler::fail(Request& r, int status, const std::string& message) {
+  std::lock_guard<std::mutex> lk(r.m);
+  if (r.done) return;
+  r.done = true;
+  r.error_status = status;
+  r.error_message = message;
+  ++metrics_.failed;
+  r.cv.notify_all();
+}
+
+StepPlan Scheduler::nextPlan(const std::atomic<bool>& stop) {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    if (stop && !stopping_) {
+      stopping_ = true;
+      stop_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s_));
+      for (auto& r : waiting_) fail(*r, 503, "dtp-serve is shutting down: the request was queued and not started.");
+      waiting_.clear();
+    }
+    if (stopping_ && Clock::now() >= stop_deadline_) {
+      for (auto& r : running_) fail(*r, 503, "dtp-serve is shutting down: the request did not finish in the grace period.");
+    }
+    StepPlan plan;
+    std::vector<std::shared_ptr<Request>> next;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Request& r = *running_[i];
+      bool done;
+      {
+        std::lock_guard<std::mutex> rl(r.m);
+        done = r.done;
+      }
+      if (done || r.cancelled) continue;
+      plan.keep.push_back(static_cast<int64_t>(i));
+      std::lock_guard<std::mutex> rl(r.m);
+      plan.tokens.push_back(r.generated.back());
+      next.push_back(running_[i]);
+    }
+    int64_t admitted = 0;
+    while (!waiting_.empty() && static_cast<int64_t>(next.size()) < engine_.max_batch() &&
+           admitted < engine_.max_prefill()) {
+      std::shared_ptr<Request> r = waiting_.front();
+      waiting_.pop_front();
+      if (r->cancelled) continue;
+      plan.admit.push_back(Admission{r->id, r->sampling, r->prompt});
+      next.push_back(r);
+      ++admitted;
+    }
+    const bool changed = next.size() != running_.size() || !plan.admit.empty() || plan.keep.size() != running_.size();
+    running_ = std::move(next);
+    if (!running_.empty() || changed) {
+      plan.op = StepPlan::kStep;
+      return plan;
+    }
+    if (stopping_) {
+      plan.op = StepPlan::kShutdown;
+      return plan;
+    }
+    // Nothing to run: an idle plan now and then, so that the other ranks
+    // learn of a stop (and rank 0 of a dead rank) while no one asks.
+    if (cv_.wait_for(lk, std::chrono::milliseconds(500)) == std::cv_status::timeout) {
+      plan.op = StepPlan::kIdle;
+      return plan;
+    }
+  }
+}
+
+void Scheduler::pushToken(Request& r, int64_t token) {
+  const bool stop_token = std::find(r.stop_tokens.begin(), r.stop_tokens.end(), token) != r.stop_tokens.end();
+  if (!stop_token) {
+    // Ids past the tokenizer's vocabulary (a model's padded vocabulary) add
+    // no text, as in dtp-generate.
+    if (token < tokenizer_.vocab_size()) r.text_ids.push_back(token);
+    r.text.update(tokenizer_.decode(r.text_ids));
+  }
+  std::lock_guard<std::mutex> lk(r.m);
+  r.generated.push_back(token);
+  if (!r.first_token) {
+    r.first_token = Clock::now();
+    metrics_.ttft_sum_s += std::chrono::duration<double>(*r.first_token - r.arrived).count();
+    ++metrics_.ttft_count;
+  }
+  ++metrics_.generation_tokens;
+  std::string reason;
+  if (stop_token || r.text.stopped()) {
+    reason = "stop";
+  } else if (static_cast<int64_t>(r.generated.size()) >= r.max_tokens) {
+    reason = "length";
+  }
+  if (!reason.empty()) r.text.finish();
+  r.pending += r.text.take();
+  if (!reason.empty()) {
+    r.done = true;
+    r.finish_reason = reason;
+    r.final_text = r.text.text();
+    ++metrics_.finished;
+  }
+  r.cv.notify_all();
+}
+
+void Scheduler::apply(const StepResult& result, size_t kept) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++metrics_.steps;
+  TORCH_INTERNAL_ASSERT(result.decoded.size() == kept && kept + result.first.size() == running_.size());
+  for (size_t i = 0; i < kept; ++i) pushToken(*running_[i], result.decoded[i]);
+  for (size_t j = 0; j < result.first.size(); ++j) pushToken(*running_[kept + j], result.first[j]);
+}
+
+int Scheduler::serve(const std::atomic<bool>& stop) {
+  while (true) {
+    const StepPlan plan = nextPlan(stop);
+    try {
+      broadcast_plan(group_, plan);
+      if (plan.op == StepPlan::kShutdown) return 0;
+      if (plan.op == StepPlan::kIdle) continue;
+      const StepResult result = engine_.run(plan);
+      apply(result, plan.keep.size());
+    } catch (const std::exception& e) {
+      const std::string why = "dtp-serve: a step failed, so the server stops (a rank died or a collective failed): " +
+                              messageOf(e);
+      std::cerr << why << "\n";
+      std::lock_guard<std::mutex> lk(mu_);
+      dead_ = why;
+      for (auto& r : running_) fail(*r, 503, why);
+      for (auto& r : waiting_) fail(*r, 503, why);
+      running_.clear();
+      waiting_.clear();
+      return 1;
+    }
+  }
+}
+
+int follow_plans(Engine& engine, const std::optional<ProcessGroup>& group) {
+  try {
+    while (true) {
+      const StepPlan plan = broadcast_plan(group, StepPlan{});
+      if (plan.op == StepPlan::kShutdown) return 0;
+      if (plan.op == StepPlan::kStep) engine.run(plan);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "dtp-serve: a step failed on this rank (rank 0 died or a collective failed): " << messageOf(e) << "\n";
+    return 1;
+  }
+}
+
+}  // namespace dtp::serve

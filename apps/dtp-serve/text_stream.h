@@ -1,0 +1,45 @@
+// The text of a generated sequence as it grows, for streaming: what may be
+// sent now, and where a stop string ends it.
+//
+//   TextStream s(stops);
+//   s.update(tokenizer.decode(ids));   // after each token
+//   send(s.take());                    // the new, settled part
+//   if (s.stopped()) ...               // a stop string was found: the text ends before it
+//
+// NOTE: [Settled text] The whole sequence is decoded again after each token
+// (decoding token by token is wrong for sentencepiece's leading space and
+// for characters split over byte tokens). Text is held back while
+//  - it ends in an incomplete UTF-8 sequence (byte tokens) or in U+FFFD
+//    (a byte-fallback character whose other bytes may still come);
+//  - its end could be the start of a stop string.
+// So the streamed pieces concatenate to exactly the final text.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dtp::serve {
+
+class TextStream {
+ public:
+  explicit TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // The decoded text of all tokens so far.
+  void update(const std::string& text);
+  // The settled text not yet taken; finish() settles all of it.
+  std::string take();
+  void finish() { final_ = true; }
+  bool stopped() const { return stopped_; }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string text_;
+  size_t sent_ = 0;
+  bool stopped_ = false, final_ = false;
+};
+
+// The length of the longest prefix of `s` that does not end inside a UTF-8
+// sequence (a trailing lead byte without all its continuation bytes).
+size_t complete_utf8_prefix(const std::string& s);
+
+}  // namespace dtp::serve
