@@ -30,14 +30,18 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--kv-heads", f.kv_heads, "Key/value heads (grouped-query attention)")->check(apps::kPositive);
   app.add_option("--ffn", f.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(apps::kNonNegative);
   app.add_flag("--tie-embeddings", f.tie, "Share the embedding and output weights");
+  app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks")
+      ->check(CLI::IsMember({"float32", "float64"}));
+}
+
+// dtp-train's mixture-of-experts flags (dtp-generate's --top-k samples).
+inline void add_moe_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--experts", f.experts, "Mixture of experts in every block (Mixtral's routing) [default: 0, a "
                  "dense MLP]")->check(apps::kNonNegative);
   app.add_option("--top-k", f.top_k, "Experts per token (--experts)")->check(apps::kPositive);
   app.add_option("--expert-ffn", f.expert_ffn, "Each expert's hidden size [default: --ffn's]")->check(apps::kNonNegative);
   app.add_option("--aux-loss-coef", f.aux_loss_coef, "Weight of the MoE load-balancing loss added in training "
                  "(--experts; not under --pp)")->check(apps::kNonNegative)->capture_default_str();
-  app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks")
-      ->check(CLI::IsMember({"float32", "float64"}));
 }
 
 inline models::LlamaConfig config_of(const ModelFlags& f, int64_t seq, double dropout, uint64_t seed) {

@@ -469,6 +469,7 @@ int main(int argc, char** argv) {
   CLI::App app{"dtp-train: tensor-parallel Llama training on byte-level text (run under dtprun -n N)"};
   app.add_option("--data", o.data, "Text file or directory [default: Debian's fortunes]");
   apps::add_model_flags(app, o.model);
+  apps::add_moe_flags(app, o.model);
   app.add_option("--steps", o.steps, "Optimizer steps")->check(dtp::apps::kPositive);
   app.add_option("--batch", o.batch, "Sequences per step")->check(dtp::apps::kPositive);
   app.add_option("--seq", o.seq, "Tokens per sequence")->check(dtp::apps::kPositive);
@@ -581,13 +582,12 @@ int main(int argc, char** argv) {
                 " --seq ", o.seq, "), but ", gib(have), " are available per local rank. Lower --seq or --batch, "
                 "shrink the model, or use more ranks.");
     TORCH_CHECK(o.save_every == 0 || !o.save.empty(), "--save-every needs --save DIR: where to save.");
-    // Byte-level tokens, or the HF folder's sentencepiece tokenizer.
-    const bool hfTokenizer = !o.init_from_hf.empty() && std::filesystem::exists(o.init_from_hf + "/tokenizer.model");
+    // Byte-level tokens, or the HF folder's tokenizer (tokenizer.json, else
+    // tokenizer.model): a folder with a tokenizer never trains on bytes.
+    const bool hfTokenizer = !o.init_from_hf.empty() && (std::filesystem::exists(o.init_from_hf + "/tokenizer.model") ||
+                                                         std::filesystem::exists(o.init_from_hf + "/tokenizer.json"));
     const auto tokenizer = load_tokenizer(hfTokenizer ? o.init_from_hf : "byte");
-    const int64_t vocab = configOf(o).vocab_size;
-    TORCH_CHECK(tokenizer->vocab_size() <= vocab, "the tokenizer (", tokenizer->name(), ") has ",
-                tokenizer->vocab_size(), " tokens, more than the model's vocab_size ", vocab,
-                ". Put the model's own tokenizer.model in its folder.");
+    check_tokenizer_fits_model(*tokenizer, configOf(o).vocab_size, o.init_from_hf.empty() ? "dtp-train's model" : o.init_from_hf);
     const at::Tensor corpus = apps::load_corpus(o.data, tokenizer.get());
     TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
                 "drop --dtype ", o.model.dtype, ".");
