@@ -6,9 +6,11 @@
 // errors. Logits of Mixtral and Qwen3-MoE folders against an independent
 // Python reference: tests/hf (HfInterop.PythonReferenceAndExport).
 #include "dist.h"
+#include "files.h"
 #include "llama_util.h"
 
 #include "dtp/comm_counter.h"
+#include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
 #include "dtp/ep/all_to_all.h"
 #include "dtp/models/llama.h"
@@ -273,6 +275,43 @@ TEST(MoETest, LoadBalancingLossIsHfsFormula) {
     }
   }
   EXPECT_NEAR(moe_load_balancing_loss(model).item<double>(), 0.5 * 4 * want, 1e-15);
+}
+
+class MoECheckpointTest : public dtp::test::TempDirTest {};
+
+// A MoE model saved with its experts spread over ep 2 (each rank writes its
+// experts) loads at ep 4 and on one device with every expert in place.
+TEST_F(MoECheckpointTest, SavedAtOneEpDegreeLoadsAtAnother) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.moe = moeConfig(4, 2, true);
+  Llama one(c);  // the values every layout must hold
+  const auto want = dtp::test::full_named_params(one);
+  const std::string dir = file("moe");
+  run_ranks(2, [&](int) {
+    Llama model(c);
+    apply_expert_parallel(model, init_device_mesh("cpu", {2}, {"ep"}));
+    dcp::save_state(dir, *model, nullptr, {}, llama_state_dict_options());
+  });
+  auto expectSame = [&](Llama& model) {
+    const auto got = dtp::test::full_named_params(model);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i].second, want[i].second)) << want[i].first;
+  };
+  run_ranks(4, [&](int) {
+    LlamaConfig other = c;
+    other.seed = 99;  // other values, until the load
+    Llama model(other);
+    apply_expert_parallel(model, init_device_mesh("cpu", {4}, {"ep"}));
+    dcp::load_state(dir, *model, nullptr, llama_state_dict_options());
+    EXPECT_EQ(to_local(model->layers[0]->as<TransformerBlockImpl>()->moe->w1).size(0), 1) << "one expert per rank";
+    expectSame(model);
+  });
+  LlamaConfig other = c;
+  other.seed = 99;
+  Llama plain(other);
+  dcp::load_state(dir, *plain, nullptr, llama_state_dict_options());
+  expectSame(plain);
 }
 
 TEST(MoETest, BadInputIsANamedError) {
