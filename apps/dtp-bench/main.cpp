@@ -18,6 +18,7 @@
 #include "sizes.h"
 #include "stats.h"
 #include "ac.h"
+#include "moe.h"
 #include "collectives.h"
 #include "decode.h"
 #include "device.h"
@@ -366,6 +367,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(dtp::apps::kNonNegative)->capture_default_str();
   app.add_flag("--aa", o.aa, "Also time a second, identical hand-written model: the comparison's noise floor");
   app.add_flag("--ac", o.ac, "Run the activation-checkpointing table (no AC, full, selective) instead");
+  bool moe = false;
+  app.add_flag("--moe", moe, "Run the mixture-of-experts table instead: one MoE layer, expert parallelism over every "
+               "rank vs one device, training and decode, and the dispatch all-to-all");
   app.add_flag("--decode", o.decode,
                "Run the KV-cache decode table (ms per token, dtp vs hand-written, TP=1 and TP=WORLD_SIZE) instead; "
                "--reps and --warmup default to 5 and 1 there");
@@ -409,6 +413,13 @@ int main(int argc, char** argv) {
     if (soak_steps > 0) {
       const bool ok = bench::run_soak(soak_steps, world);
       if (world.rank() == 0) std::printf(ok ? "\ndtp-bench --soak: flat\n" : "\ndtp-bench --soak: GREW (see above)\n");
+      std::fflush(stdout);
+      return ok ? 0 : 1;
+    }
+    if (moe) {
+      const bool ok = bench::run_moe(o.reps, o.warmup, world);
+      if (world.rank() == 0) std::printf(ok ? "\ndtp-bench --moe: checks passed (EP equals one device)\n"
+                                            : "\ndtp-bench --moe: CHECKS FAILED (see above)\n");
       std::fflush(stdout);
       return ok ? 0 : 1;
     }

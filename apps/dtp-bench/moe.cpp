@@ -1,0 +1,108 @@
+#include "moe.h"
+
+#include "stats.h"
+
+#include "dtp/device_mesh.h"
+#include "dtp/dtensor.h"
+#include "dtp/models/moe.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cstdio>
+
+namespace dtp::bench {
+namespace {
+
+using models::MoE;
+using models::MoEConfig;
+
+constexpr int64_t kDim = 256, kHidden = 512, kExperts = 8, kTopK = 2;
+
+MoE makeLayer(uint64_t seed) {
+  MoEConfig c;
+  c.num_experts = kExperts;
+  c.top_k = kTopK;
+  c.hidden = kHidden;
+  MoE m(kDim, c);
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) p.set_data(at::normal(0.0, 0.05, p.sizes(), g));
+  return m;
+}
+
+// Median ms over reps of `step` on every rank (the slowest rank's).
+double timeIt(const ProcessGroup& world, int reps, int warmup, const std::function<void()>& step) {
+  std::vector<double> ms;
+  for (int r = 0; r < warmup + reps; ++r) {
+    const double t = timed_max(world, step);
+    if (r >= warmup) ms.push_back(t);
+  }
+  return median(ms);
+}
+
+}  // namespace
+
+bool run_moe(int reps, int warmup, const ProcessGroup& world) {
+  const int P = world.size(), me = world.rank();
+  TORCH_CHECK(kExperts % P == 0, "dtp-bench --moe: ", kExperts, " experts over ", P, " ranks: use 1, 2, 4 or 8 ranks.");
+  DeviceMesh mesh = init_device_mesh("cpu", {P}, {"ep"});
+  MoE one = makeLayer(1), ep = makeLayer(1);
+  models::distribute_experts(*ep, mesh);
+  bool ok = true;
+  if (me == 0) {
+    std::printf("dtp-bench --moe: %d ranks (ep), dim %lld, %lld experts of %lld, top-%lld, %d threads per rank\n\n", P,
+                static_cast<long long>(kDim), static_cast<long long>(kExperts), static_cast<long long>(kHidden),
+                static_cast<long long>(kTopK), at::get_num_threads());
+    std::printf("| pass | tokens per rank | one device, all ranks' tokens (ms) | EP over %d ranks (ms) | EP tokens/s | one "
+                "device tokens/s | EP / one device |\n|---|---|---|---|---|---|---|\n", P);
+  }
+  for (bool train : {true, false}) {
+    for (int64_t tokens : train ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{1, 8}) {
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(2);
+      const at::Tensor all = at::randn({P, tokens, kDim}, g);
+      const at::Tensor mine = all.narrow(0, me, 1);
+      auto pass = [&](MoE& m, const at::Tensor& x) {
+        if (!train) {
+          torch::NoGradGuard no_grad;
+          return m(x);
+        }
+        at::Tensor in = x.clone().requires_grad_(true);
+        at::Tensor y = m(in);
+        y.sum().backward();
+        return y.detach();
+      };
+      // One device: rank 0 runs every rank's tokens; the others wait.
+      const double one_ms = timeIt(world, reps, warmup, [&] {
+        if (me == 0) pass(one, all);
+      });
+      const double ep_ms = timeIt(world, reps, warmup, [&] { pass(ep, mine); });
+      // The check: EP's rows equal one device's rows of this rank.
+      const double diff = (pass(ep, mine) - pass(one, all).narrow(0, me, 1)).abs().max().item<double>();
+      if (diff > 1e-4) {
+        ok = false;
+        std::printf("dtp-bench --moe: rank %d: EP differs from one device by %.3g\n", me, diff);
+      }
+      if (me == 0) {
+        const double n = static_cast<double>(P * tokens);
+        std::printf("| %s | %lld | %.3f | %.3f | %.0f | %.0f | %.2fx |\n", train ? "train (fwd+bwd)" : "decode (fwd)",
+                    static_cast<long long>(tokens), one_ms, ep_ms, n / ep_ms * 1e3, n / one_ms * 1e3, one_ms / ep_ms);
+      }
+    }
+  }
+  // The dispatch alone: every rank sends tokens * top_k rows of dim floats,
+  // evenly to every rank (Gloo; all_to_all has no shared-memory path).
+  if (me == 0) std::printf("\n| all_to_all_single: rows each rank sends (evenly to all) | bytes per rank | ms |\n|---|---|---|\n");
+  const ProcessGroup group = mesh.get_group(0);
+  for (int64_t rows : {8, 512, 4096}) {
+    const at::Tensor x = at::randn({rows * P, kDim});
+    const std::vector<int64_t> split(P, rows);
+    const double ms = timeIt(world, reps, warmup, [&] { group.all_to_all_single(x, split, split).wait(); });
+    if (me == 0) std::printf("| %lld | %lld | %.3f |\n", static_cast<long long>(rows * P), static_cast<long long>(x.numel() * 4), ms);
+  }
+  std::fflush(stdout);
+  return ok;
+}
+
+}  // namespace dtp::bench
