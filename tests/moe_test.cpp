@@ -324,6 +324,15 @@ TEST(MoETest, BadInputIsANamedError) {
     expect_error([&] { apply_expert_parallel(model, init_device_mesh("cpu", {4}, {"ep"})); },
                  {"num_experts=6 is not divisible by the ep degree 4"});
   });
+  run_ranks(2, [&](int) {
+    Llama model(c);
+    expect_error([&] {
+      parallelize_module(*model, init_device_mesh("cpu", {2}, {"ep"}), {{"layers.*.feed_forward", ExpertParallel()}});
+    }, {"matches no submodule"});
+    expect_error([&] {
+      parallelize_module(*model, init_device_mesh("cpu", {2}, {"ep"}), {{"layers.*.attention", ExpertParallel()}});
+    }, {"ExpertParallel: expected a MoE module at 'layers.0.attention'"});
+  });
   LlamaConfig dense = dtp::test::small_llama_config(2);
   run_ranks(2, [&](int) {
     Llama model(dense);

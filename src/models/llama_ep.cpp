@@ -1,6 +1,7 @@
 // apply_expert_parallel and the MoE load-balancing loss of a model.
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/tp/parallelize.h"
 
 #include <ATen/ATen.h>
 
@@ -30,7 +31,7 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
   TORCH_CHECK(c.moe.num_experts % ep.size() == 0, "apply_expert_parallel: num_experts=", c.moe.num_experts,
               " is not divisible by the ep degree ", ep.size(), ". Use an ep degree that divides the number of "
               "experts.");
-  for (MoEImpl* moe : moeLayers(model)) distribute_experts(*moe, ep);
+  parallelize_module(*model, ep, {{"layers.*.moe", ExpertParallel()}});
 }
 
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel) {

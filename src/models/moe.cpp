@@ -184,4 +184,12 @@ void distribute_experts(MoEImpl& moe, const DeviceMesh& ep) {
   moe.ep_mesh = ep;
 }
 
+void ExpertParallel::apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+                           std::optional<int> /*src_data_rank*/) const {
+  auto* moe = dynamic_cast<MoEImpl*>(&module);
+  TORCH_CHECK(moe != nullptr, "ExpertParallel: expected a MoE module at '", fqn, "', got ", module.name(),
+              ". Point the plan entry at the mixture-of-experts modules (e.g. \"layers.*.moe\").");
+  distribute_experts(*moe, mesh);
+}
+
 }  // namespace dtp::models

@@ -5,6 +5,7 @@
 
 #include "dtp/device_mesh.h"
 #include "dtp/nn/modules.h"
+#include "dtp/tp/style.h"
 
 #include <optional>
 
@@ -51,5 +52,15 @@ DTP_MODULE(MoE);
 // dispatches tokens by all-to-all (NOTE: [Expert parallelism]).
 // apply_expert_parallel does this for every MoE layer of a model.
 void distribute_experts(MoEImpl& moe, const DeviceMesh& ep);
+
+// distribute_experts as a parallel style, for plans over an ep mesh:
+//   parallelize_module(*model, mesh["ep"], {{"layers.*.moe", ExpertParallel()}});
+// A plan entry matching anything but a MoE module is an error naming it.
+class ExpertParallel : public ParallelStyle {
+ public:
+  void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+             std::optional<int> src_data_rank) const override;
+  std::string name() const override { return "ExpertParallel"; }
+};
 
 }  // namespace dtp::models
