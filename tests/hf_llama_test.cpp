@@ -240,8 +240,8 @@ TEST_F(HfExportTest, BadFoldersAreNamedErrors) {
     expect_error([&] { llama_config_from_hf(d); }, {"NYI", "rope_scaling", "\"yarn\"", "\"default\" and \"llama3\""});
     editConfig(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; });
     expect_error([&] { llama_config_from_hf(d); }, {"NYI", "rope_scaling", "\"dynamic\""});
-    editConfig(d, [](nlohmann::json& j) { j["rope_scaling"] = nullptr; j["model_type"] = "mixtral"; });
-    expect_error([&] { llama_config_from_hf(d); }, {"model_type 'mixtral'", "supported are \"llama\"", "\"qwen3\""});
+    editConfig(d, [](nlohmann::json& j) { j["rope_scaling"] = nullptr; j["model_type"] = "gemma"; });
+    expect_error([&] { llama_config_from_hf(d); }, {"model_type 'gemma'", "supported are \"llama\"", "\"qwen3_moe\""});
     editConfig(d, [](nlohmann::json& j) { j["model_type"] = "llama"; j["hidden_act"] = "gelu"; });
     expect_error([&] { llama_config_from_hf(d); }, {"NYI", "hidden_act=\"gelu\"", "SwiGLU"});
     editConfig(d, [](nlohmann::json& j) { j["hidden_act"] = "silu"; j["model_type"] = "qwen2"; j["use_sliding_window"] = true; });

@@ -5,6 +5,7 @@
 //   dtprun -n 2 dtp-generate --hf Llama-2-7b-hf --prompt "The capital of France is"
 //   dtprun -n 2 dtp-generate --hf Qwen2.5-0.5B-Instruct --chat "Why is the sky blue?" --system "Be brief."
 #include "../common/checkpoint_flags.h"
+#include "../common/inference_setup.h"
 #include "../common/model_flags.h"
 
 #include "dtp/dcp/checkpoint.h"
@@ -83,40 +84,13 @@ int main(int argc, char** argv) {
     if (prompts.empty() && chat.empty()) prompts = {"The "};
     TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "pass --checkpoint DIR or --hf DIR.");
     ProcessGroup world = init_process_group();
-    LlamaConfig config = apps::config_of(model_flags, context > 0 ? context : 256, 0.0, 0);
-    if (!checkpoint.empty() && !std::filesystem::is_regular_file(checkpoint)) {
-      const apps::SavedCheckpoint saved = apps::find_saved_checkpoint(checkpoint, world.rank() == 0);
-      checkpoint = saved.path;
-      if (saved.config) {
-        apps::adopt_saved_config(app, model_flags, *saved.config, saved.path);
-        config = *saved.config;
-        config.max_seq_len = context > 0 ? context : 256;  // as without a recorded config
-      }
-    }
-    if (!hf.empty()) {
-      config = llama_config_from_hf(hf, context);
-      config.dtype = apps::dtype_of(model_flags.dtype);
-      if (tokenizer_path.empty() &&
-          (std::filesystem::exists(hf + "/tokenizer.json") || std::filesystem::exists(hf + "/tokenizer.model"))) {
-        tokenizer_path = hf;
-      }
-    }
-    const auto tokenizer = load_tokenizer(tokenizer_path.empty() ? "byte" : tokenizer_path);
-    check_tokenizer_fits_model(*tokenizer, config.vocab_size,
-                               hf.empty() ? "checkpoint " + checkpoint : hf + "/config.json");
-    // The folder of the tokenizer's files: its chat template and end tokens.
-    std::string folder;
-    if (!tokenizer_path.empty() && tokenizer_path != "byte") {
-      folder = std::filesystem::is_directory(tokenizer_path)
-                   ? tokenizer_path
-                   : std::filesystem::path(tokenizer_path).parent_path().string();
-    }
-    std::vector<int64_t> stop_tokens;
-    if (!folder.empty()) {
-      stop_tokens = end_token_ids(folder, *tokenizer);
-    } else if (tokenizer->eos_id()) {
-      stop_tokens = {*tokenizer->eos_id()};
-    }
+    apps::InferenceSetup setup =
+        apps::resolve_inference(app, model_flags, checkpoint, hf, tokenizer_path, context, world.rank() == 0);
+    LlamaConfig& config = setup.config;
+    checkpoint = setup.checkpoint;
+    const auto& tokenizer = setup.tokenizer;
+    const std::string& folder = setup.tokenizer_folder;  // its chat template and end tokens
+    std::vector<int64_t>& stop_tokens = setup.stop_tokens;
     if (!chat.empty()) {
       const auto* hf_tokenizer = dynamic_cast<const HfTokenizer*>(tokenizer.get());
       TORCH_CHECK(hf_tokenizer != nullptr, "dtp-generate: --chat needs a Hugging Face tokenizer.json: got the "

@@ -6,6 +6,7 @@
 // SIGTERM: queued requests get 503, running ones finish (up to
 // --shutdown-grace-s), then every rank exits 0.
 #include "../common/checkpoint_flags.h"
+#include "../common/inference_setup.h"
 #include "../common/model_flags.h"
 #include "engine.h"
 #include "openai_api.h"
@@ -84,39 +85,14 @@ int main(int argc, char** argv) {
                 "one. Pass --hf DIR or --checkpoint DIR.");
     ProcessGroup world = init_process_group();
     rank = world.rank();
-    LlamaConfig config = apps::config_of(model_flags, context > 0 ? context : 256, 0.0, 0);
-    if (!checkpoint.empty() && !std::filesystem::is_regular_file(checkpoint)) {
-      const apps::SavedCheckpoint saved = apps::find_saved_checkpoint(checkpoint, rank == 0);
-      checkpoint = saved.path;
-      if (saved.config) {
-        apps::adopt_saved_config(app, model_flags, *saved.config, saved.path);
-        config = *saved.config;
-        config.max_seq_len = context > 0 ? context : 256;
-      }
-    }
-    if (!hf.empty()) {
-      config = llama_config_from_hf(hf, context);
-      config.dtype = apps::dtype_of(model_flags.dtype);
-      if (tokenizer_path.empty() &&
-          (std::filesystem::exists(hf + "/tokenizer.json") || std::filesystem::exists(hf + "/tokenizer.model"))) {
-        tokenizer_path = hf;
-      }
-    }
-    const auto tokenizer = load_tokenizer(tokenizer_path.empty() ? "byte" : tokenizer_path);
-    check_tokenizer_fits_model(*tokenizer, config.vocab_size,
-                               hf.empty() ? "checkpoint " + checkpoint : hf + "/config.json");
-    std::string folder;
-    if (!tokenizer_path.empty() && tokenizer_path != "byte") {
-      folder = std::filesystem::is_directory(tokenizer_path)
-                   ? tokenizer_path
-                   : std::filesystem::path(tokenizer_path).parent_path().string();
-    }
+    apps::InferenceSetup setup = apps::resolve_inference(app, model_flags, checkpoint, hf, tokenizer_path, context,
+                                                         rank == 0);
+    LlamaConfig& config = setup.config;
+    checkpoint = setup.checkpoint;
+    const auto& tokenizer = setup.tokenizer;
+    const std::string& folder = setup.tokenizer_folder;
     serve::ServedModel served;
-    if (!folder.empty()) {
-      served.stop_tokens = end_token_ids(folder, *tokenizer);
-    } else if (tokenizer->eos_id()) {
-      served.stop_tokens = {*tokenizer->eos_id()};
-    }
+    served.stop_tokens = setup.stop_tokens;
     served.chat_stop_tokens = served.stop_tokens;
     const auto* hf_tokenizer = dynamic_cast<const HfTokenizer*>(tokenizer.get());
     if (hf_tokenizer && std::filesystem::exists(folder + "/tokenizer_config.json")) {

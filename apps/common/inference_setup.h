@@ -1,0 +1,69 @@
+// What dtp-generate and dtp-serve resolve alike from --checkpoint / --hf /
+// --tokenizer / --context: the model's config (a checkpoint's recorded one,
+// a Hugging Face folder's, or the model flags'), the checkpoint folder to
+// load, the tokenizer (checked against the model's vocabulary), the folder
+// of its files (chat template, end tokens) and the ids generation stops at.
+#pragma once
+
+#include "checkpoint_flags.h"
+#include "model_flags.h"
+
+#include "dtp/models/chat.h"
+#include "dtp/models/hf_llama.h"
+#include "dtp/models/tokenizer.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtp::apps {
+
+struct InferenceSetup {
+  models::LlamaConfig config;
+  std::string checkpoint;                       // resolved (a step-<N>/ folder or a file); "" without one
+  std::unique_ptr<models::Tokenizer> tokenizer;
+  std::string tokenizer_folder;                 // "" for the byte tokenizer
+  std::vector<int64_t> stop_tokens;             // end_token_ids of the folder, else the tokenizer's EOS
+};
+
+// Every rank calls it; `log`: print the step folders find_checkpoint passed over.
+inline InferenceSetup resolve_inference(CLI::App& app, ModelFlags& flags, const std::string& checkpoint,
+                                        const std::string& hf, std::string tokenizer_path, int64_t context, bool log) {
+  InferenceSetup s;
+  s.checkpoint = checkpoint;
+  s.config = config_of(flags, context > 0 ? context : 256, 0.0, 0);
+  if (!checkpoint.empty() && !std::filesystem::is_regular_file(checkpoint)) {
+    const SavedCheckpoint saved = find_saved_checkpoint(checkpoint, log);
+    s.checkpoint = saved.path;
+    if (saved.config) {
+      adopt_saved_config(app, flags, *saved.config, saved.path);
+      s.config = *saved.config;
+      s.config.max_seq_len = context > 0 ? context : 256;  // as without a recorded config
+    }
+  }
+  if (!hf.empty()) {
+    s.config = models::llama_config_from_hf(hf, context);
+    s.config.dtype = dtype_of(flags.dtype);
+    if (tokenizer_path.empty() &&
+        (std::filesystem::exists(hf + "/tokenizer.json") || std::filesystem::exists(hf + "/tokenizer.model"))) {
+      tokenizer_path = hf;
+    }
+  }
+  s.tokenizer = models::load_tokenizer(tokenizer_path.empty() ? "byte" : tokenizer_path);
+  models::check_tokenizer_fits_model(*s.tokenizer, s.config.vocab_size,
+                                     hf.empty() ? "checkpoint " + s.checkpoint : hf + "/config.json");
+  if (!tokenizer_path.empty() && tokenizer_path != "byte") {
+    s.tokenizer_folder = std::filesystem::is_directory(tokenizer_path)
+                             ? tokenizer_path
+                             : std::filesystem::path(tokenizer_path).parent_path().string();
+  }
+  if (!s.tokenizer_folder.empty()) {
+    s.stop_tokens = models::end_token_ids(s.tokenizer_folder, *s.tokenizer);
+  } else if (s.tokenizer->eos_id()) {
+    s.stop_tokens = {*s.tokenizer->eos_id()};
+  }
+  return s;
+}
+
+}  // namespace dtp::apps
