@@ -36,6 +36,14 @@ if [ ! -e "$root/.dtp-root-complete" ]; then
 fi
 # Name resolution as on the host (torchrun's agents advertise the hostname).
 $sudo cp /etc/resolv.conf /etc/hosts "$root/etc/"
+# The host's trusted certificates, for the tests that npm-install their
+# references (a network that re-signs TLS with its own CA): Node inside the
+# root trusts them too (NODE_EXTRA_CA_CERTS below).
+host_ca=""
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  $sudo cp /etc/ssl/certs/ca-certificates.crt "$root/etc/dtp-host-ca-certificates.crt"
+  host_ca=/etc/dtp-host-ca-certificates.crt
+fi
 
 # proc, dev (with shm for Gloo) and the checkout, unmounted on every exit.
 mounts=()
@@ -57,5 +65,5 @@ mounts+=("$root/dtp")
 $sudo chroot "$root" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   DTP_BUILD_DIR="${DTP_BUILD_DIR:-build-debian13}" DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES-python3-torch python3-safetensors}" \
-  ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} \
+  ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} ${host_ca:+NODE_EXTRA_CA_CERTS=$host_ca} \
   /bin/bash -c 'cd /dtp && exec "$@"' debian13 "$@"

