@@ -101,7 +101,6 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   const at::Tensor W1 = local(w1), W2 = local(w2), W3 = local(w3), G = local(gate->weight);
   const int64_t E = config.num_experts, k = config.top_k, D = x.size(-1);
   const at::Tensor flat = x.reshape({-1, D});
-  const int64_t T = flat.size(0);
 
   // Routing, as HF's Mixtral and Qwen3-MoE: softmax in float32 or wider,
   // top-k, renormalized, back to the activations' dtype.
