@@ -112,6 +112,27 @@ LlamaConfig configOf(const Options& o) {
   return c;
 }
 
+// --metrics of a MoE model: the routed slots per expert of the last forward
+// (summed over layers and dp ranks) and the load-balancing loss (averaged over
+// dp: each rank's is dp times its share, NOTE in moe_load_balancing_loss).
+// Collective over dp: every rank calls it.
+void moeMetrics(Llama& model, const at::Tensor& aux, const ProcessGroup& dp, apps::StepMetrics& m) {
+  const int64_t E = model->config.moe.num_experts;
+  at::Tensor counts = at::zeros({E}, at::kLong);
+  for (const auto& layer : *model->layers) {
+    const auto& moe = layer->as<TransformerBlockImpl>()->moe;
+    if (moe && moe->selected.defined()) counts += at::bincount(moe->selected.flatten().cpu(), {}, E);
+  }
+  at::Tensor a = at::full({1}, aux.defined() ? (is_dtensor(aux) ? full_tensor(aux) : aux).item<double>() : 0.0,
+                          at::kDouble);
+  if (dp.valid()) {
+    dp.all_reduce(counts).wait();
+    dp.all_reduce(a, ReduceOp::Avg).wait();
+  }
+  m.tokens_per_expert.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
+  m.aux_loss = aux.defined() ? a.item<double>() : std::nan("");
+}
+
 // Where the run starts: a checkpoint (a dcp folder that find_checkpoint
 // chose, or an earlier dtp's single file), HF weights, or the init. Returns
 // the first step.
@@ -261,14 +282,16 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
     // --profile: a trace of o.profile_steps steps after the first (warm-up).
     const int64_t traced = std::min(first + 1, o.steps - 1);
     if (log && !o.profile.empty() && step == traced) trace.emplace(TraceOptions{o.device == "cuda"});
-    at::Tensor loss;
+    at::Tensor loss, aux;
     if (pipe) {  // forward and backward of every microbatch; the loss on the last stage
       opt.zero_grad();
       loss = pipe->pipeline->step(b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq));
     } else {
       loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
-      if (model->config.moe.aux_loss_coef > 0)
-        loss = loss + moe_load_balancing_loss(model, dp.valid() ? std::optional<ProcessGroup>(dp) : std::nullopt);
+      if (model->config.moe.aux_loss_coef > 0) {
+        aux = moe_load_balancing_loss(model, dp.valid() ? std::optional<ProcessGroup>(dp) : std::nullopt);
+        loss = loss + aux;
+      }
       opt.zero_grad();
       loss.backward();
     }
@@ -329,6 +352,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
       m.comm_bytes_per_step = (bytes - last_bytes) / steps;
       m.grad_norm = grad_norm.defined() ? grad_norm.item<double>() : std::nan("");
       m.lr = learningRate(o, step);
+      if (!pipe && model->config.moe.num_experts > 0 && !o.metrics.empty()) {  // every rank: a collective
+        notCounted([&] { moeMetrics(model, aux, dp, m); });
+      }
       metrics.write(m);
       last_log = now;
       last_step = step + 1;

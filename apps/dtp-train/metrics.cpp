@@ -32,7 +32,13 @@ void MetricsWriter::write(const StepMetrics& m) {
        << ", \"peak_rss_mib\": " << number(m.peak_rss_mib, "%.1f")
        << ", \"collectives_per_step\": " << number(m.collectives_per_step, "%.2f")
        << ", \"comm_bytes_per_step\": " << number(m.comm_bytes_per_step, "%.0f")
-       << ", \"grad_norm\": " << number(m.grad_norm, "%.6g") << ", \"lr\": " << number(m.lr, "%.6g") << "}\n";
+       << ", \"grad_norm\": " << number(m.grad_norm, "%.6g") << ", \"lr\": " << number(m.lr, "%.6g");
+  if (!m.tokens_per_expert.empty()) {
+    out_ << ", \"aux_loss\": " << number(m.aux_loss, "%.6g") << ", \"tokens_per_expert\": [";
+    for (size_t e = 0; e < m.tokens_per_expert.size(); ++e) out_ << (e ? ", " : "") << m.tokens_per_expert[e];
+    out_ << "]";
+  }
+  out_ << "}\n";
   out_.flush();
   TORCH_CHECK(out_.good(), "dtp-train --metrics: writing ", path_, " failed (disk full?).");
 }

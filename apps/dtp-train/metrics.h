@@ -3,9 +3,11 @@
 // still in progress reads what is there (scripts/plot.sh FILE).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace dtp::apps {
 
@@ -21,6 +23,11 @@ struct StepMetrics {
   double comm_bytes_per_step = 0;    // this rank's collective bytes per step
   double grad_norm = 0;              // total gradient norm (before clipping)
   double lr = 0;                     // learning rate of this step
+  // MoE models (--experts): this step's load-balancing loss (included in
+  // `loss`; averaged over dp) and the routed token slots per expert, summed
+  // over layers and dp ranks (each token counts top_k times per layer).
+  double aux_loss = std::nan("");
+  std::vector<int64_t> tokens_per_expert;
 };
 
 class MetricsWriter {

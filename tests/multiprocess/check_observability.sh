@@ -26,6 +26,19 @@ per_step=$(grep -o '"collectives_per_step": [0-9.]*' "$dir/metrics.jsonl" | awk 
   fail "collectives_per_step should be one positive figure over the run, got: $per_step"
 echo "metrics: 3 lines, every field a number, $per_step collectives per step"
 
+# A MoE model at (dp, tp) = (2, 1): the routed slots per expert of each
+# logged step sum to batch * seq * top_k * layers (every token, both dp
+# halves, counted), and the load-balancing loss is a positive number.
+"$dtprun" -n 2 "$train" --steps 4 --log-every 2 --dim 32 --layers 2 --batch 4 --seq 16 --dp 2 --experts 4 --top-k 2 \
+  --aux-loss-coef 0.05 --metrics "$dir/moe.jsonl" >/dev/null
+while read -r line; do
+  sum=$(grep -o '"tokens_per_expert": \[[0-9, ]*\]' <<<"$line" | grep -o '[0-9]*' | awk '{s += $1} END {print s + 0}')
+  [ "$sum" -eq $((4 * 16 * 2 * 2)) ] || fail "tokens_per_expert sums to $sum, expected $((4 * 16 * 2 * 2)): $line"
+  grep -q '"aux_loss": [0-9.e+-]*[,}]' <<<"$line" || fail "no aux_loss number: $line"
+done < "$dir/moe.jsonl"
+[ "$(wc -l < "$dir/moe.jsonl")" -eq 2 ] || fail "moe.jsonl has $(wc -l < "$dir/moe.jsonl") lines, expected 2"
+echo "moe metrics: tokens per expert sum to batch x seq x top_k x layers, aux loss reported"
+
 for rank in 0 1; do
   trace="$dir/trace/rank$rank.json"
   [ -s "$trace" ] || fail "$trace is missing"
