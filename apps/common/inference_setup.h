@@ -8,7 +8,10 @@
 #include "checkpoint_flags.h"
 #include "model_flags.h"
 
+#include "dtp/dcp/checkpoint.h"
 #include "dtp/models/chat.h"
+#include "dtp/models/checkpoint.h"
+#include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/tokenizer.h"
 
@@ -64,6 +67,26 @@ inline InferenceSetup resolve_inference(CLI::App& app, ModelFlags& flags, const 
     s.stop_tokens = {*s.tokenizer->eos_id()};
   }
   return s;
+}
+
+// The model of `s` on a ("tp") mesh of every rank, parallelized for
+// inference, with the --hf folder's or the checkpoint's weights, in eval mode.
+// Collective.
+inline models::Llama load_inference_model(InferenceSetup& s, const std::string& hf, const std::string& device,
+                                          int world_size) {
+  DeviceMesh mesh = init_device_mesh(device, {world_size}, {"tp"});
+  s.config.device = mesh.device();
+  models::Llama model(s.config);
+  if (world_size > 1) models::apply_tensor_parallel_for_inference(model, mesh);
+  if (!hf.empty()) {
+    models::load_hf_weights(model, hf);
+  } else if (std::filesystem::is_regular_file(s.checkpoint)) {
+    models::load_checkpoint(s.checkpoint, model, nullptr);
+  } else {
+    dcp::load_state(s.checkpoint, *model, nullptr, models::llama_state_dict_options());
+  }
+  model->eval();
+  return model;
 }
 
 }  // namespace dtp::apps

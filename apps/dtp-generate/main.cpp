@@ -116,18 +116,7 @@ int main(int argc, char** argv) {
                   << tokenizer->encode(prompts[0], /*add_bos=*/false).size() << " tokens, stops at [" << stops << "]\n";
       }
     }
-    DeviceMesh mesh = init_device_mesh(device, {world.size()}, {"tp"});
-    config.device = mesh.device();
-    Llama model(config);
-    if (world.size() > 1) apply_tensor_parallel_for_inference(model, mesh);
-    if (!hf.empty()) {
-      load_hf_weights(model, hf);
-    } else if (std::filesystem::is_regular_file(checkpoint)) {
-      load_checkpoint(checkpoint, model, nullptr);
-    } else {
-      dcp::load_state(checkpoint, *model, nullptr, llama_state_dict_options());
-    }
-    model->eval();
+    Llama model = apps::load_inference_model(setup, hf, device, world.size());
     std::vector<std::vector<int64_t>> ids;
     // A chat prompt holds its BOS already (the template writes bos_token).
     for (const auto& p : prompts) ids.push_back(tokenizer->encode(p, /*add_bos=*/chat.empty()));

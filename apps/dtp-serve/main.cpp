@@ -109,18 +109,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    DeviceMesh mesh = init_device_mesh(device, {world.size()}, {"tp"});
-    config.device = mesh.device();
-    Llama model(config);
-    if (world.size() > 1) apply_tensor_parallel_for_inference(model, mesh);
-    if (!hf.empty()) {
-      load_hf_weights(model, hf);
-    } else if (std::filesystem::is_regular_file(checkpoint)) {
-      load_checkpoint(checkpoint, model, nullptr);
-    } else {
-      dcp::load_state(checkpoint, *model, nullptr, llama_state_dict_options());
-    }
-    model->eval();
+    Llama model = apps::load_inference_model(setup, hf, device, world.size());
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
     serve::Engine engine(model, max_batch, std::min(max_prefill, max_batch), ctx);
     std::optional<ProcessGroup> group;
