@@ -25,13 +25,9 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
   TORCH_CHECK(std::find(names.begin(), names.end(), "ep") != names.end(), "apply_expert_parallel: ", mesh.str(),
               " has no \"ep\" dimension. Name the mesh dimension the experts are spread over \"ep\".");
   const DeviceMesh ep = mesh.ndim() == 1 ? mesh : mesh["ep"];
-  const LlamaConfig& c = model->config;
-  TORCH_CHECK(c.moe.num_experts > 0, "apply_expert_parallel: the model has no MoE layers (LlamaConfig::moe."
+  TORCH_CHECK(model->config.moe.num_experts > 0, "apply_expert_parallel: the model has no MoE layers (LlamaConfig::moe."
               "num_experts is 0). Build it with experts, or leave expert parallelism out.");
-  TORCH_CHECK(c.moe.num_experts % ep.size() == 0, "apply_expert_parallel: num_experts=", c.moe.num_experts,
-              " is not divisible by the ep degree ", ep.size(), ". Use an ep degree that divides the number of "
-              "experts.");
-  parallelize_module(*model, ep, {{"layers.*.moe", ExpertParallel()}});
+  parallelize_module(*model, ep, {{"layers.*.moe", ExpertParallel()}});  // distribute_experts checks E % ep
 }
 
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel) {

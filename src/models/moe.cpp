@@ -8,8 +8,6 @@
 
 #include <ATen/ATen.h>
 
-#include <numeric>
-
 namespace dtp::models {
 namespace {
 
@@ -127,30 +125,28 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
     // 1. Everyone's counts: all[r][e] rows of rank r for expert e.
     const at::Tensor mine = at::tensor(counts, at::kLong);
     const std::vector<int64_t> all = toVector(group.all_gather(mine.view({1, E}), 0, std::vector<int64_t>(P, 1)).wait());
-    std::vector<int64_t> send(P, 0), recv(P, 0);
+    // from(r, e): the rows rank r sends to this rank's local expert e; they
+    // arrive rank-major, rank r's for expert e at start[r * El + e].
+    auto from = [&](int64_t r, int64_t e) { return all[r * E + me * El + e]; };
+    std::vector<int64_t> send(P, 0), recv(P, 0), start(P * El), per_expert(El, 0);
+    int64_t at = 0;
     for (int64_t r = 0; r < P; ++r) {
       for (int64_t e = 0; e < El; ++e) {
         send[r] += counts[r * El + e];
-        recv[r] += all[r * E + me * El + e];
+        recv[r] += from(r, e);
+        per_expert[e] += from(r, e);
+        start[r * El + e] = at;
+        at += from(r, e);
       }
     }
     // 2. Dispatch.
     const at::Tensor got = ep::all_to_all_single_autograd(sorted, recv, send, group);
     // 3. Rank-major (r, e) blocks -> expert-major (e, r), run, and back.
-    std::vector<int64_t> start(P * El), per_expert(El, 0);
-    int64_t at = 0;
-    for (int64_t r = 0; r < P; ++r) {
-      for (int64_t e = 0; e < El; ++e) {
-        start[r * El + e] = at;
-        at += all[r * E + me * El + e];
-        per_expert[e] += all[r * E + me * El + e];
-      }
-    }
     std::vector<int64_t> perm;
     perm.reserve(at);
     for (int64_t e = 0; e < El; ++e) {
       for (int64_t r = 0; r < P; ++r) {
-        for (int64_t i = 0; i < all[r * E + me * El + e]; ++i) perm.push_back(start[r * El + e] + i);
+        for (int64_t i = 0; i < from(r, e); ++i) perm.push_back(start[r * El + e] + i);
       }
     }
     const at::Tensor index = at::tensor(perm, at::kLong).to(x.device());

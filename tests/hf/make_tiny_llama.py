@@ -136,20 +136,20 @@ def make_weights(a):
         if a.family in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = norm(head_dim)
             w[p + "self_attn.k_norm.weight"] = norm(head_dim)
-        if a.family == "mixtral":  # MixtralSparseMoeBlock: gate, experts.N.w1/w2/w3
-            m = p + "block_sparse_moe."
+        if a.family in ("mixtral", "qwen3_moe"):
+            # MixtralSparseMoeBlock (block_sparse_moe: experts.N.w1/w2/w3) or
+            # Qwen3MoeSparseMoeBlock (mlp: experts.N.{gate,up,down}_proj), in
+            # state_dict order: a router, then each expert's matrices.
+            mixtral = a.family == "mixtral"
+            m = p + ("block_sparse_moe." if mixtral else "mlp.")
+            up = (a.moe_intermediate, a.hidden)
+            down = (a.hidden, a.moe_intermediate)
+            shapes = ([("w1", up), ("w2", down), ("w3", up)] if mixtral else
+                      [("gate_proj", up), ("up_proj", up), ("down_proj", down)])
             w[m + "gate.weight"] = matrix(a.experts, a.hidden)
             for e in range(a.experts):
-                w[m + f"experts.{e}.w1.weight"] = matrix(a.moe_intermediate, a.hidden)
-                w[m + f"experts.{e}.w2.weight"] = matrix(a.hidden, a.moe_intermediate)
-                w[m + f"experts.{e}.w3.weight"] = matrix(a.moe_intermediate, a.hidden)
-        elif a.family == "qwen3_moe":  # Qwen3MoeSparseMoeBlock: gate, experts.N.{gate,up,down}_proj
-            m = p + "mlp."
-            w[m + "gate.weight"] = matrix(a.experts, a.hidden)
-            for e in range(a.experts):
-                w[m + f"experts.{e}.gate_proj.weight"] = matrix(a.moe_intermediate, a.hidden)
-                w[m + f"experts.{e}.up_proj.weight"] = matrix(a.moe_intermediate, a.hidden)
-                w[m + f"experts.{e}.down_proj.weight"] = matrix(a.hidden, a.moe_intermediate)
+                for name, (rows, cols) in shapes:
+                    w[m + f"experts.{e}.{name}.weight"] = matrix(rows, cols)
         else:
             w[p + "mlp.gate_proj.weight"] = matrix(a.intermediate, a.hidden)
             w[p + "mlp.up_proj.weight"] = matrix(a.intermediate, a.hidden)
