@@ -3,9 +3,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$(date +%s)
-# nodejs and npm: the tokenizer reference test (tests/tokenizers/) runs
-# Hugging Face's implementations from npm packages it installs.
-DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES:-} nodejs npm" scripts/setup.sh
+# node and npm: the tokenizer reference test (tests/tokenizers/) and the
+# dtp-serve test run Hugging Face's and OpenAI's npm packages. Debian's
+# nodejs/npm are installed only where the commands are missing: a machine
+# with another Node.js (NodeSource's bundles npm) keeps it, since Debian's
+# npm cannot be installed beside it.
+node_packages=""
+command -v node >/dev/null || node_packages+=" nodejs"
+command -v npm >/dev/null || node_packages+=" npm"
+DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES:-}$node_packages" scripts/setup.sh
 cd "${DTP_BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 600
 echo "test.sh: build and tests took $(( $(date +%s) - start )) s"
