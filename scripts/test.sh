@@ -11,6 +11,12 @@ start=$(date +%s)
 node_packages=""
 command -v node >/dev/null || node_packages+=" nodejs"
 command -v npm >/dev/null || node_packages+=" npm"
+# chromium: the chat page test (tests/serve/chat_page_test.sh) runs Debian's
+# chromium headless. Ubuntu has no chromium deb (its chromium-browser installs
+# a snap): there it is left out and the test skips.
+if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && ! command -v chromium >/dev/null; then
+  node_packages+=" chromium"
+fi
 DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES:-}$node_packages" scripts/setup.sh
 cd "${DTP_BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 600

@@ -8,6 +8,7 @@
 #include "../common/checkpoint_flags.h"
 #include "../common/inference_setup.h"
 #include "../common/model_flags.h"
+#include "chat_page.h"
 #include "engine.h"
 #include "openai_api.h"
 #include "scheduler.h"
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
     httplib::Server server;
     server.new_task_queue = [n = http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
     serve::add_openai_routes(server, scheduler, served);
+    serve::register_chat_page(server);
     const int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
     TORCH_CHECK(bound > 0, "dtp-serve: --host ", host, " --port ", port, ": got a failed bind, expected a free "
                 "address. Pick another --port (0: any free one).");
