@@ -15,13 +15,42 @@ KVCache::KVCache(int64_t max_batch, int64_t max_seq) : max_batch_(max_batch), ma
               " must be positive.");
 }
 
+KVCache KVCache::paged(int64_t num_blocks, int64_t block_size) {
+  TORCH_CHECK(num_blocks > 0 && block_size > 0, "KVCache::paged: num_blocks=", num_blocks, " and block_size=",
+              block_size, " must be positive.");
+  KVCache c(1, 1);
+  c.max_batch_ = c.max_seq_ = 0;
+  c.num_blocks_ = num_blocks;
+  c.block_size_ = block_size;
+  return c;
+}
+
+void KVCache::set_batch(std::vector<std::vector<int64_t>> tables, std::vector<int64_t> lengths) {
+  TORCH_CHECK(is_paged(), "KVCache::set_batch: this cache is contiguous. Build it with KVCache::paged(num_blocks, "
+              "block_size), or use reset(batch).");
+  TORCH_CHECK(!tables.empty() && tables.size() == lengths.size(), "KVCache::set_batch: got ", tables.size(),
+              " block tables and ", lengths.size(), " lengths, expected one of each per sequence (at least one).");
+  for (size_t b = 0; b < tables.size(); ++b) {
+    for (int64_t block : tables[b])
+      TORCH_CHECK(block >= 0 && block < num_blocks_, "KVCache::set_batch: sequence ", b, " holds block ", block,
+                  ", expected blocks in [0, ", num_blocks_, ").");
+    TORCH_CHECK(lengths[b] >= 0 && lengths[b] <= static_cast<int64_t>(tables[b].size()) * block_size_,
+                "KVCache::set_batch: sequence ", b, " has ", lengths[b], " tokens in ", tables[b].size(),
+                " blocks of ", block_size_, ". Give it enough blocks.");
+  }
+  tables_ = std::move(tables);
+  lengths_ = std::move(lengths);
+}
+
 void KVCache::reset(int64_t batch) {
+  TORCH_CHECK(!is_paged(), "KVCache::reset: a paged cache takes its batch from set_batch(tables, lengths).");
   TORCH_CHECK(batch > 0 && batch <= max_batch_, "KVCache: a batch of ", batch, " sequences, but the cache holds ",
               max_batch_, " (max_batch). Build the cache with max_batch >= ", batch, ", or split the batch.");
   lengths_.assign(batch, 0);
 }
 
 void KVCache::keep(const std::vector<int64_t>& rows) {
+  TORCH_CHECK(!is_paged(), "KVCache::keep: a paged cache takes its batch from set_batch(tables, lengths).");
   const int64_t batch = static_cast<int64_t>(lengths_.size()), n = static_cast<int64_t>(rows.size());
   for (int64_t i = 0; i < n; ++i)
     TORCH_CHECK(rows[i] >= 0 && rows[i] < batch && (i == 0 || rows[i] > rows[i - 1]), "KVCache::keep: rows ",
@@ -44,13 +73,15 @@ std::pair<at::Tensor, at::Tensor> KVCache::layer(int64_t index, const at::Tensor
     v_.resize(index + 1);
   }
   if (!k_[index].defined()) {
-    k_[index] = at::zeros({max_batch_, max_seq_, like.size(2), like.size(3)}, like.options());
+    k_[index] = is_paged() ? at::zeros({num_blocks_ * block_size_, like.size(2), like.size(3)}, like.options())
+                           : at::zeros({max_batch_, max_seq_, like.size(2), like.size(3)}, like.options());
     v_[index] = at::zeros_like(k_[index]);
   }
   const at::Tensor& k = k_[index];
-  TORCH_CHECK(k.size(2) == like.size(2) && k.size(3) == like.size(3) && k.scalar_type() == like.scalar_type() &&
+  const int64_t d = k.dim();  // [.., kv_heads, head_dim]
+  TORCH_CHECK(k.size(d - 2) == like.size(2) && k.size(d - 1) == like.size(3) && k.scalar_type() == like.scalar_type() &&
                   k.device() == like.device(),
-              "KVCache: layer ", index, " holds ", k.size(2), " KV heads of head_dim ", k.size(3), " in ",
+              "KVCache: layer ", index, " holds ", k.size(d - 2), " KV heads of head_dim ", k.size(d - 1), " in ",
               k.scalar_type(), " on ", k.device(), " from the model it was first used with, but this model's are ",
               like.size(2), " of head_dim ", like.size(3), " in ", like.scalar_type(), " on ", like.device(),
               ". Build a KVCache for each model.");
@@ -67,6 +98,14 @@ void KVCache::begin(const std::vector<int64_t>& valid, int64_t seq) {
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(valid[b] >= 1 && valid[b] <= seq, "KVCache: sequence ", b, " has ", valid[b], " valid tokens in a call of ",
                 seq, ". Each sequence needs 1..", seq, " (an empty prompt cannot start a generation).");
+    if (is_paged()) {
+      const int64_t room = static_cast<int64_t>(tables_[b].size()) * block_size_;
+      TORCH_CHECK(lengths_[b] + valid[b] <= room, "KVCache: sequence ", b, " would reach ", lengths_[b] + valid[b],
+                  " tokens (", lengths_[b], " cached + ", valid[b], " in this call), but its ", tables_[b].size(),
+                  " blocks hold ", room, ". Give it more blocks in set_batch.");
+      step_.keys = std::max(step_.keys, lengths_[b] + seq);
+      continue;
+    }
     TORCH_CHECK(lengths_[b] + seq <= max_seq_, "KVCache: sequence ", b, " would reach ", lengths_[b] + seq,
                 " tokens (", lengths_[b], " cached + ", seq, " in this call), but the cache holds ", max_seq_,
                 " (max_seq). Build the cache with a larger max_seq (at most the model's max_seq_len), or use a "
@@ -75,6 +114,31 @@ void KVCache::begin(const std::vector<int64_t>& valid, int64_t seq) {
   }
   at::Tensor start = at::tensor(lengths_, at::kLong).view({batch, 1});
   step_.positions = start + at::arange(seq, at::kLong).view({1, seq});
+  if (is_paged()) pagedSlots(valid, seq);
+}
+
+// See NOTE: [Paged KV cache].
+void KVCache::pagedSlots(const std::vector<int64_t>& valid, int64_t seq) {
+  const int64_t batch = static_cast<int64_t>(valid.size()), keys = step_.keys, bs = block_size_;
+  std::vector<int64_t> rows, slots, read(batch * keys, 0);
+  bool all = true;
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int64_t>& table = tables_[b];
+    const int64_t start = lengths_[b], end = start + valid[b];
+    for (int64_t s = 0; s < seq; ++s) {
+      if (s >= valid[b]) {
+        all = false;
+        continue;
+      }
+      const int64_t j = start + s;
+      rows.push_back(b * seq + s);
+      slots.push_back(table[j / bs] * bs + j % bs);
+    }
+    for (int64_t j = 0; j < end; ++j) read[b * keys + j] = table[j / bs] * bs + j % bs;
+  }
+  step_.write_rows = all ? at::Tensor() : at::tensor(rows, at::kLong);
+  step_.write_slots = at::tensor(slots, at::kLong);
+  step_.read_slots = at::tensor(read, at::kLong).view({batch, keys});
 }
 
 void KVCache::end(const std::vector<int64_t>& valid) {

@@ -23,11 +23,27 @@ at::Tensor cached_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::
   q = apply_rope(q, c, s);
   k = apply_rope(k, c, s);
   auto [kc, vc] = cache.layer(layer, k);
-  for (int64_t b = 0; b < batch; ++b) {
-    kc[b].narrow(0, step.start[b], seq).copy_(k[b]);
-    vc[b].narrow(0, step.start[b], seq).copy_(v[b]);
+  at::Tensor K, V;
+  if (cache.is_paged()) {  // See NOTE: [Paged KV cache].
+    const at::Tensor slots = step.write_slots.to(q.device()), read = step.read_slots.to(q.device()).flatten();
+    at::Tensor kn = k.reshape({batch * seq, k.size(2), head_dim}), vn = v.reshape({batch * seq, v.size(2), head_dim});
+    if (step.write_rows.defined()) {
+      const at::Tensor rows = step.write_rows.to(q.device());
+      kn = kn.index_select(0, rows);
+      vn = vn.index_select(0, rows);
+    }
+    kc.index_copy_(0, slots, kn);
+    vc.index_copy_(0, slots, vn);
+    K = kc.index_select(0, read).view({batch, keys, kc.size(1), head_dim});
+    V = vc.index_select(0, read).view({batch, keys, vc.size(1), head_dim});
+  } else {
+    for (int64_t b = 0; b < batch; ++b) {
+      kc[b].narrow(0, step.start[b], seq).copy_(k[b]);
+      vc[b].narrow(0, step.start[b], seq).copy_(v[b]);
+    }
+    K = kc.narrow(0, 0, batch).narrow(1, 0, keys);
+    V = vc.narrow(0, 0, batch).narrow(1, 0, keys);
   }
-  at::Tensor K = kc.narrow(0, 0, batch).narrow(1, 0, keys), V = vc.narrow(0, 0, batch).narrow(1, 0, keys);
   const int64_t kv = K.size(2), n_rep = q.size(2) / kv;
   if (n_rep > 1) {
     K = K.unsqueeze(3).expand({batch, keys, kv, n_rep, head_dim}).reshape({batch, keys, kv * n_rep, head_dim});

@@ -1,0 +1,187 @@
+// The paged KV cache (NOTE: [Paged KV cache] in kv_cache.h) against the
+// contiguous one, in float64 on the reference Llama with grouped KV heads:
+// the same prefill and greedy decode give the same logits, whether the
+// prompts are prefilled at once or in chunks of a few tokens (sequences in
+// and out of the batch between calls, as dtp-serve runs them), with blocks
+// scattered over the pool; at TP 2 too. Bad tables are named errors.
+#include "dist.h"
+
+#include "dtp/dtensor.h"
+#include "dtp/models/generate.h"
+#include "dtp/models/llama.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+
+using namespace dtp;
+using namespace dtp::models;
+using dtp::test::run_ranks;
+
+namespace {
+
+LlamaConfig config() {
+  LlamaConfig c;
+  c.vocab_size = 67;
+  c.dim = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;  // grouped: each KV head serves 2 query heads
+  c.ffn_hidden = 40;
+  c.max_seq_len = 32;
+  c.seed = 3;
+  c.dtype = at::kDouble;
+  return c;
+}
+
+const std::vector<std::vector<int64_t>> kPrompts = {{5, 9, 2}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {60, 61, 62, 63, 64}};
+constexpr int kDecodeSteps = 6;
+
+at::Tensor plain(const at::Tensor& t) { return is_dtensor(t) ? full_tensor(t) : t; }
+
+// Each sequence's logits [vocab] after its prompt, then after each of
+// kDecodeSteps greedy tokens; one prefill of all prompts, right-padded.
+std::vector<std::vector<at::Tensor>> contiguous(Llama& model) {
+  at::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(kPrompts.size());
+  KVCache cache(n, 32);
+  cache.reset(n);
+  std::vector<int64_t> valid;
+  int64_t longest = 0;
+  for (const auto& p : kPrompts) {
+    valid.push_back(static_cast<int64_t>(p.size()));
+    longest = std::max(longest, valid.back());
+  }
+  at::Tensor tokens = at::zeros({n, longest}, at::kLong);
+  for (int64_t b = 0; b < n; ++b) tokens[b].narrow(0, 0, valid[b]).copy_(at::tensor(kPrompts[b], at::kLong));
+  std::vector<std::vector<at::Tensor>> out(n);
+  at::Tensor logits = plain(model->forward(tokens, cache, valid));
+  for (int step = 0; step <= kDecodeSteps; ++step) {
+    std::vector<int64_t> next;
+    for (int64_t b = 0; b < n; ++b) {
+      out[b].push_back(logits[b][0].clone());
+      next.push_back(logits[b][0].argmax().item<int64_t>());
+    }
+    if (step < kDecodeSteps) logits = plain(model->forward(at::tensor(next, at::kLong).view({n, 1}), cache, std::vector<int64_t>(n, 1)));
+  }
+  return out;
+}
+
+// The same on a paged cache of 4-token blocks handed out from the end of
+// the pool, alternating between sequences (no sequence's blocks are
+// adjacent); prompts prefilled `chunk` tokens per call, only the sequences
+// still prefilling in each call.
+std::vector<std::vector<at::Tensor>> paged(Llama& model, int64_t chunk) {
+  at::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(kPrompts.size()), bs = 4, num_blocks = 24;
+  KVCache cache = KVCache::paged(num_blocks, bs);
+  std::vector<std::vector<int64_t>> tables(n);
+  std::vector<int64_t> lengths(n, 0);
+  int64_t next_block = num_blocks - 1;
+  auto reserve = [&](int64_t b, int64_t tokens) {  // room for `tokens` in sequence b
+    while (static_cast<int64_t>(tables[b].size()) * bs < tokens) tables[b].push_back(next_block--);
+  };
+  std::vector<std::vector<at::Tensor>> out(n);
+  std::vector<int64_t> last(n, -1);
+  while (true) {  // chunked prefill
+    std::vector<int64_t> rows, valid;
+    for (int64_t b = 0; b < n; ++b) {
+      const int64_t left = static_cast<int64_t>(kPrompts[b].size()) - lengths[b];
+      if (left == 0) continue;
+      rows.push_back(b);
+      valid.push_back(std::min(chunk, left));
+    }
+    if (rows.empty()) break;
+    const int64_t k = static_cast<int64_t>(rows.size()), width = *std::max_element(valid.begin(), valid.end());
+    at::Tensor tokens = at::zeros({k, width}, at::kLong);
+    std::vector<std::vector<int64_t>> t;
+    std::vector<int64_t> l;
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t b = rows[i];
+      reserve(b, lengths[b] + valid[i]);
+      const std::vector<int64_t> piece(kPrompts[b].begin() + lengths[b], kPrompts[b].begin() + lengths[b] + valid[i]);
+      tokens[i].narrow(0, 0, valid[i]).copy_(at::tensor(piece, at::kLong));
+      t.push_back(tables[b]);
+      l.push_back(lengths[b]);
+    }
+    cache.set_batch(t, l);
+    const at::Tensor logits = plain(model->forward(tokens, cache, valid));
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t b = rows[i];
+      lengths[b] += valid[i];
+      EXPECT_EQ(cache.lengths()[i], lengths[b]);
+      if (lengths[b] == static_cast<int64_t>(kPrompts[b].size())) {
+        out[b].push_back(logits[i][0].clone());
+        last[b] = logits[i][0].argmax().item<int64_t>();
+      }
+    }
+  }
+  for (int step = 0; step < kDecodeSteps; ++step) {
+    for (int64_t b = 0; b < n; ++b) reserve(b, lengths[b] + 1);
+    cache.set_batch(tables, lengths);
+    const at::Tensor logits = plain(model->forward(at::tensor(last, at::kLong).view({n, 1}), cache, std::vector<int64_t>(n, 1)));
+    for (int64_t b = 0; b < n; ++b) {
+      ++lengths[b];
+      out[b].push_back(logits[b][0].clone());
+      last[b] = logits[b][0].argmax().item<int64_t>();
+    }
+  }
+  return out;
+}
+
+double maxDiff(const std::vector<std::vector<at::Tensor>>& a, const std::vector<std::vector<at::Tensor>>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_EQ(a[s].size(), b[s].size()) << "sequence " << s;
+    for (size_t i = 0; i < std::min(a[s].size(), b[s].size()); ++i)
+      worst = std::max(worst, (a[s][i] - b[s][i]).abs().max().item<double>());
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(PagedKVCacheTest, EqualsTheContiguousCacheInFloat64) {
+  Llama model(config());
+  model->eval();
+  const auto want = contiguous(model);
+  for (int64_t chunk : {int64_t{32}, int64_t{3}, int64_t{1}}) {
+    const double diff = maxDiff(paged(model, chunk), want);
+    EXPECT_LE(diff, 1e-12) << "paged (prefill chunks of " << chunk << ") vs contiguous";
+    std::printf("paged vs contiguous KV cache, float64, prefill chunks of %lld, %d decode steps: max |diff| %.3g\n",
+                static_cast<long long>(chunk), kDecodeSteps, diff);
+  }
+}
+
+TEST(PagedKVCacheTest, EqualsTheContiguousCacheAtTp2) {
+  const LlamaConfig c = config();
+  Llama one(c);
+  one->eval();
+  const auto want = contiguous(one);
+  std::mutex mu;
+  run_ranks(2, [&](int rank) {
+    Llama model(c);
+    model->eval();
+    apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {2}, {"tp"}));
+    const double same_tp = maxDiff(paged(model, 3), contiguous(model)), vs_one = maxDiff(paged(model, 3), want);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_LE(same_tp, 1e-12) << "rank " << rank << ": paged vs contiguous, both at TP 2";
+    EXPECT_LE(vs_one, 1e-12) << "rank " << rank << ": paged at TP 2 vs contiguous on one device";
+    if (rank == 0) std::printf("TP 2, float64: paged vs contiguous max |diff| %.3g, vs one device %.3g\n", same_tp, vs_one);
+  });
+}
+
+TEST(PagedKVCacheTest, BadTablesAreNamedErrors) {
+  Llama model(config());
+  at::NoGradGuard no_grad;
+  KVCache cache = KVCache::paged(4, 4);
+  dtp::test::expect_error([&] { cache.reset(1); }, {"KVCache::reset: a paged cache takes its batch from set_batch"});
+  dtp::test::expect_error([&] { cache.set_batch({{0, 9}}, {3}); }, {"sequence 0 holds block 9, expected blocks in [0, 4)"});
+  dtp::test::expect_error([&] { cache.set_batch({{0}}, {5}); }, {"sequence 0 has 5 tokens in 1 blocks of 4"});
+  cache.set_batch({{2}}, {3});
+  dtp::test::expect_error([&] { model->forward(at::tensor({1, 2}, at::kLong).view({1, 2}), cache, {2}); },
+                          {"would reach 5 tokens (3 cached + 2 in this call), but its 1 blocks hold 4"});
+  KVCache contiguous(1, 8);
+  dtp::test::expect_error([&] { contiguous.set_batch({{0}}, {0}); }, {"KVCache::set_batch: this cache is contiguous"});
+}
