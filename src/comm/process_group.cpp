@@ -6,6 +6,7 @@
 #include "comm/error_text.h"
 #include "comm/gloo.h"
 #include "comm/trace_span.h"
+#include "comm/two_level.h"
 #include "dtp/comm_counter.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <iostream>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -121,6 +123,14 @@ void connect(ProcessGroup::Impl& g, bool nccl) {
   opts->threads = 1;
   g.backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, g.rank, g.size, opts);
   if (g.size > 1) g.shm = detail::ShmGroup::connect(store, g.rank, g.size, g.options.timeout);  // NOTE: [Shared-memory collectives]
+  if (g.size > 1 && !g.shm)  // on several hosts: NOTE: [Two-level collectives]
+    g.two_level = detail::TwoLevel::connect(store, g.rank, g.size, opts, g.options.timeout);
+  if (g.two_level && g.rank == 0 && detail::two_level_announced()) {
+    std::vector<int> leaders;
+    for (int r : g.two_level->leaders()) leaders.push_back(g.global_ranks[r]);
+    std::cerr << "dtp: two-level collectives for global ranks " << c10::ArrayRef<int>(g.global_ranks) << " over "
+              << g.two_level->hosts() << " hosts (leaders: global ranks " << c10::ArrayRef<int>(leaders) << ")\n";
+  }
 #ifdef DTP_WITH_NCCL
   if (nccl) {
     auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
@@ -220,6 +230,7 @@ ProcessGroup ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, 
   install_gloo_abort_hint();
   ignoreSigpipe();
   detail::shm_max_bytes();  // a malformed DTP_SHM_MAX_BYTES is named here, not as a failure to connect
+  detail::two_level_enabled();  // and DTP_TWO_LEVEL
   try {
     connect(*impl, impl->nccl);
   } catch (const std::exception& e) {
@@ -319,8 +330,14 @@ detail::ShmGroup* shmFor(const ProcessGroup::Impl& g, const at::Tensor& t, int64
   return g.shm && !t.is_cuda() && bytes <= g.shm->max_bytes() ? g.shm.get() : nullptr;
 }
 
-// Runs a shared-memory collective now (the path is synchronous), counted and
-// failing like `finish`.
+// The two-level path for a group on several hosts, under the same rule
+// (NOTE: [Two-level collectives]).
+detail::TwoLevel* twoLevelFor(const ProcessGroup::Impl& g, const at::Tensor& t, int64_t bytes) {
+  return g.two_level && !t.is_cuda() && bytes <= g.two_level->max_bytes() ? g.two_level.get() : nullptr;
+}
+
+// Runs a shared-memory or two-level collective now (both paths are
+// synchronous), counted and failing like `finish`.
 Work viaShm(const std::shared_ptr<ProcessGroup::Impl>& group, const char* what, const std::function<at::Tensor()>& run) {
   const int64_t n = ++group->collectives;
   try {
@@ -383,15 +400,18 @@ Work ProcessGroup::all_reduce(at::Tensor tensor, ReduceOp op, bool async_op) con
               "dtp: all_reduce(", to_string(op), ") of a bool tensor is not defined. Use ReduceOp::Max "
               "(logical or) or ReduceOp::Min (logical and), or convert to an integer type first.");
   const detail::TraceSpan span = counted(CollectiveType::AllReduce, nbytes(tensor), impl().global_ranks);
-  if (auto* shm = shmFor(impl(), tensor, tensor.numel() * (widened(tensor) ? 4 : tensor.element_size()))) {
+  auto local = [&](auto* path) {
     return viaShm(impl_, "all_reduce", [&] {
       at::Tensor buf = widened(tensor) ? tensor.to(at::kFloat) : tensor.contiguous();
       at::Tensor flat = wire(buf).view({-1});
-      shm->all_reduce(flat, op);
+      path->all_reduce(flat, op);
       if (!buf.is_same(tensor)) tensor.copy_(buf);
       return tensor;
     });
-  }
+  };
+  const int64_t slot_bytes = tensor.numel() * (widened(tensor) ? 4 : tensor.element_size());
+  if (auto* shm = shmFor(impl(), tensor, slot_bytes)) return local(shm);
+  if (auto* two_level = twoLevelFor(impl(), tensor, slot_bytes)) return local(two_level);
   at::Tensor buf = tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat)
                    : tensor.is_contiguous()              ? tensor
                                                          : tensor.contiguous();
@@ -428,10 +448,10 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
   const int64_t gathered = numelOf(chunkShape(local, dim, total));
   if (gathered == 0) return Work::ready(at::empty(chunkShape(local, dim, total), local.options()));
   const detail::TraceSpan span = counted(CollectiveType::AllGather, gathered * local.element_size(), impl().global_ranks);
-  if (auto* shm = shmFor(impl(), local, max_numel * local.element_size())) {
+  auto via = [&](auto* path) {
     return viaShm(impl_, "all_gather", [&] {
       at::Tensor out = at::empty({gathered}, local.options());
-      shm->all_gather(local.contiguous().view({-1}), numels, out);
+      path->all_gather(local.contiguous().view({-1}), numels, out);
       if (dim == 0) return out.view(chunkShape(local, dim, total));
       std::vector<at::Tensor> pieces;
       int64_t offset = 0;
@@ -441,7 +461,9 @@ Work ProcessGroup::all_gather(const at::Tensor& local, int64_t dim,
       }
       return at::cat(pieces, dim);
     });
-  }
+  };
+  if (auto* shm = shmFor(impl(), local, max_numel * local.element_size())) return via(shm);
+  if (auto* two_level = twoLevelFor(impl(), local, max_numel * local.element_size())) return via(two_level);
   at::Tensor in = local.contiguous().view({-1});
   if (in.numel() < max_numel) {
     in = at::cat({in, in.new_zeros({max_numel - in.numel()})});
@@ -515,17 +537,22 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& input, int64_t dim,
                                            : input.numel() / total;
   std::vector<int64_t> in_counts, out_counts(W, sizes[me] * inner);
   for (int64_t s : sizes) in_counts.push_back(s * inner);
-  if (auto* shm = shmFor(impl(), input, input.numel() * (widened(input) ? 4 : input.element_size()))) {
+  auto via = [&](auto* path) {
     return viaShm(impl_, "reduce_scatter", [&] {
-      const at::Tensor mine = shm->reduce_scatter(widened(input) ? in.to(at::kFloat) : in, in_counts, op);
+      const at::Tensor mine = path->reduce_scatter(widened(input) ? in.to(at::kFloat) : in, in_counts, op);
       return mine.to(input.scalar_type()).view(frontShape(input, dim, sizes[me])).movedim(0, dim).contiguous();
     });
+  };
+  const int64_t slot_bytes = input.numel() * (widened(input) ? 4 : input.element_size());
+  if (auto* shm = shmFor(impl(), input, slot_bytes)) return via(shm);
+  const std::string call = c10::str("reduce_scatter of ", shapeText(input), " along dim ", dim, " with sizes ",
+                                    listText(sizes));
+  if (auto* two_level = twoLevelFor(impl(), input, slot_bytes)) {
+    check_collective(impl(), {"reduce_scatter", call, in.scalar_type(), in_counts, out_counts});  // as allToAllFlat
+    return via(two_level);
   }
   at::Tensor out = at::empty({W * sizes[me] * inner}, input.options());
-  auto work = allToAllFlat(impl(), "reduce_scatter",
-                           c10::str("reduce_scatter of ", shapeText(input), " along dim ", dim, " with sizes ",
-                                    listText(sizes)),
-                           out, in, out_counts, in_counts);
+  auto work = allToAllFlat(impl(), "reduce_scatter", call, out, in, out_counts, in_counts);
   auto recv_shape = frontShape(input, dim, sizes[me]);
   recv_shape.insert(recv_shape.begin(), W);
   return finish(impl_, "reduce_scatter", work, [=] {
@@ -649,14 +676,16 @@ Work ProcessGroup::broadcast(at::Tensor tensor, int src, bool async_op) const {
   if (tensor.numel() == 0) return Work::ready(tensor);
   const detail::TraceSpan span = counted(CollectiveType::Broadcast, nbytes(tensor), impl().global_ranks);
   at::Tensor buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
-  if (auto* shm = shmFor(impl(), tensor, nbytes(tensor))) {
+  auto via = [&](auto* path) {
     return viaShm(impl_, "broadcast", [&] {
       at::Tensor flat = buf.view({-1});
-      shm->broadcast(flat, src);
+      path->broadcast(flat, src);
       if (!buf.is_same(tensor)) tensor.copy_(buf);
       return tensor;
     });
-  }
+  };
+  if (auto* shm = shmFor(impl(), tensor, nbytes(tensor))) return via(shm);
+  if (auto* two_level = twoLevelFor(impl(), tensor, nbytes(tensor))) return via(two_level);
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
@@ -718,6 +747,13 @@ void ProcessGroup::barrier() const {
   if (impl().shm) {
     viaShm(impl_, "barrier", [&] {
       impl().shm->barrier();
+      return at::Tensor();
+    });
+    return;
+  }
+  if (impl().two_level) {
+    viaShm(impl_, "barrier", [&] {
+      impl().two_level->barrier();
       return at::Tensor();
     });
     return;

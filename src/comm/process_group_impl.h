@@ -13,11 +13,16 @@
 
 namespace dtp {
 
+namespace detail {
+class TwoLevel;
+}
+
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<compat::Backend> backend;       // Gloo, for CPU tensors; null for a group of one
   c10::intrusive_ptr<compat::Backend> cuda_backend;  // NCCL, for CUDA tensors; null without NCCL
   bool nccl = false;                                 // NOTE: [Backends per device]
   std::shared_ptr<detail::ShmGroup> shm;             // small CPU collectives on one host; null: Gloo only
+  std::shared_ptr<detail::TwoLevel> two_level;       // across hosts: NOTE: [Two-level collectives]; null: Gloo only
   c10::intrusive_ptr<c10d::Store> root_store;
   std::string prefix;  // store prefix of this group, unique in the job
   int rank = 0;

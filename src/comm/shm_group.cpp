@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -114,6 +115,24 @@ bool processGone(int32_t pid) {
 
 }  // namespace
 
+namespace {
+thread_local const std::string* host_key_override = nullptr;
+}
+
+std::string host_key() {
+  if (host_key_override != nullptr) return *host_key_override;
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  struct stat st {};
+  stat("/dev/shm", &st);
+  return c10::str(name, "/", boot, "/", static_cast<uint64_t>(st.st_dev), ":", static_cast<uint64_t>(st.st_ino));
+}
+
+HostKeyOverride::HostKeyOverride(std::string key) : key_(std::move(key)) { host_key_override = &key_; }
+HostKeyOverride::~HostKeyOverride() { host_key_override = nullptr; }
+
 int64_t shm_max_bytes() {
   const char* v = std::getenv("DTP_SHM_MAX_BYTES");
   if (v == nullptr || *v == '\0') return kShmDefaultMaxBytes;
@@ -164,11 +183,18 @@ std::shared_ptr<ShmGroup> ShmGroup::connect(const c10::intrusive_ptr<c10d::Store
     }
     const std::string published = name.empty() ? std::string() : name + " " + std::to_string(token);
     store->set("shm/name", std::vector<uint8_t>(published.begin(), published.end()));
+    const std::string host = host_key();
+    store->set("shm/host", std::vector<uint8_t>(host.begin(), host.end()));
   } else {
     const auto got = store->get("shm/name");
     const std::string published(got.begin(), got.end());
     const auto space = published.find(' ');
-    if (!shmDisabled() && space != std::string::npos) {
+    const auto host = store->get("shm/host");
+    // Another host by its key (a rank of the same process or machine may
+    // still open the segment: ranks as threads in tests, containers sharing
+    // /dev/shm), so that host identity is one thing for both paths.
+    const bool same_host = std::string(host.begin(), host.end()) == host_key();
+    if (!shmDisabled() && space != std::string::npos && same_host) {
       name = published.substr(0, space);
       token = std::stoull(published.substr(space + 1));
       const int fd = shm_open(name.c_str(), O_RDWR, 0600);
@@ -348,5 +374,38 @@ void ShmGroup::broadcast(at::Tensor& flat, int src) {
 }
 
 void ShmGroup::barrier() { publish(at::Tensor(), callHash({5})); }
+
+void ShmGroup::reduce(at::Tensor& flat, ReduceOp op, int root) {
+  const uint32_t seq = publish(
+      flat, callHash({6, static_cast<int64_t>(flat.scalar_type()), flat.numel(), static_cast<int64_t>(op), root}));
+  if (rank_ != root) return;
+  std::vector<at::Tensor> views;
+  for (int r = 0; r < size_; ++r) views.push_back(viewOf(slot(r, seq), flat.numel(), flat));
+  reduceInto(flat, views, op);
+}
+
+void ShmGroup::gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out, int root) {
+  const int64_t el = flat.element_size();
+  TORCH_INTERNAL_ASSERT(flat.numel() == numels[rank_]);
+  const uint32_t seq = publish(flat, callHash({7, static_cast<int64_t>(flat.scalar_type()), root}, numels));
+  if (rank_ != root) return;
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  for (int r = 0; r < size_; ++r) {
+    std::memcpy(dst, slot(r, seq), numels[r] * el);
+    dst += numels[r] * el;
+  }
+}
+
+at::Tensor ShmGroup::scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, int root,
+                             const at::TensorOptions& options) {
+  int64_t offset = 0;
+  for (int r = 0; r < rank_; ++r) offset += numels[r];
+  const uint32_t seq =
+      publish(rank_ == root ? flat : at::Tensor(), callHash({8, static_cast<int64_t>(options.dtype().toScalarType()), root}, numels));
+  at::Tensor out = at::empty({numels[rank_]}, options);
+  if (numels[rank_] > 0)
+    std::memcpy(out.data_ptr(), slot(root, seq) + offset * out.element_size(), numels[rank_] * out.element_size());
+  return out;
+}
 
 }  // namespace dtp::detail

@@ -23,12 +23,31 @@ namespace dtp::detail {
 int64_t shm_max_bytes();
 inline constexpr int64_t kShmDefaultMaxBytes = int64_t{4} << 20;
 
+// What identifies this rank's host: its hostname, kernel boot id and the
+// device and inode of its /dev/shm (ranks that agree can share a POSIX
+// shared-memory segment; simulated hosts with a /dev/shm each differ).
+std::string host_key();
+
+// Tests run ranks as threads of one process: while one lives, host_key() on
+// this thread answers `key` instead.
+class HostKeyOverride {
+ public:
+  explicit HostKeyOverride(std::string key);
+  ~HostKeyOverride();
+  HostKeyOverride(const HostKeyOverride&) = delete;
+  HostKeyOverride& operator=(const HostKeyOverride&) = delete;
+
+ private:
+  std::string key_;
+};
+
 struct ShmRankLine;
 
 class ShmGroup {
  public:
   // Every member calls it (through `store`, the group's own prefix): the
-  // segment, or null on every member where they are not all on one host,
+  // segment, or null on every member where they are not all on one host
+  // (host_key() differs from group rank 0's, or its segment cannot be opened),
   // DTP_SHM=0, or the segment cannot be made (said on stderr).
   static std::shared_ptr<ShmGroup> connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                            std::chrono::milliseconds timeout);
@@ -51,6 +70,18 @@ class ShmGroup {
   // In place from `src`.
   void broadcast(at::Tensor& flat, int src);
   void barrier();
+
+  // The rooted forms the two-level path uses (NOTE: [Two-level collectives]
+  // in two_level.cpp): only `root` reads, so the others do no work.
+  // reduce: in place on `root`'s `flat`, in rank order as all_reduce (Avg
+  // divides by the group size); the others' `flat` is left as it was.
+  void reduce(at::Tensor& flat, ReduceOp op, int root);
+  // gather: rank r's `flat` (numels[r] elements) into out[r] on `root`
+  // only (`out` is ignored elsewhere).
+  void gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out, int root);
+  // scatter: `root`'s `flat` (sum(numels) elements; ignored elsewhere) split
+  // into pieces of `numels`; returns this rank's piece.
+  at::Tensor scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, int root, const at::TensorOptions& options);
 
  private:
   ShmGroup(int rank, int size, void* base, size_t bytes, int64_t slot_bytes, std::chrono::milliseconds timeout);

@@ -21,9 +21,14 @@
 #               tp 2: the losses continue as an uninterrupted run's
 #   link_down   host 1's link is cut mid-training: every rank fails within
 #               DTP_TIMEOUT_S naming ranks of the other host; no /dev/shm
-#               leftovers on either host. Before the cut: each host's tp pair
-#               shares one shared-memory segment, the groups spanning the
-#               hosts none (host identity)
+#               leftovers on either host. Before the cut: each host's ranks
+#               share their segments (the tp pair's, and the host's part of
+#               the world group's two-level path), no segment spans the hosts
+#               (host identity)
+#   two_level   dp over 2 hosts x 2 ranks (FSDP, then DDP) on the two-level
+#               path (DTP_TWO_LEVEL=1 says which groups take it) under
+#               TORCH_DISTRIBUTED_DEBUG=DETAIL: float64 parity with one
+#               device, the collective counts of the same job on one host
 #   restart     dtprun --max-restarts 1 with --save/--resume across the hosts:
 #               a rank SIGKILLed mid-training costs at most the steps since
 #               the last complete save, and the losses after the restart
@@ -192,9 +197,11 @@ link_down)
   h0=$!
   for t in $(seq 1 300); do grep -q 'step    20 ' "$W/ld.h0" && break; sleep 0.1; done
   grep -q 'step    20 ' "$W/ld.h0" || { cat "$W/ld.h0" "$W/ld.h1"; fail "training did not reach step 20"; }
-  # Host identity: each host's tp pair shares one shared-memory segment (the
-  # groups that span the hosts have none: a segment of the other host's
-  # /dev/shm cannot be opened), so ranks 0, 1 map one and ranks 2, 3 another.
+  # Host identity: each rank maps two segments, its tp pair's and its host's
+  # part of the world group's (two-level: NOTE: [Two-level collectives]);
+  # ranks 0, 1 share theirs, ranks 2, 3 theirs, and no segment spans the
+  # hosts (one of the other host's /dev/shm cannot be opened). The dp groups,
+  # one rank per host, have none.
   for i in 0 1; do
     for p in $(ip netns pids ${tag}h$i); do
       r=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^RANK=//p')
@@ -204,9 +211,12 @@ link_down)
   cat "$W/segments"
   [ "$(wc -l < "$W/segments")" = 4 ] || fail "expected 4 ranks' mappings, got: $(cat "$W/segments")"
   seg() { awk -v r=$1 '$1 == r { $1 = ""; print }' "$W/segments" | xargs; }
-  for r in 0 1 2 3; do [ "$(seg $r | wc -w)" = 1 ] || fail "rank $r maps $(seg $r | wc -w) segments, expected 1 (its tp group's)"; done
-  [ "$(seg 0)" = "$(seg 1)" ] && [ "$(seg 2)" = "$(seg 3)" ] && [ "$(seg 0)" != "$(seg 2)" ] ||
-    fail "ranks 0, 1 and ranks 2, 3 should each share their host's segment: $(cat "$W/segments")"
+  for r in 0 1 2 3; do
+    [ "$(seg $r | wc -w)" = 2 ] || fail "rank $r maps $(seg $r | wc -w) segments, expected 2 (its tp group's, its host's part of the world group's)"
+  done
+  [ "$(seg 0)" = "$(seg 1)" ] && [ "$(seg 2)" = "$(seg 3)" ] &&
+    [ -z "$(comm -12 <(seg 0 | tr ' ' '\n' | sort) <(seg 2 | tr ' ' '\n' | sort))" ] ||
+    fail "ranks 0, 1 and ranks 2, 3 should each share their host's segments, none across: $(cat "$W/segments")"
   ip -n "$sw" link set p1 down  # host 1's cable, pulled at the switch
   cut=$(date +%s.%N)
   wait $h0; s0=$?
@@ -271,6 +281,21 @@ restart)
   diff <(grep -E "step +($(seq -s '|' $((from + 1)) 14)) " "$W/want") <(losses "$W/rs.after") ||
     fail "losses after the restart differ from the uninterrupted run's"
   echo "steps $((from + 1))-14 after the restart equal the uninterrupted run's"
+  ;;
+two_level)
+  make_hosts 2
+  # dp over all 4 ranks: the dp group (and the world) spans both hosts with 2
+  # ranks on each, so it takes the two-level path; FSDP all-gathers and
+  # reduce-scatters, DDP all-reduces.
+  for mode in fsdp ddp; do
+    args=("$train" $common --steps 3 --dp 4 --$mode --check-parity)
+    DTP_TWO_LEVEL=1 TORCH_DISTRIBUTED_DEBUG=DETAIL two_hosts tl_$mode "${args[@]}"
+    parity "$W/tl_$mode.h0" "two-level $mode"
+    grep -q 'two-level collectives for global ranks \[0, 1, 2, 3\] over 2 hosts (leaders: global ranks \[0, 2\])' "$W/tl_$mode.h0" ||
+      { cat "$W/tl_$mode.h0"; fail "$mode: the 4 ranks' group did not take the two-level path"; }
+    same_counts_as_one_host tl_$mode "${args[@]}"
+  done
+  no_leftovers
   ;;
 slurm)
   make_hosts 2
