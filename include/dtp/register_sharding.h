@@ -80,12 +80,21 @@ struct RegisterShardingOptions {
   TORCH_ARG(bool, override_existing) = false;
   // Output shapes when the op has no Meta kernel.
   TORCH_ARG(OutputShapeFn, shape) = nullptr;
+  // A label for this rule (e.g. "v2"), compared across ranks with the rest
+  // of what was registered: set it when one function may be registered with
+  // different captured values.
+  TORCH_ARG(std::string, version) = "";
 };
 
 // Registers `rule` for `op`: "ns::name" or "ns::name.overload" (".default"
 // is the unnamed overload, as in Python). The op must exist (its
 // TORCH_LIBRARY registered). Register before running the op on DTensors from
 // several threads; decisions cached under an earlier rule are dropped.
+// Every rank must register the same rules: parallelize_module,
+// distribute_module, fully_shard and replicate compare what each rank
+// registered (the strategies, the function's type, the version) and refuse
+// ranks that differ, naming the op and each rank's rule. See NOTE: [Ranks
+// agree on sharding rules] in src/dtensor/rules_agree.h.
 void register_sharding(const std::string& op, ShardingRuleFn rule,
                        const RegisterShardingOptions& options = RegisterShardingOptions());
 // The same with a fixed list of strategies.

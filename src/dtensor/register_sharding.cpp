@@ -6,8 +6,14 @@
 #include "dtensor/dispatch.h"
 #include "dtensor/op_args.h"
 #include "dtensor/rule_registry.h"
+#include "dtensor/rules_agree.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Type.h>
+
+#include <dlfcn.h>
+
+#include <sstream>
 
 namespace dtp {
 
@@ -61,9 +67,42 @@ Row rowOf(const ShardingCall& call, const ShardingStrategy& s, size_t index) {
   return row;
 }
 
-}  // namespace
+// What a callable is, the same in every process of one binary: a lambda's or
+// functor's type (each lambda has its own), or a function pointer's symbol
+// (or its offset in its file: addresses differ between processes).
+template <typename Fn, typename Ptr>
+std::string describeCallable(const Fn& fn) {
+  if (const Ptr* ptr = fn.template target<Ptr>()) {
+    Dl_info info{};
+    const void* addr = reinterpret_cast<const void*>(*ptr);
+    if (dladdr(addr, &info) != 0) {
+      if (info.dli_sname != nullptr) return "function " + c10::demangle(info.dli_sname);
+      std::string file = info.dli_fname != nullptr ? info.dli_fname : "?";
+      file = file.substr(file.rfind('/') + 1);
+      std::ostringstream os;
+      os << "function at " << file << "+0x" << std::hex
+         << (reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(info.dli_fbase));
+      return os.str();
+    }
+    return "function pointer";
+  }
+  return "function " + c10::demangle(fn.target_type().name());
+}
 
-void register_sharding(const std::string& op, ShardingRuleFn rule, const RegisterShardingOptions& options) {
+std::string describeStrategies(const std::vector<ShardingStrategy>& strategies) {
+  std::string out = "strategies";
+  for (const auto& s : strategies) {
+    out += " [";
+    for (size_t i = 0; i < s.inputs.size(); ++i) out += (i ? ", " : "") + s.inputs[i].str();
+    out += " -> ";
+    for (size_t o = 0; o < s.outputs.size(); ++o) out += (o ? ", " : "") + s.outputs[o].str();
+    out += "]";
+  }
+  return out;
+}
+
+void registerRule(const std::string& op, ShardingRuleFn rule, const RegisterShardingOptions& options,
+                  std::string description) {
   TORCH_CHECK(rule != nullptr, "dtp::register_sharding: the rule for '", op, "' is empty.");
   const c10::OperatorHandle handle = findOp(op);
   TORCH_CHECK(!handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd),
@@ -89,12 +128,27 @@ void register_sharding(const std::string& op, ShardingRuleFn rule, const Registe
   }
   route_to_dtensor_fallback(handle);
   RuleRegistry::get().add_user(handle.operator_name(), std::move(r), options.override_existing());
+  // See NOTE: [Ranks agree on sharding rules]
+  if (options.shape())
+    description += ", shape " + describeCallable<OutputShapeFn, OutputShapes (*)(const ShardingCall&)>(options.shape());
+  if (!options.version().empty()) description += ", version '" + options.version() + "'";
+  record_user_rule(op_name(handle), std::move(description));
+}
+
+}  // namespace
+
+void register_sharding(const std::string& op, ShardingRuleFn rule, const RegisterShardingOptions& options) {
+  std::string description =
+      rule ? describeCallable<ShardingRuleFn, std::vector<ShardingStrategy> (*)(const ShardingCall&)>(rule) : "";
+  registerRule(op, std::move(rule), options, std::move(description));
 }
 
 void register_sharding(const std::string& op, std::vector<ShardingStrategy> strategies,
                        const RegisterShardingOptions& options) {
-  register_sharding(
-      op, [strategies = std::move(strategies)](const ShardingCall&) { return strategies; }, options);
+  std::string description = describeStrategies(strategies);
+  registerRule(
+      op, [strategies = std::move(strategies)](const ShardingCall&) { return strategies; }, options,
+      std::move(description));
 }
 
 }  // namespace dtp

@@ -8,6 +8,7 @@
 #include "dtp/nn/hooked.h"
 #include "comm/collective_tape.h"
 #include "dtensor/random_state.h"
+#include "dtensor/rules_agree.h"
 #include "fsdp/data_parallel.h"
 
 #include <ATen/ATen.h>
@@ -331,6 +332,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
   TORCH_CHECK(detail::applied_below(module, {"replicate"}).empty(), "fully_shard: ", module.name(),
               " (or a module inside it) is already under replicate(). Use one data-parallel technique per module.");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
+  check_sharding_rules_agree(mesh, kApplied);  // NOTE: [Ranks agree on sharding rules]
   auto unit = std::make_shared<Unit>();
   unit->dp = m.dp;
   unit->replicate = m.replicate;

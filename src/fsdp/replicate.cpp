@@ -4,6 +4,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/grad_reduction.h"
 #include "dtensor/redistribute.h"
+#include "dtensor/rules_agree.h"
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtensor/random_state.h"
@@ -229,6 +230,7 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
               "(). Use one data-parallel technique per module, once.");
   TORCH_CHECK(options.bucket_cap_mb > 0, "replicate: bucket_cap_mb must be > 0, got ", options.bucket_cap_mb, ".");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
+  check_sharding_rules_agree(mesh, kApplied);  // NOTE: [Ranks agree on sharding rules]
   auto state = std::make_shared<State>();
   state->dp = m.batch;  // every data-parallel rank (HSDP's two dimensions as one)
   state->tp = m.tp;

@@ -1,5 +1,6 @@
 #include "dtp/distribute_module.h"
 
+#include "dtensor/rules_agree.h"
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
@@ -10,6 +11,8 @@ namespace dtp {
 
 void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh, PartitionFn partition_fn,
                        InputFn input_fn, OutputFn output_fn) {
+  TORCH_CHECK(mesh.valid(), "distribute_module: invalid DeviceMesh. Build one with init_device_mesh.");
+  check_sharding_rules_agree(mesh, "distribute_module");  // NOTE: [Ranks agree on sharding rules]
   for (const auto& item : module.named_modules("", /*include_self=*/true)) {
     torch::nn::Module& sub = *item.value();
     if (partition_fn) partition_fn(item.key(), sub, mesh);

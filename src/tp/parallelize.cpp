@@ -1,5 +1,6 @@
 #include "dtp/tp/parallelize.h"
 
+#include "dtensor/rules_agree.h"
 #include "dtp/module_utils.h"
 #include "nn/applied.h"
 
@@ -71,6 +72,7 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh, const
                         std::optional<int> src_data_rank) {
   checkMesh(mesh);
   checkNotDataParallel(module);
+  check_sharding_rules_agree(mesh, "parallelize_module");  // NOTE: [Ranks agree on sharding rules]
   applyKeepingTies(module, module, "", style, mesh, src_data_rank);
 }
 
@@ -98,6 +100,7 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
                   ". Fix the pattern or drop the entry.");
     }
   }
+  check_sharding_rules_agree(mesh, "parallelize_module");  // NOTE: [Ranks agree on sharding rules]
   for (size_t i = 0; i < plan.size(); ++i)
     for (auto& [fqn, m] : targets[i]) applyKeepingTies(module, *m, fqn, *plan[i].style, mesh, src_data_rank);
 }

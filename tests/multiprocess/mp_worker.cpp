@@ -22,6 +22,11 @@
 //                between them); rank 1 SIGKILLs itself inside its stage's
 //                forward in the 3rd step: rank 0's error must name global
 //                rank 1, never hang
+//   rules        2 ranks: both register one lambda rule for aten::tanh and
+//                parallelize_module passes ("rules agree ok"); then each
+//                registers other strategies for aten::sigmoid and
+//                parallelize_module must fail on both, naming the op and
+//                each rank's rule (NOTE: [Ranks agree on sharding rules])
 //   lonely       init_process_group() and nothing else: started alone with
 //                WORLD_SIZE=2, the rendezvous must time out with an error
 //                that says what is missing and how to fix it
@@ -32,6 +37,11 @@
 #include <dtp/dtensor.h>
 #include <dtp/pp/pipeline.h>
 #include <dtp/process_group.h>
+#include <dtp/register_sharding.h>
+#include <dtp/tp/parallelize.h>
+#include <dtp/tp/style.h>
+
+#include <dtp/nn/modules.h>
 
 #include <ATen/ATen.h>
 
@@ -385,6 +395,27 @@ int alone() {
   return 0;
 }
 
+int rules() {
+  dtp::ProcessGroup world = dtp::init_process_group();
+  TORCH_CHECK(world.size() == 2, "mp_worker rules: got WORLD_SIZE=", world.size(), ", expected 2.");
+  dtp::DeviceMesh mesh = dtp::init_device_mesh("cpu", {2}, {"tp"});
+  // The same lambda on both ranks: the same type in both processes.
+  dtp::register_sharding("aten::tanh", [](const dtp::ShardingCall&) {
+    return std::vector<dtp::ShardingStrategy>{{{dtp::Replicate()}, {dtp::Replicate()}}};
+  }, dtp::RegisterShardingOptions().override_existing(true));
+  dtp::nn::Linear a(4, 6);
+  dtp::parallelize_module(*a, mesh, dtp::ColwiseParallel());
+  if (world.rank() == 0) std::cout << "rules agree ok" << std::endl;
+  // Another rule for aten::sigmoid on each rank.
+  const dtp::Placement p = world.rank() == 0 ? dtp::Replicate() : dtp::Shard(0);
+  dtp::register_sharding("aten::sigmoid", std::vector<dtp::ShardingStrategy>{{{p}, {p}}},
+                         dtp::RegisterShardingOptions().override_existing(true));
+  dtp::nn::Linear b(4, 6);
+  dtp::parallelize_module(*b, mesh, dtp::ColwiseParallel());  // throws on both ranks
+  std::cout << "rules that differ were not refused" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -397,7 +428,8 @@ int main(int argc, char** argv) {
   if (cmd == "stall") return stall();
   if (cmd == "chaos") return chaos();
   if (cmd == "pipeline_chaos") return pipelineChaos();
+  if (cmd == "rules") return rules();
   std::cerr << "mp_worker: unknown subcommand '" << cmd
-            << "'. Expected collectives, mesh, die, stall, chaos, pipeline_chaos, lonely or alone.\n";
+            << "'. Expected collectives, mesh, die, stall, chaos, pipeline_chaos, rules, lonely or alone.\n";
   return 2;
 }
