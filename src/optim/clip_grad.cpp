@@ -44,6 +44,18 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_nor
       if (std::find(groups.begin(), groups.end(), pg) == groups.end()) groups.push_back(pg);
     }
   }
+  // NOTE: [Parameters every stage holds] A parameter that every pp stage
+  // holds is a DTensor on a mesh with the pp dimension (Replicate there):
+  // the pp group is then one of `groups`, the parameter's share on each
+  // stage is 1/pp of it, and the all-reduce over that group sums the stages.
+  // This stage's own parameters (plain, or on meshes without pp) are not
+  // replicas over pp: their whole sum goes in. pp is reduced once, whichever
+  // way it comes (reducing it as a mesh dim and again as pp counted every
+  // parameter pp times).
+  const ProcessGroup* pp_in_groups = nullptr;
+  if (pp && pp->valid())
+    for (const auto& pg : groups)
+      if (pg.global_ranks() == pp->global_ranks()) pp_in_groups = &pg;
   const auto options = locals.empty() ? at::TensorOptions(at::kFloat) : locals[0].options();
   at::Tensor total = at::zeros({}, options.dtype(at::kDouble));
   for (size_t i = 0; i < locals.size(); ++i) {
@@ -55,16 +67,21 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_nor
     }
     double replicas = 1;  // ranks of the reducing groups holding this same shard
     for (const auto& pg : groups) {
-      bool sharded = false;
+      bool sharded = false, on_mesh = false;
       if (specs[i] != nullptr)
-        for (int64_t m = 0; m < specs[i]->mesh.ndim(); ++m)
-          sharded |= specs[i]->mesh.get_group(m) == pg && specs[i]->placements[m].is_shard();
+        for (int64_t m = 0; m < specs[i]->mesh.ndim(); ++m) {
+          const bool here = specs[i]->mesh.get_group(m) == pg;
+          on_mesh |= here;
+          sharded |= here && specs[i]->placements[m].is_shard();
+        }
+      if (&pg == pp_in_groups && !on_mesh) continue;  // this stage's own
       if (!sharded) replicas *= pg.size();
     }
     total += part / replicas;
   }
   for (const auto& pg : groups) pg.all_reduce(total, inf ? ReduceOp::Max : ReduceOp::Sum);
-  if (pp && pp->valid() && pp->size() > 1) pp->all_reduce(total, inf ? ReduceOp::Max : ReduceOp::Sum);  // other stages
+  if (pp && pp->valid() && pp->size() > 1 && pp_in_groups == nullptr)
+    pp->all_reduce(total, inf ? ReduceOp::Max : ReduceOp::Sum);  // other stages
   at::Tensor norm = inf ? total : total.pow(1.0 / norm_type);
   at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
   for (auto& l : locals) l.mul_(coef.to(l.scalar_type()));

@@ -21,11 +21,15 @@ namespace dtp {
 // once per parameter. See NOTE: [Fused gradient norm].
 // Under pipeline parallelism each pp rank holds other parameters: pass the
 // pp group (mesh.get_group("pp")) and their norms combine over it (one more
-// all-reduce), as torchtitan's clip_grad_norm_ does with its pp mesh. Each
-// parameter passed with `pp` must be held by one pp rank only (its stage's):
-// a parameter every stage holds (a model not split into stages) would count
-// once per stage. Pass such parameters without `pp`. (Not detected: ranks
-// cannot tell a replica from another stage's tensor of the same shape.)
+// all-reduce), as torchtitan's clip_grad_norm_ does with its pp mesh.
+// A parameter every stage holds (shared weights) is counted once when it is
+// a DTensor on a mesh with the pp dimension, Replicate there (distribute it
+// over mesh["pp"] or the whole (pp, ...) mesh): its placement says that the
+// stages hold one tensor. Plain tensors, and DTensors on meshes without pp,
+// are taken as this stage's own, so a plain copy on every stage would count
+// once per stage (ranks cannot tell a copy from another stage's tensor of
+// the same shape without comparing values). See NOTE: [Parameters every
+// stage holds] in src/optim/clip_grad.cpp.
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, double norm_type = 2.0,
                            const std::optional<ProcessGroup>& pp = std::nullopt);
 
