@@ -30,19 +30,25 @@ namespace {
 // the end with elements fails, naming the other).
 std::string descriptor(const at::Tensor& t) { return c10::str(c10::toString(t.scalar_type()), t.sizes()); }
 
+// The user's errors in one message, before anything is posted; `api` names
+// the call ("ProcessGroup::send", "ProcessGroup::batch_isend_irecv: op 1 (recv)").
+void checkOp(const ProcessGroup::Impl& g, const P2POp& op, const std::string& api) {
+  const bool send = op.kind == P2POp::Send;
+  TORCH_CHECK(op.peer >= 0 && op.peer < g.size, api, ": peer ", op.peer,
+              " is not a rank of this size-", g.size, " group. Name a group rank in [0, ", g.size, ").");
+  TORCH_CHECK(op.peer != g.rank, api, ": group rank ", g.rank, " names itself as the peer. Copy the tensor instead.");
+  TORCH_CHECK(op.tensor.defined(), api, ": the tensor is undefined. Pass the tensor to ",
+              send ? "send." : "receive into (preallocated with the sender's shape and dtype).");
+  TORCH_CHECK(detail::active_tape() == nullptr, api,
+              ": NYI: point-to-point inside an activation-checkpointed region (its recomputation would send "
+              "again). Send and receive outside checkpointed modules.");
+}
+
 Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
   const ProcessGroup::Impl& g = *impl;
   const bool send = op.kind == P2POp::Send;
   const char* what = send ? "send" : "recv";
-  TORCH_CHECK(op.peer >= 0 && op.peer < g.size, "ProcessGroup::", what, ": peer ", op.peer,
-              " is not a rank of this size-", g.size, " group. Name a group rank in [0, ", g.size, ").");
-  TORCH_CHECK(op.peer != g.rank, "ProcessGroup::", what, ": group rank ", g.rank,
-              " names itself as the peer. Copy the tensor instead.");
-  TORCH_CHECK(op.tensor.defined(), "ProcessGroup::", what, ": the tensor is undefined. Pass the tensor to ",
-              send ? "send." : "receive into (preallocated with the sender's shape and dtype).");
-  TORCH_CHECK(detail::active_tape() == nullptr, "ProcessGroup::", what,
-              ": NYI: point-to-point inside an activation-checkpointed region (its recomputation would send "
-              "again). Send and receive outside checkpointed modules.");
+  checkOp(g, op, c10::str("ProcessGroup::", what));
   const int src = send ? g.rank : op.peer, dst = send ? op.peer : g.rank, tag = op.tag;
   const int64_t n = ++g.p2p_messages[{src, dst, tag}];
   const int64_t bytes = op.tensor.numel() * static_cast<int64_t>(op.tensor.element_size());
@@ -102,6 +108,11 @@ std::vector<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops)
   for (const auto& op : ops)
     TORCH_CHECK(!op.tensor.defined() || !op.tensor.is_cuda(), "ProcessGroup::batch_isend_irecv: NYI on CUDA tensors "
                 "(NCCL needs the messages grouped). Issue isend/irecv in an order that matches on both ends.");
+  // Every op is checked before the first is posted: a bad op after a posted
+  // send would leave that message for a later receive to pick up.
+  for (size_t i = 0; i < ops.size(); ++i)
+    checkOp(*impl_, ops[i], c10::str("ProcessGroup::batch_isend_irecv: op ", i, " (",
+                                     ops[i].kind == P2POp::Send ? "send" : "recv", ")"));
   std::vector<Work> works;
   works.reserve(ops.size());
   for (const auto& op : ops) works.push_back(start(impl_, op));

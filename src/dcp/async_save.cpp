@@ -33,6 +33,8 @@ AsyncSaver::~AsyncSaver() {
 void AsyncSaver::save(const StateDict& state_dict, const std::string& dir) {
   wait();
   agree_on_value(group_, "AsyncSaver::save", "folders", dir);
+  TORCH_CHECK(!dir.empty(), "AsyncSaver::save: no folder given (dir is \"\"). Name the checkpoint's folder, e.g. "
+              "\"ckpt/step-100\".");
   SavePlan plan;
   agree(group_, error_of([&] { plan = plan_save(state_dict); }),
         "async save of '" + dir + "'");

@@ -116,6 +116,7 @@ std::map<std::string, std::string> load_with_index(StateDict& state_dict, const 
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const std::string what = "load of '" + dir + "'";
   agree_on_value(group, "dcp::load", "folders", dir);
+  TORCH_CHECK(!dir.empty(), "dcp::load: no folder given (dir is \"\"). Name the checkpoint's folder.");
   io::CheckpointIndex index;
   std::vector<Target> targets;
   Files files(dir, index);

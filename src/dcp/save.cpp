@@ -132,6 +132,7 @@ void write_plan(SavePlan plan, const std::string& dir, const std::optional<Proce
 void save(const StateDict& state_dict, const std::string& dir, const SaveOptions& options) {
   const auto group = checkpoint_group(options.group);
   agree_on_value(group, "dcp::save", "folders", dir);
+  TORCH_CHECK(!dir.empty(), "dcp::save: no folder given (dir is \"\"). Name the checkpoint's folder, e.g. \"ckpt/step-100\".");
   SavePlan plan;
   agree(group, error_of([&] { plan = plan_save(state_dict); }), "save of '" + dir + "'");
   write_plan(std::move(plan), dir, group);

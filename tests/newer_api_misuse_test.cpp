@@ -1,0 +1,260 @@
+// Wrong uses of the newer APIs (issue #43): every public function of dcp, hf,
+// tokenizers, inference, pp and p2p gets at least one (here, or in the suites
+// named in the issue's table), and its error must name the API, the argument
+// and the fix. Also: the sharding-rule fingerprints that ranks compare (NOTE:
+// [Ranks agree on sharding rules]) and clip_grad_norm_ with a pp group over
+// a parameter every stage holds.
+#include "dist.h"
+#include "files.h"
+#include "llama_util.h"
+
+#include "dtensor/rules_agree.h"
+#include "dtp/comm_counter.h"
+#include "dtp/dcp/checkpoint.h"
+#include "dtp/dtensor.h"
+#include "dtp/inference/sampling.h"
+#include "dtp/models/generate.h"
+#include "dtp/models/hf_tokenizer.h"
+#include "dtp/models/llama.h"
+#include "dtp/models/tokenizer.h"
+#include "dtp/nn/modules.h"
+#include "dtp/optim/adamw.h"
+#include "dtp/optim/clip_grad.h"
+#include "dtp/pp/pipeline.h"
+#include "dtp/register_sharding.h"
+#include "dtp/tp/parallelize.h"
+#include "dtp/tp/style.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+using namespace dtp;
+using dtp::test::expect_error;
+using dtp::test::run_ranks;
+
+namespace {
+
+at::Tensor copyOf(const at::Tensor& x) { return x.clone(); }
+
+TORCH_LIBRARY(dtp_misuse43, m) {
+  m.def("rows(Tensor x) -> Tensor");
+  m.def("cols(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(dtp_misuse43, CompositeExplicitAutograd, m) {
+  m.impl("rows", &copyOf);
+  m.impl("cols", &copyOf);
+}
+
+std::vector<ShardingStrategy> replicateRule(const ShardingCall&) { return {{{Replicate()}, {Replicate()}}}; }
+
+// What ranks compare: each kind of registration leaves a text that is the
+// same in every process of one binary, and the fingerprint follows it.
+TEST(ShardingRuleAgreement, ListingNamesEachRuleKindAndVersion) {
+  const uint64_t before = user_rules_fingerprint();
+  register_sharding(
+      "dtp_misuse43::rows",
+      [](const ShardingCall&) { return std::vector<ShardingStrategy>{{{Replicate()}, {Replicate()}}}; },
+      RegisterShardingOptions().version("v7"));
+  register_sharding("dtp_misuse43::cols", std::vector<ShardingStrategy>{{{Shard(0)}, {Shard(0)}}, {{Replicate()}, {Replicate()}}});
+  std::string l = user_rules_listing();
+  EXPECT_NE(l.find("dtp_misuse43::cols\tstrategies [S(0) -> S(0)] [R -> R]\n"), std::string::npos) << l;
+  const auto rows = l.find("dtp_misuse43::rows\tfunction ");
+  ASSERT_NE(rows, std::string::npos) << l;
+  const std::string rule = l.substr(rows, l.find('\n', rows) - rows);
+  EXPECT_NE(rule.find("lambda"), std::string::npos) << rule;
+  EXPECT_NE(rule.find(", version 'v7'"), std::string::npos) << rule;
+  const uint64_t with_lambda = user_rules_fingerprint();
+  EXPECT_NE(with_lambda, before);
+  // A function pointer: its symbol, or its offset in the binary (the same in
+  // every process), never its address.
+  register_sharding("dtp_misuse43::rows", &replicateRule, RegisterShardingOptions().override_existing(true));
+  l = user_rules_listing();
+  const auto fn = l.find("dtp_misuse43::rows\tfunction ");
+  ASSERT_NE(fn, std::string::npos) << l;
+  const std::string text = l.substr(fn, l.find('\n', fn) - fn);
+  EXPECT_TRUE(text.find("replicateRule") != std::string::npos || text.find("dtp_tests+0x") != std::string::npos) << text;
+  EXPECT_NE(user_rules_fingerprint(), with_lambda);
+}
+
+// The agreement is one all_gather of 8 bytes per rank and mesh dimension at
+// each set-up call (parallelize_module here), and nothing per op. Measured
+// time printed, not asserted.
+TEST(ShardingRuleAgreement, CostsOneSmallAllGatherPerMeshDimAtSetUp) {
+  run_ranks(4, [](int rank) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    {
+      CommCounter comm;
+      check_sharding_rules_agree(mesh, "test");
+      EXPECT_EQ(comm.count(CollectiveType::AllGather), 2) << comm.str();
+      EXPECT_EQ(comm.bytes(CollectiveType::AllGather), 2 * 2 * 8) << comm.str();
+    }
+    dtp::nn::Linear lin(4, 6);
+    CommCounter comm;
+    parallelize_module(*lin, mesh["tp"], ColwiseParallel(), /*src_data_rank=*/std::nullopt);
+    int64_t total = 0;
+    for (size_t t = 0; t < kNumCollectiveTypes; ++t) total += comm.count(static_cast<CollectiveType>(t));
+    EXPECT_EQ(total, 1) << comm.str();
+    EXPECT_EQ(comm.count(CollectiveType::AllGather), 1) << comm.str();
+    // The forward runs no agreement.
+    CommCounter fwd;
+    lin(at::ones({2, 4}));
+    EXPECT_EQ(fwd.count(CollectiveType::AllGather), 0) << fwd.str();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 100; ++i) check_sharding_rules_agree(mesh["tp"], "test");
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 100;
+    if (rank == 0) std::printf("rule agreement over 2 ranks (threads, Gloo/shm): %.1f us per call\n", us);
+  });
+}
+
+// NOTE: [Parameters every stage holds]: a DTensor on a mesh with the pp dim,
+// Replicate there, is one tensor all stages hold. With the pp group passed,
+// its gradient counted once per stage (and everything else twice: the pp
+// group was reduced as a mesh dim and again as pp). Now once, as on one
+// device, with one all-reduce over pp.
+TEST(ClipGradNormPp, ParameterEveryStageHoldsCountsOnce) {
+  const at::Tensor gs = at::arange(1, 25, at::kDouble).view({6, 4}) / 10;  // shared, on (pp, tp)
+  const at::Tensor gp = at::tensor({3.0, -4.0}, at::kDouble);              // shared, on mesh["pp"]
+  const at::Tensor g0 = at::full({3}, 0.5, at::kDouble), g1 = at::full({5}, -7.25, at::kDouble);  // each stage's own
+  for (double p : {2.0, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE("norm " + std::to_string(p));
+    const std::vector<at::Tensor> all = {gs, gp, g0, g1};
+    double want = 0;
+    for (const auto& g : all)
+      want = std::isinf(p) ? std::max(want, g.abs().max().item<double>()) : want + g.pow(2).sum().item<double>();
+    if (!std::isinf(p)) want = std::sqrt(want);
+    const double max_norm = want / 4;
+    run_ranks(4, [&](int) {
+      auto mesh = init_device_mesh("cpu", {2, 2}, {"pp", "tp"});
+      const int64_t stage = mesh.get_local_rank("pp");
+      at::Tensor shared = distribute_tensor(at::zeros({6, 4}, at::kDouble), mesh, {Replicate(), Shard(0)}, std::nullopt);
+      shared.mutable_grad() = distribute_tensor(gs.clone(), mesh, {Replicate(), Shard(0)}, std::nullopt);
+      at::Tensor shared_pp = distribute_tensor(at::zeros({2}, at::kDouble), mesh["pp"], {Replicate()}, std::nullopt);
+      shared_pp.mutable_grad() = distribute_tensor(gp.clone(), mesh["pp"], {Replicate()}, std::nullopt);
+      const at::Tensor mine = stage == 0 ? g0 : g1;
+      at::Tensor own = at::zeros(mine.sizes(), at::kDouble);
+      own.mutable_grad() = mine.clone();
+      CommCounter comm;
+      const at::Tensor norm = clip_grad_norm_({shared, shared_pp, own}, max_norm, p, mesh.get_group("pp"));
+      EXPECT_EQ(comm.count(CollectiveType::AllReduce, mesh.get_group("pp").global_ranks()), 1) << comm.str();
+      EXPECT_LE(std::abs(norm.item<double>() - want), 1e-12 * want) << "got " << norm.item<double>() << ", one device "
+                                                                     << want;
+      const double coef = max_norm / (want + 1e-6);
+      EXPECT_LE((full_tensor(shared.grad()) - gs * coef).abs().max().item<double>(), 1e-12);
+      EXPECT_LE((own.grad() - mine * coef).abs().max().item<double>(), 1e-12);
+    });
+  }
+}
+
+// p2p: isend, irecv and batch_isend_irecv name their misuse. A bad op in a
+// batch used to be found after the ops before it were posted: their message
+// then reached the next matching receive (the wrong values, silently).
+TEST(NewerApiMisuse, PointToPointAsyncAndBatchNameTheirMisuse) {
+  run_ranks(2, [](int rank) {
+    auto pg = default_process_group();
+    const int peer = 1 - rank;
+    expect_error([&] { pg.isend(at::ones({2}), -1); }, {"ProcessGroup::send: peer -1 is not a rank of this size-2 group",
+                                                        "Name a group rank in [0, 2)"});
+    expect_error([&] { pg.irecv(at::Tensor(), peer); }, {"ProcessGroup::recv: the tensor is undefined",
+                                                         "preallocated with the sender's shape and dtype"});
+    expect_error([&] {
+      pg.batch_isend_irecv({{P2POp::Send, at::full({2}, -1.0f), peer, 0}, {P2POp::Recv, at::empty({2}), rank, 0}});
+    }, {"ProcessGroup::batch_isend_irecv: op 1 (recv): group rank " + std::to_string(rank) + " names itself as the peer",
+        "Copy the tensor instead"});
+    // Nothing of the refused batch was posted: the next exchange gets its own values.
+    at::Tensor got = at::empty({2});
+    auto works = pg.batch_isend_irecv({{P2POp::Send, at::full({2}, static_cast<float>(rank)), peer, 0},
+                                       {P2POp::Recv, got, peer, 0}});
+    for (auto& w : works) w.wait();
+    EXPECT_TRUE(got.equal(at::full({2}, static_cast<float>(peer)))) << got;
+  });
+}
+
+// Sampling, generation and the KV cache: one wrong use each.
+TEST(NewerApiMisuse, SamplingGenerateAndCacheNameTheirMisuse) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  expect_error([&] { inference::sample(at::zeros({3}), {}, gen); },
+               {"sample: logits must be [B, V] or [B, 1, V], got [3]"});
+  expect_error([&] { inference::sample(at::zeros({1, 3}), {1.0, 0, 1.5}, gen); },
+               {"sample: temperature=1, top_k=0, top_p=1.5", "0 < top_p <= 1"});
+  expect_error([&] { inference::sample(at::zeros({1, 3}), {1.0, -2, 1.0}, gen); }, {"top_k=-2", "top_k >= 0"});
+  expect_error([&] { models::KVCache(0, 8); }, {"KVCache: max_batch=0"});
+  models::LlamaConfig c = dtp::test::small_llama_config(1);
+  models::Llama model(c);
+  models::KVCache cache(1, 16);
+  models::GenerateOptions o;
+  o.max_new_tokens = 0;
+  expect_error([&] { models::generate(model, cache, {{1, 2}}, o); }, {"generate: max_new_tokens=0 must be at least 1"});
+  o.max_new_tokens = 2;
+  expect_error([&] { models::generate(model, cache, {}, o); }, {"generate: no prompts"});
+}
+
+// Schedules and pipeline steps: one wrong use each.
+TEST(NewerApiMisuse, SchedulesAndPipelineStepNameTheirMisuse) {
+  using pp::Action;
+  using pp::Schedule;
+  expect_error([] { Schedule::gpipe(0, 2); }, {"Schedule GPipe", "0 stages"});
+  expect_error([] { Schedule::one_f_one_b(2, 1); }, {"Schedule 1F1B: 1 microbatches for 2"});
+  expect_error([] { Schedule::interleaved_1f1b(2, 2, 3); }, {"Schedule Interleaved1F1B: 3"});
+  expect_error([] { Schedule("mine", 1, 1, {{Action{Action::Forward, 0, 0}}}); }, {"Schedule mine: stage 0"});
+  expect_error([] { Schedule("mine", 1, 1, {{Action{Action::Forward, 0, 0}, Action{Action::Backward, 0, 4}}}); },
+               {"Schedule mine: action 0B4"});
+  run_ranks(1, [](int) {
+    pp::PipelineStage stage{0, [](const at::Tensor& x) { return x * 2; }, {}};
+    pp::Pipeline pipe(Schedule::gpipe(1, 2), {stage}, default_process_group(),
+                      [](const at::Tensor& y, const at::Tensor& t) { return (y - t).pow(2).mean(); });
+    expect_error([&] { pipe.step(at::ones({3, 4}).requires_grad_(), at::ones({3, 4})); },
+                 {"Pipeline: the inputs of shape [3, 4] cannot be split into 2 equal microbatches",
+                  "Use a batch that is a multiple of 2"});
+    expect_error([&] { pp::Pipeline(Schedule::gpipe(1, 2), {stage, stage}, default_process_group(), nullptr); },
+                 {"Pipeline: stage 0 given twice"});
+  });
+}
+
+// Tokenizers: ids from another vocabulary, a missing file.
+TEST(NewerApiMisuse, TokenizersNameTheirMisuse) {
+  models::ByteTokenizer bytes;
+  expect_error([&] { bytes.decode({72, 256}); }, {"token id out of range for tokenizer byte: got 256",
+                                                  "expected 0 <= id < 256", "another tokenizer"});
+  expect_error([&] { bytes.decode_token(-1); }, {"token id out of range for tokenizer byte: got -1"});
+  expect_error([&] { models::HfTokenizer("/nonexistent/tokenizer.json"); },
+               {"HfTokenizer: no tokenizer.json at '/nonexistent/tokenizer.json'", "Check the path"});
+  expect_error([&] { models::SentencePieceTokenizer("/nonexistent/tokenizer.model"); },
+               {"SentencePieceTokenizer: no model file for '/nonexistent/tokenizer.model'"});
+  expect_error([&] { models::check_tokenizer_fits_model(bytes, 100, "config.json"); },
+               {"vocabulary mismatch between the tokenizer (byte) and the model (config.json)", "vocab_size 100",
+                "Use the model's own tokenizer"});
+}
+
+class NewerApiMisuseFiles : public dtp::test::TempDirTest {};
+
+// dcp's remaining functions: one wrong use each; nothing written.
+TEST_F(NewerApiMisuseFiles, CheckpointFunctionsNameTheirMisuse) {
+  models::LlamaConfig c = dtp::test::small_llama_config(1);
+  models::Llama model(c);
+  torch::optim::AdamW foreign({at::zeros({2}).requires_grad_()}, torch::optim::AdamWOptions(1e-2));
+  expect_error([&] { dcp::get_state_dict(*model, &foreign); },
+               {"the optimizer holds a parameter of shape [2] that the module does not have"});
+  dtp::optim::AdamW adamw(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  expect_error([&] { dcp::check_optimizer_metadata(adamw, {}); }, {"the checkpoint holds no optimizer, but the optimizer given is AdamW", "Pass the optimizer type that saved it"});
+  dcp::StateDict sd;
+  sd.add("w", at::ones({2}));
+  sd.add("w", at::ones({2}));
+  expect_error([&] { dcp::save(sd, file("ck")); },
+               {"save of '" + file("ck") + "' failed", "the state dict has 'w' twice. Give each tensor one name"});
+  expect_error([&] { dcp::save(dcp::StateDict{}, ""); }, {"dcp::save: no folder given", "Name the checkpoint's folder"});
+  dcp::AsyncSaver saver;
+  expect_error([&] { saver.save(sd, file("async")); }, {"async save of '" + file("async") + "' failed", "'w' twice"});
+  expect_error([&] { saver.save(sd, ""); }, {"AsyncSaver::save: no folder given", "Name the checkpoint's folder"});
+  dcp::StateDict into;
+  expect_error([&] { dcp::load(into, ""); }, {"dcp::load: no folder given", "Name the checkpoint's folder"});
+  saver.wait();
+  EXPECT_FALSE(saver.in_flight());
+  EXPECT_FALSE(std::filesystem::exists(file("ck")));
+  EXPECT_FALSE(std::filesystem::exists(file("async")));
+}
+
+}  // namespace
