@@ -15,6 +15,7 @@
 #include "dtp/ep/all_to_all.h"
 #include "dtp/models/llama.h"
 #include "dtp/models/moe.h"
+#include "dtp/models/parallelize.h"
 
 #include <mutex>
 
@@ -94,8 +95,8 @@ at::Tensor reference(MoE& m, const at::Tensor& x) {
     if (m->config.norm_topk_prob) w = w / w.sum();
     for (int64_t j = 0; j < m->config.top_k; ++j) {
       const int64_t k = e[j].item<int64_t>();
-      const at::Tensor h = at::silu(at::matmul(m->w1[k], flat[t])) * at::matmul(m->w3[k], flat[t]);
-      out[t] += w[j] * at::matmul(m->w2[k], h);
+      const at::Tensor h = at::silu(at::matmul(m->experts->w1[k], flat[t])) * at::matmul(m->experts->w3[k], flat[t]);
+      out[t] += w[j] * at::matmul(m->experts->w2[k], h);
     }
   }
   return out.view(x.sizes());
@@ -144,8 +145,8 @@ void expectExpertParallelEqualsOneDevice(int P, MoE& one, const at::Tensor& x, c
     }
     auto mesh = init_device_mesh("cpu", {P}, {"ep"});
     distribute_experts(*m, mesh);
-    EXPECT_TRUE(placements(m->w1).at(0).is_shard()) << dtensor_spec(m->w1).str();
-    EXPECT_EQ(dtensor_spec(m->w1).shape, one->w1.sizes().vec());
+    EXPECT_TRUE(placements(m->experts->w1).at(0).is_shard()) << dtensor_spec(m->experts->w1).str();
+    EXPECT_EQ(dtensor_spec(m->experts->w1).shape, one->experts->w1.sizes().vec());
     at::Tensor xs = x.narrow(0, r * rows, rows).clone().requires_grad_(true);
     CommCounter comm;
     at::Tensor out = m(xs);
@@ -159,7 +160,7 @@ void expectExpertParallelEqualsOneDevice(int P, MoE& one, const at::Tensor& x, c
     EXPECT_EQ(comm.count(CollectiveType::AllToAll), 4) << "and both again in backward";
     EXPECT_LE((out - want.out.narrow(0, r * rows, rows)).abs().max().item<double>(), 1e-13);
     EXPECT_LE((xs.grad() - want.grads.at("x").narrow(0, r * rows, rows)).abs().max().item<double>(), 1e-13);
-    for (const char* w : {"w1", "w2", "w3"}) {
+    for (const char* w : {"experts.w1", "experts.w2", "experts.w3"}) {
       const at::Tensor grad = m->named_parameters()[w].grad();
       EXPECT_EQ(dtensor_spec(grad).str(), dtensor_spec(m->named_parameters()[w]).str()) << w;
       EXPECT_LE((full_tensor(grad) - want.grads.at(w)).abs().max().item<double>(), 1e-13) << w;
@@ -196,7 +197,7 @@ TEST(MoETest, UnevenRoutingStaysExact) {
   expectExpertParallelEqualsOneDevice(2, one, x, target, 2 * 5 * 2);
   // The experts without tokens get zero gradients, as on one device.
   const Grads g = oneDevice(one, x, target);
-  EXPECT_EQ(g.grads.at("w1").narrow(0, 2, 2).abs().max().item<double>(), 0.0);
+  EXPECT_EQ(g.grads.at("experts.w1").narrow(0, 2, 2).abs().max().item<double>(), 0.0);
 }
 
 // A Mixtral-shaped model (MoE in every block) with its load-balancing loss
@@ -253,6 +254,74 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
   }
 }
 
+// Expert parallelism borrowed from data parallelism (NOTE: [Expert
+// parallelism with data parallelism]): each (dp, ep) rank trains on its
+// quarter of a batch of 4 sequences, with the load-balancing loss over
+// every rank's tokens. Steps of AdamW equal one device on the whole batch:
+// the router, the experts (reduced over dp, divided by dp x ep) and the rest
+// (data parallel over dp x ep), under FSDP and DDP, with TP or not.
+TEST(MoETest, ExpertParallelWithDataParallelTrainsLikeOneDevice) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.family = "mixtral";
+  c.moe = moeConfig(4, 2, true);
+  c.moe.aux_loss_coef = 0.02;
+  constexpr int64_t B = 4, S = dtp::test::kSeq;
+  auto batchOf = [&](int step) {
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(100 + step);
+    return at::randint(c.vocab_size, {B, S + 1}, g, at::kLong);
+  };
+  // Losses are each rank's (its slice's mean); one device's is the whole batch's.
+  auto train = [&](Llama& model, const std::optional<ProcessGroup>& dp) {
+    torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor batch = batchOf(step);
+      if (dp) batch = batch.narrow(0, dp->rank() * (B / dp->size()), B / dp->size());
+      at::Tensor loss = llama_loss(model(batch.narrow(1, 0, S)), batch.narrow(1, 1, S));
+      loss = loss + moe_load_balancing_loss(model, dp);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    }
+    return dtp::test::full_named_params(model);
+  };
+  Llama one(c);
+  const auto want = train(one, std::nullopt);
+  struct Layout {
+    std::vector<int64_t> shape;
+    bool ddp;
+  };
+  for (const Layout& l : {Layout{{2, 2}, false}, Layout{{2, 2}, true}, Layout{{1, 2, 2}, false},
+                          Layout{{1, 2, 2}, true}, Layout{{1, 4}, false}}) {
+    const bool tp = l.shape.size() == 3;
+    SCOPED_TRACE(c10::str("(dp, ep", tp ? ", tp" : "", ") = ", l.shape, l.ddp ? " DDP" : " FSDP"));
+    run_ranks(4, [&](int) {
+      auto mesh = init_device_mesh("cpu", l.shape, tp ? std::vector<std::string>{"dp", "ep", "tp"}
+                                                       : std::vector<std::string>{"dp", "ep"});
+      Llama model(c);
+      ParallelizeOptions options;
+      options.tp = TensorParallelOptions{true, S};
+      options.data_parallel = l.ddp ? DataParallel::DDP : DataParallel::FSDP;
+      CommCounter comm;
+      parallelize_llama(model, mesh, options);
+      const ProcessGroup dp = data_parallel_group(mesh);
+      EXPECT_EQ(dp.size(), l.shape[0] * l.shape[1]);
+      EXPECT_EQ(to_local(model->layers[0]->as<TransformerBlockImpl>()->moe->experts->w1).size(0) * l.shape[1] *
+                    (l.ddp ? 1 : l.shape[0]),
+                4)
+          << "each ep rank's experts, under FSDP cut over dp";
+      const auto got = train(model, dp);
+      // Per step and MoE layer: dispatch and combine, forward and backward.
+      EXPECT_EQ(comm.count(CollectiveType::AllToAll), 3 * 4 * c.n_layers);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got[i].first, want[i].first);
+        EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), 1e-11) << want[i].first;
+      }
+    });
+  }
+}
+
 // HF's load_balancing_loss_func written out for one layer: E * sum over the
 // top-k slots and experts of (fraction routed) * (mean probability).
 TEST(MoETest, LoadBalancingLossIsHfsFormula) {
@@ -304,7 +373,7 @@ TEST_F(MoECheckpointTest, SavedAtOneEpDegreeLoadsAtAnother) {
     Llama model(other);
     apply_expert_parallel(model, init_device_mesh("cpu", {4}, {"ep"}));
     dcp::load_state(dir, *model, nullptr, llama_state_dict_options());
-    EXPECT_EQ(to_local(model->layers[0]->as<TransformerBlockImpl>()->moe->w1).size(0), 1) << "one expert per rank";
+    EXPECT_EQ(to_local(model->layers[0]->as<TransformerBlockImpl>()->moe->experts->w1).size(0), 1) << "one expert per rank";
     expectSame(model);
   });
   LlamaConfig other = c;

@@ -22,6 +22,7 @@ namespace dtp::detail {
 // fully_shard and replicate set it around their module's forward.
 // NOTE: [Random ops under data parallelism] in rules/random.cpp.
 void set_data_parallel_batch(ProcessGroup dp);
+ProcessGroup data_parallel_batch();  // invalid: none set
 
 // A generator given the state of a mesh's (or the dp batch's, who ==
 // nullptr) first rank in seed epoch `epoch` (NOTE: [Generator sync]).

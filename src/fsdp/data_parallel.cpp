@@ -35,16 +35,19 @@ DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api) {
   if (mesh.ndim() == 1) return {mesh.get_group(0), std::nullopt, mesh.get_group(0), std::nullopt, mesh};
   const auto& names = mesh.mesh_dim_names();
   auto has = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
-  const bool two_d = names.size() == 2 && has("dp") && has("tp");
+  // The second dimension of a 2-D mesh is where the parameters are DTensors
+  // already: "tp" (the TP plan), or "ep" (the experts, by expert parallelism).
+  const bool two_d = names.size() == 2 && has("dp") && (has("tp") || has("ep"));
   const bool hsdp = (names.size() == 2 || (names.size() == 3 && has("tp"))) && has("dp_replicate") && has("dp_shard");
   TORCH_CHECK(two_d || hsdp, api, ": ", mesh.str(), " is not a data-parallel mesh. Pass a 1-D mesh, a 2-D mesh with "
-              "dimensions named \"dp\" and \"tp\" (init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"})), or for HSDP "
-              "one named \"dp_replicate\" and \"dp_shard\", with \"tp\" or not.");
-  const std::optional<DeviceMesh> tp = has("tp") ? std::optional<DeviceMesh>(mesh["tp"]) : std::nullopt;
+              "dimensions named \"dp\" and \"tp\" (init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"})) or \"dp\" and \"ep\" (for "
+              "the experts), or for HSDP one named \"dp_replicate\" and \"dp_shard\", with \"tp\" or not.");
   if (two_d) {
+    const char* inner = has("tp") ? "tp" : "ep";
     const ProcessGroup dp = mesh.get_group("dp");
-    return {dp, std::nullopt, dp, tp, select_mesh_dims(mesh, {mesh.dim_index("tp"), mesh.dim_index("dp")})};
+    return {dp, std::nullopt, dp, mesh[inner], select_mesh_dims(mesh, {mesh.dim_index(inner), mesh.dim_index("dp")})};
   }
+  const std::optional<DeviceMesh> tp = has("tp") ? std::optional<DeviceMesh>(mesh["tp"]) : std::nullopt;
   const int64_t r = mesh.dim_index("dp_replicate"), s = mesh.dim_index("dp_shard");
   std::vector<int64_t> inside = {r, s};
   if (tp) inside.insert(inside.begin(), mesh.dim_index("tp"));

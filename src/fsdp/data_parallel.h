@@ -19,7 +19,7 @@ struct DataParallelMesh {
   ProcessGroup dp;                        // where fully_shard shards: "dp", or HSDP's "dp_shard"
   std::optional<ProcessGroup> replicate;  // HSDP's "dp_replicate": replicas of the shards
   ProcessGroup batch;                     // every data-parallel rank: dp, or (dp_replicate, dp_shard)
-  std::optional<DeviceMesh> tp;           // mesh["tp"]
+  std::optional<DeviceMesh> tp;           // mesh["tp"] (or the experts' mesh["ep"]): where parameters are DTensors
   DeviceMesh dp_inside_tp;                // (tp, [dp_replicate,] dp), without the absent: where shards live
 };
 

@@ -179,8 +179,11 @@ class Unit : public std::enable_shared_from_this<Unit> {
         pieces.push_back(locals[i].narrow(0, p.row_start(r), p.rows[r]).reshape({-1}));
       }
     }
-    at::Tensor mine = dp.reduce_scatter(at::cat(pieces), 0, flat_sizes, ReduceOp::Avg).wait();
-    if (replicate) replicate->all_reduce(mine, ReduceOp::Avg).wait();  // HSDP: the shard's replicas
+    const auto& factor = options.gradient_divide_factor;
+    const ReduceOp op = factor ? ReduceOp::Sum : ReduceOp::Avg;
+    at::Tensor mine = dp.reduce_scatter(at::cat(pieces), 0, flat_sizes, op).wait();
+    if (replicate) replicate->all_reduce(mine, op).wait();  // HSDP: the shard's replicas
+    if (factor) mine.div_(*factor);
     variable_list out;
     int64_t offset = 0;
     const int me = dp.rank();

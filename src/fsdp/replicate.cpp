@@ -83,6 +83,8 @@ class State : public std::enable_shared_from_this<State> {
  public:
   ProcessGroup dp;
   std::optional<DeviceMesh> tp;
+  std::optional<double> divide_factor;  // ReplicateOptions::gradient_divide_factor
+  bool owns_batch = false;              // this forward set the data-parallel batch
   std::vector<detail::ParamSite> params;
   std::vector<Bucket> buckets;
 
@@ -140,7 +142,7 @@ class State : public std::enable_shared_from_this<State> {
     }
     f.sent = at::cat(flat);
     f.reduced = f.sent.clone();
-    f.work = dp.all_reduce(f.reduced, ReduceOp::Avg, /*async_op=*/true);
+    f.work = dp.all_reduce(f.reduced, divide_factor ? ReduceOp::Sum : ReduceOp::Avg, /*async_op=*/true);
     variable_list out;
     int64_t offset = 0;
     for (size_t k = 0; k < grads.size(); ++k) {
@@ -166,6 +168,7 @@ class State : public std::enable_shared_from_this<State> {
     at::NoGradGuard no_grad;
     for (InFlight& f : run.buckets) {
       at::Tensor reduced = f.work.wait();
+      if (divide_factor) reduced.div_(*divide_factor);
       std::vector<at::Tensor> sums;
       for (size_t k = 0; k < f.locals.size(); ++k)
         if (f.partial[k]) sums.push_back(reduced.narrow(0, f.offsets[k], f.locals[k].numel()));
@@ -225,16 +228,20 @@ std::vector<Bucket> makeBuckets(const std::vector<detail::ParamSite>& params, do
 
 void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptions options) {
   nn::HookHost& host = detail::hooks_of(module, kApplied);
-  TORCH_CHECK(detail::applied_below(module, {kApplied, detail::technique::kFullyShard}).empty(), "replicate: ", module.name(),
-              " (or a module inside it) is already under ", detail::applied_below(module, {kApplied, detail::technique::kFullyShard}),
-              "(). Use one data-parallel technique per module, once.");
+  // A replicate()d module inside keeps its parameters (as fully_shard's
+  // units): expert parallelism replicates the experts over "dp" apart.
+  TORCH_CHECK(!detail::was_applied(module, kApplied), "replicate: ", module.name(), " is under replicate() already. "
+              "Call it once per module.");
+  TORCH_CHECK(detail::applied_below(module, {detail::technique::kFullyShard}).empty(), "replicate: ", module.name(),
+              " (or a module inside it) is already under fully_shard(). Use one data-parallel technique per module.");
   TORCH_CHECK(options.bucket_cap_mb > 0, "replicate: bucket_cap_mb must be > 0, got ", options.bucket_cap_mb, ".");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
   check_sharding_rules_agree(mesh, kApplied);  // NOTE: [Ranks agree on sharding rules]
   auto state = std::make_shared<State>();
   state->dp = m.batch;  // every data-parallel rank (HSDP's two dimensions as one)
   state->tp = m.tp;
-  state->params = detail::collect_params(module, "");
+  state->divide_factor = options.gradient_divide_factor;
+  state->params = detail::collect_params(module, kApplied);
   for (const auto& site : state->params) {
     if (is_dtensor(site.param)) detail::check_tp_parameter(site.param, site.fqn, m, kApplied);
     TORCH_CHECK(!site.param.is_meta(), "replicate: parameter ", site.fqn, " is on the meta device (deferred init). "
@@ -244,10 +251,14 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
     for (const auto& [owner, name] : site.fields) set_parameter_field(*owner, name, site.param);  // validates
   state->buckets = makeBuckets(state->params, options.bucket_cap_mb);
   host.pre_hooks.push_back([state](std::vector<at::Tensor>&) {
-    detail::set_data_parallel_batch(state->dp);  // NOTE: [Random ops under data parallelism]
+    // NOTE: [Random ops under data parallelism]; the outermost replicate's.
+    state->owns_batch = !detail::data_parallel_batch().valid();
+    if (state->owns_batch) detail::set_data_parallel_batch(state->dp);
     state->attach();
   });
-  host.post_hooks.push_back([](at::Tensor&) { detail::set_data_parallel_batch(ProcessGroup()); });
+  host.post_hooks.push_back([state](at::Tensor&) {
+    if (state->owns_batch) detail::set_data_parallel_batch(ProcessGroup());
+  });
   host.applied.push_back({kApplied, state});
 }
 

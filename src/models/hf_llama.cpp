@@ -67,7 +67,7 @@ std::vector<HFTensor> hf_tensors(Llama& model) {
   // Rows in rotary order (NOTE: [Rotary layouts]): the q and k projections'
   // weights and biases, and the per-head q/k norms' weights.
   static const std::regex rotary(R"(\.attention\.(wq|wk|q_norm|k_norm)\.)");
-  static const std::regex moe(R"(^layers\.(\d+)\.moe\.(gate\.weight|w1|w2|w3)$)");
+  static const std::regex moe(R"(^layers\.(\d+)\.moe\.(gate\.weight|experts\.w1|experts\.w2|experts\.w3)$)");
   const auto params = model->unique_named_parameters();
   std::map<std::string, at::Tensor> by_name(params.begin(), params.end());
   for (auto& [fqn, p] : params) {
@@ -79,11 +79,11 @@ std::vector<HFTensor> hf_tensors(Llama& model) {
     const std::string layer = m[1];
     if (m[2] == "gate.weight") {
       out.push_back({fqn, moeName(c.family, layer, "gate"), p});
-    } else if (m[2] == "w1") {  // every expert's three matrices, in HF's order
+    } else if (m[2] == "experts.w1") {  // every expert's three matrices, in HF's order
       for (int64_t e = 0; e < c.moe.num_experts; ++e) {
         const bool mixtral = c.family == "mixtral";
         for (const char* w : {"w1", mixtral ? "w2" : "w3", mixtral ? "w3" : "w2"}) {
-          const std::string stacked = "layers." + layer + ".moe." + w;
+          const std::string stacked = "layers." + layer + ".moe.experts." + w;
           out.push_back({stacked, moeName(c.family, layer, w, e), by_name.at(stacked), 0, e});
         }
       }

@@ -93,7 +93,7 @@ at::Tensor initialValue(const std::string& name, c10::IntArrayRef sizes, const L
   if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) return at::zeros(sizes);
   const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(c.n_layers, 1));
   const bool residual = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos ||
-                        (name.size() > 7 && name.compare(name.size() - 7, 7, ".moe.w2") == 0);
+                        (name.size() > 11 && name.compare(name.size() - 11, 11, ".experts.w2") == 0);
   return at::normal(0.0, residual ? residual_std : std, sizes, gen);
 }
 

@@ -38,8 +38,6 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
   for (MoEImpl* moe : layers) {
     TORCH_CHECK(moe->router_probs.defined(), "moe_load_balancing_loss: no forward has run yet. Call it after the "
                 "model's forward, before backward.");
-    TORCH_CHECK(!moe->ep_mesh, "moe_load_balancing_loss: NYI under expert parallelism (the means run over every "
-                "rank's tokens). Leave the coefficient at 0 with apply_expert_parallel.");
     probs.push_back(moe->router_probs);
     masks.push_back(at::one_hot(moe->selected, c.moe.num_experts).to(moe->router_probs.scalar_type()));
   }

@@ -4,6 +4,7 @@
 
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/models/llama_pipeline.h"
+#include "mesh/flatten.h"
 #include "mesh/select_dims.h"
 
 #include <algorithm>
@@ -42,16 +43,76 @@ dcp::StateDictOptions ownEntries(const LlamaPipeline& pipe, Llama& model) {
   return options;
 }
 
+// NOTE: [Expert parallelism with data parallelism] On a (dp, ep[, tp])
+// mesh, ep borrows from data parallelism, as torchtitan's does: every
+// (dp, ep) rank feeds its own slice of the batch, and
+// - the experts are Shard(0) over ep (apply_expert_parallel); an expert's
+//   gradient then sums over the ep ranks' tokens, so data parallelism over
+//   dp alone completes it, divided by dp x ep (not dp) to give the mean;
+//   the experts are a data-parallel unit of their own on the (dp, ep) mesh;
+// - every other parameter is data parallel over dp x ep: the model is
+//   parallelized on the same ranks seen as a (dp x ep, tp) mesh, TP over
+//   its "tp", FSDP or DDP over its "dp". Its tp groups are the mesh's.
+// Under TP the experts are replicated over tp (every tp rank dispatches the
+// same tokens among its ep peers).
+void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options) {
+  const auto& names = mesh.mesh_dim_names();
+  const bool tp = hasDim(mesh, "tp");
+  const std::vector<std::string> want = tp ? std::vector<std::string>{"dp", "ep", "tp"} : std::vector<std::string>{"dp", "ep"};
+  TORCH_CHECK(names == want, "parallelize_llama: ", mesh.str(), " has an \"ep\" dimension; with expert parallelism "
+              "the mesh's dimensions are (\"dp\", \"ep\", \"tp\") or (\"dp\", \"ep\"), in this order (\"dp\" may "
+              "have size 1: the parameters outside the experts are data parallel over dp x ep). Build it with "
+              "init_device_mesh(\"cpu\", {dp, ep, tp}, {\"dp\", \"ep\", \"tp\"}).");
+  const int64_t dp = mesh.size(0), ep = mesh.size(1);
+  const DeviceMesh dense = tp ? init_device_mesh(mesh.device_type(), {dp * ep, mesh.size(2)}, {"dp", "tp"},
+                                                 flattened_group(mesh, {0, 1, 2}, "parallelize_llama"))
+                              : init_device_mesh(mesh.device_type(), {dp * ep}, {"dp"},
+                                                 flattened_group(mesh, {0, 1}, "parallelize_llama"));
+  apply_expert_parallel(model, mesh);
+  if (tp) apply_tensor_parallel(model, dense, options.tp);
+  if (options.ac) apply_ac(model, *options.ac);
+  const DeviceMesh experts_mesh = mesh[{"dp", "ep"}];
+  const double factor = static_cast<double>(dp * ep);
+  if (options.data_parallel == DataParallel::FSDP) {
+    FullyShardOptions experts = options.fsdp;
+    experts.gradient_divide_factor = factor;
+    for (size_t i = 0; i < model->layers->size(); ++i)
+      if (auto& moe = model->layers[i]->as<TransformerBlockImpl>()->moe)
+        fully_shard(*moe->experts, experts_mesh, experts);
+    apply_fsdp(model, dense, options.fsdp);
+  } else {
+    ReplicateOptions experts = options.ddp;
+    experts.gradient_divide_factor = factor;
+    for (size_t i = 0; i < model->layers->size(); ++i)
+      if (auto& moe = model->layers[i]->as<TransformerBlockImpl>()->moe)
+        replicate(*moe->experts, experts_mesh, experts);
+    apply_ddp(model, dense, options.ddp);
+  }
+}
+
 }  // namespace
 
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options) {
   TORCH_CHECK(!hasDim(mesh, "pp"), "parallelize_llama: ", mesh.str(), " has a \"pp\" dimension. Cut the model into "
               "stages with pipeline_llama, which parallelizes each stage over the other dimensions.");
+  if (hasDim(mesh, "ep")) return parallelizeWithExperts(model, mesh, options);
   if (hasDim(mesh, "tp")) apply_tensor_parallel(model, mesh, options.tp);
   if (options.ac) apply_ac(model, *options.ac);
   if (!hasDim(mesh, "dp") && !hasDim(mesh, "dp_shard")) return;
   if (options.data_parallel == DataParallel::FSDP) apply_fsdp(model, mesh, options.fsdp);
   else apply_ddp(model, mesh, options.ddp);
+}
+
+ProcessGroup data_parallel_group(const DeviceMesh& mesh) {
+  TORCH_CHECK(!hasDim(mesh, "pp"), "data_parallel_group: ", mesh.str(), " has a \"pp\" dimension. Pass the mesh "
+              "without it (each pipeline rank's data-parallel peers are the same dimensions).");
+  std::vector<int64_t> dims;
+  for (const char* name : {"dp", "dp_replicate", "dp_shard", "ep"})
+    if (hasDim(mesh, name)) dims.push_back(mesh.dim_index(name));
+  TORCH_CHECK(!dims.empty(), "data_parallel_group: ", mesh.str(), " has no data-parallel dimension (\"dp\", "
+              "\"dp_replicate\", \"dp_shard\" or \"ep\"): every rank trains on the whole batch.");
+  std::sort(dims.begin(), dims.end());
+  return dims.size() == 1 ? mesh.get_group(dims[0]) : flattened_group(mesh, dims, "data_parallel_group");
 }
 
 std::vector<at::Tensor> LlamaPipeline::parameters() const {

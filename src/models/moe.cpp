@@ -11,30 +11,6 @@
 namespace dtp::models {
 namespace {
 
-// Rows [sum(counts[:e]), +counts[e]) of `x` belong to local expert e: each
-// runs its SwiGLU on its rows. Experts without rows are skipped (their
-// weights then get no gradient contribution, as on one device).
-at::Tensor runExperts(const at::Tensor& x, const std::vector<int64_t>& counts, const at::Tensor& w1,
-                      const at::Tensor& w2, const at::Tensor& w3) {
-  std::vector<at::Tensor> out;
-  int64_t at = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] == 0) continue;
-    const at::Tensor rows = x.narrow(0, at, counts[e]);
-    const auto i = static_cast<int64_t>(e);
-    out.push_back(at::matmul(at::silu(at::matmul(rows, w1[i].t())) * at::matmul(rows, w3[i].t()), w2[i].t()));
-    at += counts[e];
-  }
-  if (out.empty()) {
-    // Nothing routed here: an empty result still on x's and the weights'
-    // graph, so that backward runs this rank's all-to-alls as every other
-    // rank does, and the local experts get (zero) gradients as on one device.
-    const at::Tensor none = x.narrow(0, 0, 0);
-    return at::matmul(at::silu(at::matmul(none, w1[0].t())) * at::matmul(none, w3[0].t()), w2[0].t());
-  }
-  return at::cat(out);
-}
-
 std::vector<int64_t> toVector(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kLong).contiguous().cpu();
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
@@ -42,29 +18,58 @@ std::vector<int64_t> toVector(const at::Tensor& t) {
 
 }  // namespace
 
-MoEImpl::MoEImpl(int64_t dim, const MoEConfig& c) : config(c) {
+GroupedExpertsImpl::GroupedExpertsImpl(int64_t dim, int64_t hidden, int64_t num_experts) {
   // Parallelizing swaps parameters (DTensors, FSDP's shards): the public
   // fields follow the registry.
   static const bool fields = [] {
     FieldSetter set = [](torch::nn::Module& m, const std::string& n, const at::Tensor& t) {
-      auto& moe = dynamic_cast<MoEImpl&>(m);
-      if (n == "w1") moe.w1 = t;
-      if (n == "w2") moe.w2 = t;
-      if (n == "w3") moe.w3 = t;
+      auto& experts = dynamic_cast<GroupedExpertsImpl&>(m);
+      if (n == "w1") experts.w1 = t;
+      if (n == "w2") experts.w2 = t;
+      if (n == "w3") experts.w3 = t;
     };
-    register_parameter_fields(typeid(MoEImpl), set);
-    register_parameter_fields(typeid(dtp::nn::HookedImpl<MoEImpl>), set);
+    register_parameter_fields(typeid(GroupedExpertsImpl), set);
+    register_parameter_fields(typeid(dtp::nn::HookedImpl<GroupedExpertsImpl>), set);
     return true;
   }();
   (void)fields;
+  w1 = register_parameter("w1", at::empty({num_experts, hidden, dim}));
+  w2 = register_parameter("w2", at::empty({num_experts, dim, hidden}));
+  w3 = register_parameter("w3", at::empty({num_experts, hidden, dim}));
+}
+
+at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const std::vector<int64_t>& counts) {
+  auto local = [](const at::Tensor& p) { return is_dtensor(p) ? to_local(p) : p; };
+  const at::Tensor W1 = local(w1), W2 = local(w2), W3 = local(w3);
+  TORCH_CHECK(static_cast<int64_t>(counts.size()) == W1.size(0), "GroupedExperts: ", counts.size(),
+              " row counts for ", W1.size(0), " local experts.");
+  std::vector<at::Tensor> out;
+  int64_t at = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const at::Tensor rows = x.narrow(0, at, counts[e]);
+    const auto i = static_cast<int64_t>(e);
+    out.push_back(at::matmul(at::silu(at::matmul(rows, W1[i].t())) * at::matmul(rows, W3[i].t()), W2[i].t()));
+    at += counts[e];
+  }
+  if (out.empty()) {
+    // Nothing routed here: an empty result still on x's and the weights'
+    // graph, so that backward runs this rank's all-to-alls (and data
+    // parallelism's reductions) as every other rank does, and the local
+    // experts get (zero) gradients as on one device.
+    const at::Tensor none = x.narrow(0, 0, 0);
+    return at::matmul(at::silu(at::matmul(none, W1[0].t())) * at::matmul(none, W3[0].t()), W2[0].t());
+  }
+  return at::cat(out);
+}
+
+MoEImpl::MoEImpl(int64_t dim, const MoEConfig& c) : config(c) {
   TORCH_CHECK(c.num_experts > 0 && c.hidden > 0, "MoE: num_experts=", c.num_experts, " and hidden=", c.hidden,
               " must be positive.");
   TORCH_CHECK(c.top_k >= 1 && c.top_k <= c.num_experts, "MoE: top_k=", c.top_k, " must be in [1, num_experts=",
               c.num_experts, "]. Pick top_k <= num_experts.");
   gate = register_module("gate", dtp::nn::Linear(torch::nn::LinearOptions(dim, c.num_experts).bias(false)));
-  w1 = register_parameter("w1", at::empty({c.num_experts, c.hidden, dim}));
-  w2 = register_parameter("w2", at::empty({c.num_experts, dim, c.hidden}));
-  w3 = register_parameter("w3", at::empty({c.num_experts, c.hidden, dim}));
+  experts = register_module("experts", GroupedExperts(dim, c.hidden, c.num_experts));
 }
 
 // NOTE: [Expert parallelism] With ep_mesh (apply_expert_parallel), every ep
@@ -95,8 +100,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
     x = to_local(input);
   }
   input_mesh = tp_mesh;
-  auto local = [](const at::Tensor& p) { return is_dtensor(p) ? to_local(p) : p; };
-  const at::Tensor W1 = local(w1), W2 = local(w2), W3 = local(w3), G = local(gate->weight);
+  const at::Tensor G = is_dtensor(gate->weight) ? to_local(gate->weight) : gate->weight;
   const int64_t E = config.num_experts, k = config.top_k, D = x.size(-1);
   const at::Tensor flat = x.reshape({-1, D});
 
@@ -104,13 +108,13 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   // top-k, renormalized, back to the activations' dtype.
   const at::Tensor logits = at::matmul(flat, G.t());
   router_probs = at::softmax(logits, -1, at::promote_types(logits.scalar_type(), at::kFloat));
-  auto [weights, experts] = router_probs.topk(k, -1);
+  auto [weights, chosen] = router_probs.topk(k, -1);
   if (config.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(x.scalar_type());
-  selected = experts;
+  selected = chosen;
 
   // Rows sorted by expert: row i of `sorted` is token order[i] / k.
-  const at::Tensor slots = experts.flatten();
+  const at::Tensor slots = chosen.flatten();
   const at::Tensor order = std::get<1>(slots.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const at::Tensor token = order.div(k, "floor");
   const at::Tensor sorted = flat.index_select(0, token);
@@ -118,7 +122,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
 
   at::Tensor y;
   if (!ep_mesh) {
-    y = runExperts(sorted, counts, W1, W2, W3);
+    y = experts(sorted, counts);
   } else {
     const ProcessGroup group = ep_mesh->get_group(0);
     const int64_t P = group.size(), me = group.rank(), El = E / P;
@@ -150,7 +154,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
       }
     }
     const at::Tensor index = at::tensor(perm, at::kLong).to(x.device());
-    const at::Tensor out = runExperts(got.index_select(0, index), per_expert, W1, W2, W3);
+    const at::Tensor out = experts(got.index_select(0, index), per_expert);
     const at::Tensor back = at::zeros_like(out).index_copy(0, index, out);
     // 4. Combine.
     y = ep::all_to_all_single_autograd(back, send, recv, group);
@@ -169,12 +173,12 @@ void distribute_experts(MoEImpl& moe, const DeviceMesh& ep) {
   TORCH_CHECK(!moe.ep_mesh, "distribute_experts: the experts are spread already (expert parallelism applied twice).");
   torch::NoGradGuard no_grad;
   for (const char* name : {"w1", "w2", "w3"}) {
-    const at::Tensor p = moe.named_parameters(/*recurse=*/false)[name];
+    const at::Tensor p = moe.experts->named_parameters(/*recurse=*/false)[name];
     TORCH_CHECK(!is_dtensor(p), "distribute_experts: the experts are DTensors already (", dtensor_spec(p).str(),
                 "). NYI: expert parallelism after TP, FSDP or DDP; apply it first.");
     at::Tensor shard = distribute_tensor(p.detach(), ep, {Shard(0)});
     shard.set_requires_grad(p.requires_grad());
-    set_parameter(moe, name, shard);
+    set_parameter(*moe.experts, name, shard);
   }
   moe.ep_mesh = ep;
 }

@@ -53,10 +53,16 @@ struct FullyShardOptions {
   // (memory ~ one unit's parameters) or keep them until backward.
   bool reshard_after_forward = true;
   MixedPrecisionPolicy mp_policy;
+  // The reduce-scatter sums the gradients over the data-parallel ranks and
+  // divides by this (FSDP2's set_gradient_divide_factor); none: their number
+  // (the mean). Expert parallelism sets dp x ep: an expert's gradient
+  // already sums over the ep ranks' tokens.
+  std::optional<double> gradient_divide_factor;
 };
 
 // `mesh`: 1-D (data parallel only), or with dimensions named "dp" and "tp"
-// (the TP plan applied to mesh["tp"] first). `module` must run hooks (a
+// (the TP plan applied to mesh["tp"] first), or "dp" and "ep" (experts
+// spread over mesh["ep"] first: apply_expert_parallel). `module` must run hooks (a
 // DTP_MODULE or a dtp::nn module) and every module holding one of its
 // parameters must be one set_parameter knows.
 void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options = {});

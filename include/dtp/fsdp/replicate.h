@@ -23,6 +23,7 @@
 
 #include <torch/nn/module.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ namespace dtp {
 struct ReplicateOptions {
   // Bytes of gradients per bucket, as DDP's bucket_cap_mb.
   double bucket_cap_mb = 25.0;
+  // The all-reduce sums the gradients and divides by this; none: the number
+  // of data-parallel ranks (the mean). See FullyShardOptions.
+  std::optional<double> gradient_divide_factor;
 };
 
 // `mesh`: 1-D (data parallel only), or with dimensions named "dp" and "tp"

@@ -249,17 +249,20 @@ void apply_fsdp(Llama& model, const DeviceMesh& mesh, FullyShardOptions options 
 // Expert parallelism over mesh["ep"] (NOTE: [Expert parallelism] in
 // src/models/moe.cpp): every MoE layer's experts become Shard(0) over ep and
 // tokens travel to their experts' ranks by all-to-all. Each ep rank feeds
-// its own tokens. NYI: composing it with TP, FSDP or DDP (the other
-// parameters stay plain; their gradients are this rank's tokens' only).
+// its own tokens; alone, the other parameters' gradients are this rank's
+// tokens' only. For training, parallelize_llama on a (dp, ep[, tp]) mesh
+// composes it with TP and FSDP or DDP (NOTE: [Expert parallelism with data
+// parallelism] in src/models/llama_parallelize.cpp).
 void apply_expert_parallel(Llama& model, const DeviceMesh& mesh);
 
 // The load-balancing loss of the last forward (Switch / Mixtral form, HF's
 // load_balancing_loss_func over all MoE layers at once):
 //   num_experts * sum_e (fraction of routed slots to e) * (mean router probability of e),
 // times LlamaConfig::moe.aux_loss_coef. Add it to the training loss. A
-// model without MoE layers gives 0. NYI under expert parallelism.
+// model without MoE layers gives 0.
 // With `data_parallel` (each rank its batch slice, gradients averaged over
-// the group by FSDP/DDP): the fractions and means run over every rank's
+// the group by FSDP/DDP; under expert parallelism the group spans dp x ep:
+// data_parallel_group(mesh)): the fractions and means run over every rank's
 // tokens (one all_reduce of the counts and token numbers) and each rank
 // returns dp times its tokens' share, so that the averaged gradient and the
 // averaged value are one device's on the whole batch.

@@ -8,6 +8,7 @@
 #include "dtp/tp/style.h"
 
 #include <optional>
+#include <vector>
 
 namespace dtp::models {
 
@@ -22,10 +23,24 @@ struct MoEConfig {
   double aux_loss_coef = 0.0;  // router_aux_loss_coef: moe_load_balancing_loss's weight in training
 };
 
+// The experts, stacked: expert e is w2[e] (silu(w1[e] x) * w3[e] x). A module
+// of its own (torchtitan's GroupedExperts), so that data parallelism can
+// treat the experts apart from the rest of the layer (NOTE: [Expert
+// parallelism with data parallelism] in src/models/llama_ep.cpp).
+class GroupedExpertsImpl : public torch::nn::Module {
+ public:
+  GroupedExpertsImpl(int64_t dim, int64_t hidden, int64_t num_experts);
+  // Rows [sum(counts[:e]), +counts[e]) of `x` [rows, dim] go to local expert
+  // e (this rank's experts, in order); experts with no rows are skipped.
+  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& counts);
+
+  at::Tensor w1, w2, w3;  // [E, hidden, dim], [E, dim, hidden], [E, hidden, dim]
+};
+DTP_MODULE(GroupedExperts);
+
 // Each token goes to its top_k experts and comes back as their outputs
 // weighted by its routing weights; every routed token is computed (no
-// capacity, nothing dropped). Experts are stacked: expert e is
-// w2[e] (silu(w1[e] x) * w3[e] x).
+// capacity, nothing dropped).
 class MoEImpl : public torch::nn::Module {
  public:
   MoEImpl(int64_t dim, const MoEConfig& config);
@@ -35,7 +50,7 @@ class MoEImpl : public torch::nn::Module {
 
   MoEConfig config;
   dtp::nn::Linear gate{nullptr};  // the router: dim -> num_experts, no bias
-  at::Tensor w1, w2, w3;           // [E, hidden, dim], [E, dim, hidden], [E, hidden, dim]
+  GroupedExperts experts{nullptr};
   // Set by apply_expert_parallel: the experts are Shard(0) over this mesh
   // (1-D, "ep") and tokens travel to their experts' ranks.
   std::optional<DeviceMesh> ep_mesh;
@@ -47,8 +62,8 @@ class MoEImpl : public torch::nn::Module {
 };
 DTP_MODULE(MoE);
 
-// Expert parallelism of one MoE layer over the 1-D mesh `ep`: w1, w2, w3
-// become Shard(0) (experts [r E/P, (r+1) E/P) on ep rank r) and forward
+// Expert parallelism of one MoE layer over the 1-D mesh `ep`: experts.w1,
+// w2, w3 become Shard(0) (experts [r E/P, (r+1) E/P) on ep rank r) and forward
 // dispatches tokens by all-to-all (NOTE: [Expert parallelism]).
 // apply_expert_parallel does this for every MoE layer of a model.
 void distribute_experts(MoEImpl& moe, const DeviceMesh& ep);

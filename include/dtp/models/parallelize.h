@@ -8,7 +8,9 @@
 //   at::Tensor loss = pipe.pipeline->step(tokens, targets);  // defined on the last stage
 //
 // Each mesh dimension is found by name: "tp" (tensor parallelism), "dp"
-// (data parallelism), or HSDP's "dp_replicate" and "dp_shard", and "pp".
+// (data parallelism), or HSDP's "dp_replicate" and "dp_shard", "ep" (expert
+// parallelism, borrowed from data parallelism: a (dp, ep[, tp]) mesh, NOTE:
+// [Expert parallelism with data parallelism]), and "pp".
 #pragma once
 
 #include "dtp/dcp/state_dict.h"
@@ -37,6 +39,12 @@ struct ParallelizeOptions {
 // parallelism over "tp" if the mesh has it, then activation checkpointing if
 // asked, then FSDP or DDP over the data-parallel dimensions if it has any.
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options = {});
+
+// The ranks that train on slices of one batch, for the data loader and
+// moe_load_balancing_loss: "dp", HSDP's dp_replicate x dp_shard, or
+// dp x ep. Collective the first time (it may make the group); `mesh` has
+// no "pp" (pass a stage's mesh) and at least one of these dimensions.
+ProcessGroup data_parallel_group(const DeviceMesh& mesh);
 
 struct PipelineOptions {
   std::string schedule = "1f1b";   // gpipe, 1f1b, or interleaved (interleaved 1F1B)

@@ -248,6 +248,7 @@ at::Generator random_generator(c10::Device device) {
 }
 
 void detail::set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
+ProcessGroup detail::data_parallel_batch() { return batch_group; }
 
 detail::RandomState detail::get_random_state() {
   // ATen's defaults, and this thread's own where manual_seed made them (for
