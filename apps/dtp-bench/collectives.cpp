@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -23,12 +24,26 @@ bool run_collectives(const CollectiveOptions& o, const ProcessGroup& world) {
   const int64_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
   ProcessGroup gloo = whole_group_with(world, "0");
   ProcessGroup shm = whole_group_with(world, "1", std::to_string(std::max<int64_t>(largest, 4096)));
+  // Ranks on several hosts (LOCAL_WORLD_SIZE < WORLD_SIZE, as dtprun --nnodes
+  // and torchrun set them): the second path is the two-level one (NOTE:
+  // [Two-level collectives] in src/comm/two_level.cpp), against flat Gloo.
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int per_host = local != nullptr ? std::max(std::atoi(local), 1) : w;
+  const bool hosts = per_host < w;
   if (world.rank() == 0) {
-    std::printf("\n## CPU collectives, %d ranks on one host: microseconds per call (median of %d reps, each the "
-                "mean of a timed loop; slowest rank), float32\n\n",
-                w, o.reps);
+    if (hosts)
+      std::printf("\n## CPU collectives, %d ranks on %d hosts (%d per host): microseconds per call (median of %d reps, "
+                  "each the mean of a timed loop; slowest rank), float32; flat Gloo (DTP_SHM=0) against two-level "
+                  "(shared memory within each host, Gloo between one leader per host)\n\n",
+                  w, w / per_host, per_host, o.reps);
+    else
+      std::printf("\n## CPU collectives, %d ranks on one host: microseconds per call (median of %d reps, each the "
+                  "mean of a timed loop; slowest rank), float32\n\n",
+                  w, o.reps);
     std::printf("size: the all_reduce tensor, the all_gather output, the reduce_scatter input. GB/s: size / time.\n\n");
-    std::printf("| collective | size | gloo us | shm us | gloo GB/s | shm GB/s | gloo / shm |\n|---|---|---:|---:|---:|---:|---:|\n");
+    std::printf(hosts ? "| collective | size | flat gloo us | two-level us | flat gloo GB/s | two-level GB/s | flat / two-level |\n"
+                      : "| collective | size | gloo us | shm us | gloo GB/s | shm GB/s | gloo / shm |\n");
+    std::printf("|---|---|---:|---:|---:|---:|---:|\n");
   }
   bool ok = true;
   const char* names[] = {"all_reduce", "all_gather", "reduce_scatter"};
@@ -71,7 +86,9 @@ bool run_collectives(const CollectiveOptions& o, const ProcessGroup& world) {
                   (crossover == 0 ? "never" : sizeText(crossover));
   }
   if (world.rank() == 0)
-    std::printf("\nShared memory wins up to (largest size measured where it is faster): %s\n", crossovers.c_str());
+    std::printf(hosts ? "\nTwo-level wins up to (largest size measured where it is faster): %s\n"
+                      : "\nShared memory wins up to (largest size measured where it is faster): %s\n",
+                crossovers.c_str());
   return ok;
 }
 

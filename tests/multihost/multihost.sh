@@ -29,6 +29,10 @@
 #               path (DTP_TWO_LEVEL=1 says which groups take it) under
 #               TORCH_DISTRIBUTED_DEBUG=DETAIL: float64 parity with one
 #               device, the collective counts of the same job on one host
+#   hsdp        HSDP (hsdp_train): fully_shard on (dp_replicate, dp_shard) =
+#               (2, 2), one replica per host (dp_shard within, dp_replicate
+#               across): float64 parity with one device, the closed-form
+#               collectives of a step, the counts of the same job on one host
 #   restart     dtprun --max-restarts 1 with --save/--resume across the hosts:
 #               a rank SIGKILLed mid-training costs at most the steps since
 #               the last complete save, and the losses after the restart
@@ -37,6 +41,12 @@
 #               SLURM_STEP_NODELIST=h[0-1], SLURM_JOB_ID, no MASTER_ADDR/PORT)
 #               across the hosts: dp across hosts, tp within, parity
 #   torchrun    torchrun --nnodes 2 with c10d rendezvous (where torchrun exists)
+#   bench       not a test (no ctest entry, never asserts times): dtp-bench
+#               --collectives on 2 hosts x 2 ranks, flat Gloo against the
+#               two-level path, each host's eth0 shaped by tc netem (delay
+#               DTP_NETEM_DELAY, default 50us each way, so 100 us round trip;
+#               rate DTP_NETEM_RATE, default 10gbit), or where the kernel has
+#               no netem by tbf (the rate only); sizes DTP_BENCH_BYTES
 # Exit 77 (skipped) without root, ip netns or unshare.
 set -uo pipefail
 export LC_ALL=C
@@ -297,6 +307,14 @@ two_level)
   done
   no_leftovers
   ;;
+hsdp)
+  make_hosts 2
+  DTP_TWO_LEVEL=1 two_hosts hsdp "$build/tests/multihost/hsdp_train"
+  parity "$W/hsdp.h0" hsdp
+  grep -E '^\[rank 0\] step 2 forward\+backward: .*: ok' "$W/hsdp.h0" || { cat "$W/hsdp.h0"; fail "hsdp: collectives of step 2"; }
+  same_counts_as_one_host hsdp "$build/tests/multihost/hsdp_train"
+  no_leftovers
+  ;;
 slurm)
   make_hosts 2
   export NAMED=1
@@ -319,18 +337,52 @@ slurm)
   echo "srun's environment across 2 hosts: MASTER_ADDR h0 from SLURM_STEP_NODELIST, MASTER_PORT 19242 from SLURM_JOB_ID"
   ;;
 torchrun)
-  command -v torchrun >/dev/null || skip "torchrun is not installed (Debian 13's python3-torch: scripts/debian13.sh)"
+  command -v torchrun >/dev/null || skip "torchrun is not installed (Debian's python3-torch)"
+  # torchrun's own interpreter (a python3 earlier on PATH may lack torch).
+  py=$(sed -n '1s/^#! *//p' "$(command -v torchrun)")
+  # 2.x built without libuv (Debian 13) needs the wrapper; 1.13 (Debian 12) has no libuv option at all.
+  if "$py" -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)'; then
+    launcher=("$py" "$here/../multiprocess/torchrun_nolibuv.py")
+  else
+    # 1.13 under Python 3.11: Std.from_str finds only single-bit members
+    # (3.11 iterates an IntFlag's canonical members: not NONE = 0, not
+    # ALL = 3), so torchrun's defaults --redirects 0 --tee 0 fail before any
+    # rank starts; stdout goes to a file and is teed back (1 = OUT).
+    launcher=(torchrun --redirects 1 --tee 1 --log_dir "$W/torchrun-logs")
+  fi
+  echo "torchrun: torch $("$py" -c 'import torch; print(torch.__version__)') (${launcher[*]})"
   make_hosts 2
   # torchrun's agents advertise their hostnames: h0/h1, resolving to the hosts' addresses.
   export NAMED=1
   for i in 1 0; do
-    on $i python3 "$here/../multiprocess/torchrun_nolibuv.py" --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d \
-      --rdzv_endpoint $master:29400 --rdzv_id dtp --no-python "$train" $common --steps 3 --dp 2 --tp 2 --check-parity \
+    on $i "${launcher[@]}" --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d \
+      --rdzv_endpoint $master:29400 --rdzv_id dtp --no_python "$train" $common --steps 3 --dp 2 --tp 2 --check-parity \
       > "$W/torchrun.h$i" 2>&1 &
     eval "pid$i=\$!"
   done
   wait $pid0 && wait $pid1 || { cat "$W"/torchrun.*; fail "torchrun across 2 hosts"; }
   grep -E 'parity vs one device in float64 .*: ok' "$W"/torchrun.h* || { cat "$W"/torchrun.*; fail "no parity line"; }
+  ;;
+bench)
+  command -v tc >/dev/null || skip "needs tc (iproute2)"
+  make_hosts 2
+  delay=${DTP_NETEM_DELAY:-50us} rate=${DTP_NETEM_RATE:-10gbit}
+  shaped="netem delay $delay rate $rate"
+  for i in 0 1; do
+    if ! ip netns exec ${tag}h$i tc qdisc add dev eth0 root netem delay "$delay" rate "$rate" 2> "$W/tc.err"; then
+      # Kernels built without CONFIG_NET_SCH_NETEM (Firecracker's) have no
+      # delay qdisc at all: the rate alone, through tbf (burst above a GSO
+      # packet of 64 KiB), and the veth's own latency.
+      grep -q 'qdisc kind is unknown' "$W/tc.err" || fail "tc netem on host $i: $(cat "$W/tc.err")"
+      ip netns exec ${tag}h$i tc qdisc add dev eth0 root tbf rate "$rate" burst 1mb latency 5ms || fail "tc tbf on host $i"
+      shaped="tbf rate $rate, no added delay (this kernel has no netem)"
+    fi
+  done
+  echo "each host's eth0: $shaped"
+  command -v ping >/dev/null && echo "host 0 -> host 1: $(on 0 ping -q -c 20 -i 0.05 10.213.0.11 | tail -1)"
+  # shellcheck disable=SC2086
+  two_hosts bench "$build/apps/dtp-bench" --collectives --bytes ${DTP_BENCH_BYTES:-1024 16384 262144 1048576 4194304 16777216}
+  sed -n 's/^\[rank 0\] //p' "$W/bench.h0"
   ;;
 *)
   fail "unknown case '$case'"
