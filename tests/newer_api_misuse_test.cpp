@@ -12,6 +12,7 @@
 #include "dtp/comm_counter.h"
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
+#include "dtp/fsdp/fully_shard.h"
 #include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_tokenizer.h"
@@ -149,6 +150,33 @@ TEST(ClipGradNormPp, ParameterEveryStageHoldsCountsOnce) {
   }
 }
 
+// fully_shard on a (dp, tp) mesh of a module no TP plan touched: its
+// parameters become DTensors replicated over tp and meet the plain input at
+// the first op. That error now says why, from fully_shard (NOTE: [Mix
+// hints]); a unit with TP parameters adds nothing.
+TEST(NewerApiMisuse, FullyShardOnATpMeshWithoutTheTpPlanSaysWhy) {
+  run_ranks(4, [](int) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    dtp::nn::Linear lin(4, 6);
+    fully_shard(*lin, mesh);
+    expect_error([&] { lin(at::ones({2, 4})); },
+                 {"got a mix of plain at::Tensor and DTensor arguments",
+                  "(fully_shard on DeviceMesh((dp=2, tp=2), cpu): parameters weight, bias of this unit are not "
+                  "DTensors of a TP plan",
+                  "Apply the TP plan first (parallelize_module over mesh[\"tp\"]), or pass mesh[\"dp\"]"});
+    // Outside the unit's forward the hint is gone.
+    const at::Tensor r = distribute_tensor(at::ones({4}), mesh, {Replicate(), Replicate()});
+    const std::string msg = dtp::test::error_of([&] { r + at::ones({4}); });
+    EXPECT_NE(msg.find("got a mix of plain"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("fully_shard"), std::string::npos) << msg;
+    // With the TP plan applied, the unit works.
+    dtp::nn::Linear tp(4, 6);
+    parallelize_module(*tp, mesh["tp"], ColwiseParallel());
+    fully_shard(*tp, mesh);
+    EXPECT_EQ(tp(at::ones({2, 4})).sizes(), (std::vector<int64_t>{2, 3}));  // this rank's columns
+  });
+}
+
 // p2p: isend, irecv and batch_isend_irecv name their misuse. A bad op in a
 // batch used to be found after the ops before it were posted: their message
 // then reached the next matching receive (the wrong values, silently).
@@ -202,6 +230,10 @@ TEST(NewerApiMisuse, SchedulesAndPipelineStepNameTheirMisuse) {
   expect_error([] { Schedule("mine", 1, 1, {{Action{Action::Forward, 0, 0}}}); }, {"Schedule mine: stage 0"});
   expect_error([] { Schedule("mine", 1, 1, {{Action{Action::Forward, 0, 0}, Action{Action::Backward, 0, 4}}}); },
                {"Schedule mine: action 0B4"});
+  const Schedule g = Schedule::gpipe(2, 2);
+  expect_error([&] { g.actions(2); }, {"Schedule::actions: rank 2 is not one of the GPipe schedule's 2 ranks",
+                                       "Give 0 <= rank < 2"});
+  expect_error([&] { g.rank_of(-1); }, {"Schedule::rank_of: stage -1 is not one of the GPipe schedule's 2 stages"});
   run_ranks(1, [](int) {
     pp::PipelineStage stage{0, [](const at::Tensor& x) { return x * 2; }, {}};
     pp::Pipeline pipe(Schedule::gpipe(1, 2), {stage}, default_process_group(),

@@ -3,6 +3,7 @@
 #include "comm/collective_tape.h"
 #include "comm/trace_span.h"
 #include "dtensor/explicit_redistribute.h"
+#include "dtensor/mix_hint.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding_prop.h"
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 namespace dtp {
 namespace {
@@ -42,11 +44,14 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
   });
   TORCH_INTERNAL_ASSERT(first != nullptr, "DTensor fallback reached without a DTensor argument");
   if (!plain.empty()) {
+    // NOTE: [Mix hints]: the error consumes the hint it shows.
+    const auto hint = implicit_replication ? nullptr : std::exchange(detail::mix_hint(), nullptr);
     TORCH_CHECK(implicit_replication, "dtp: ", op_name(op),
                 " got a mix of plain at::Tensor and DTensor arguments: ", plain,
                 " is a plain tensor. Convert it with dtp::distribute_tensor or "
                 "dtp::from_local, or run the op inside dtp::ImplicitReplicationGuard to treat "
-                "it as replicated.", RuleRegistry::get().hint(op.operator_name()));
+                "it as replicated.", RuleRegistry::get().hint(op.operator_name()),
+                hint ? " " + *hint : std::string());
     map_tensor_args(args, nargs, [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || t.dim() == 0 || isDTensor(t)) return t;
       return makeDTensor(t, make_spec(first->mesh, Placements(first->mesh.ndim(), Replicate()),

@@ -2,6 +2,7 @@
 #include "dtp/fsdp/fully_shard.h"
 
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/mix_hint.h"
 #include "dtensor/redistribute.h"
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
@@ -87,6 +88,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::optional<bool> root;         // decided by the first forward
   std::weak_ptr<Unit> next_in_forward, next_in_backward;  // NOTE: [Prefetch]
   bool order_known = false;
+  // NOTE: [Mix hints]: this unit's (when it replicates plain parameters over
+  // tp) and the one it replaced while its forward runs.
+  std::shared_ptr<const std::string> mix_hint, outer_hint;
 
   c10::ScalarType paramDtype(const ShardedParam& p) const {
     return options.mp_policy.param_dtype.value_or(p.sharded.scalar_type());
@@ -351,6 +355,20 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
     if (p.tp_spec && options.mp_policy.param_dtype)
       p.tp_spec = make_spec(p.tp_spec->mesh, p.tp_spec->placements, p.tp_spec->shape, *options.mp_policy.param_dtype);
   }
+  std::vector<std::string> promoted;  // plain parameters made DTensors over tp
+  for (const auto& site : sites)
+    if (m.tp && !is_dtensor(site.param)) promoted.push_back(site.fqn);
+  if (!promoted.empty()) {
+    if (promoted.size() > 3) {
+      promoted.resize(3);
+      promoted.push_back("...");
+    }
+    unit->mix_hint = std::make_shared<const std::string>(c10::str(
+        "(fully_shard on ", mesh.str(), ": parameters ", c10::Join(", ", promoted), " of this unit are not "
+        "DTensors of a TP plan, so fully_shard replicates them over \"tp\" to meet the plan's DTensor "
+        "activations, and a plain input cannot meet them. Apply the TP plan first (parallelize_module over "
+        "mesh[\"tp\"]), or pass mesh[\"dp\"] when the model has no tensor parallelism.)"));
+  }
   // Validate every field before changing anything.
   for (auto& site : sites)
     for (auto& [owner, name] : site.fields) set_parameter_field(*owner, name, site.param);
@@ -367,6 +385,8 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
 
   host.pre_hooks.push_back([unit](std::vector<at::Tensor>& inputs) {
     if (!unit->root) unit->root = running_root == nullptr;
+    unit->outer_hint = *unit->root ? nullptr : detail::mix_hint();
+    if (unit->mix_hint || *unit->root) detail::mix_hint() = unit->mix_hint;  // NOTE: [Mix hints]
     if (*unit->root) {
       running_root = unit.get();
       last_unsharded.reset();
@@ -390,6 +410,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
         if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
   });
   host.post_hooks.push_back([unit](at::Tensor& output) {
+    detail::mix_hint() = unit->outer_hint;
     if (*unit->root) {
       running_root = nullptr;
       detail::set_data_parallel_batch(ProcessGroup());

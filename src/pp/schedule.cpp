@@ -20,6 +20,18 @@ void checkSizes(const char* name, int stages, int microbatches) {
 
 }  // namespace
 
+int Schedule::rank_of(int stage) const {
+  TORCH_CHECK(stage >= 0 && stage < stages_, "Schedule::rank_of: stage ", stage, " is not one of the ", name_,
+              " schedule's ", stages_, " stages. Give 0 <= stage < ", stages_, ".");
+  return stage % ranks();
+}
+
+const std::vector<Action>& Schedule::actions(int rank) const {
+  TORCH_CHECK(rank >= 0 && rank < ranks(), "Schedule::actions: rank ", rank, " is not one of the ", name_,
+              " schedule's ", ranks(), " ranks. Give 0 <= rank < ", ranks(), ".");
+  return per_rank_[rank];
+}
+
 Schedule::Schedule(std::string name, int stages, int microbatches, std::vector<std::vector<Action>> per_rank)
     : name_(std::move(name)), stages_(stages), microbatches_(microbatches), per_rank_(std::move(per_rank)) {
   checkSizes(name_.c_str(), stages, microbatches);

@@ -56,8 +56,10 @@ class Schedule {
   int ranks() const { return static_cast<int>(per_rank_.size()); }
   int stages() const { return stages_; }
   int microbatches() const { return microbatches_; }
-  int rank_of(int stage) const { return stage % ranks(); }
-  const std::vector<Action>& actions(int rank) const { return per_rank_.at(rank); }
+  // The rank of stage `stage` (0 <= stage < stages()).
+  int rank_of(int stage) const;
+  // Rank `rank`'s actions in order (0 <= rank < ranks()).
+  const std::vector<Action>& actions(int rank) const;
   // One line per rank: "rank 0: 0F0 0F1 0B0 ...".
   std::string str() const;
   // Forward costs `forward`, backward `backward`; messages are free.
