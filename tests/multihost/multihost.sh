@@ -37,6 +37,10 @@
 #               a rank SIGKILLed mid-training costs at most the steps since
 #               the last complete save, and the losses after the restart
 #               equal the uninterrupted run's
+#   mpirun      Debian's mpirun (Open MPI) across the hosts: its ssh agent is
+#               a script that runs Open MPI's daemon on host I as `on I`
+#               does; ranks 0, 1 on h0 and 2, 3 on h1 with the local ranks
+#               mpirun gives; dp across hosts, tp within: parity and counts
 #   slurm       srun's environment (SLURM_PROCID, SLURM_LOCALID,
 #               SLURM_STEP_NODELIST=h[0-1], SLURM_JOB_ID, no MASTER_ADDR/PORT)
 #               across the hosts: dp across hosts, tp within, parity
@@ -313,6 +317,39 @@ hsdp)
   parity "$W/hsdp.h0" hsdp
   grep -E '^\[rank 0\] step 2 forward\+backward: .*: ok' "$W/hsdp.h0" || { cat "$W/hsdp.h0"; fail "hsdp: collectives of step 2"; }
   same_counts_as_one_host hsdp "$build/tests/multihost/hsdp_train"
+  no_leftovers
+  ;;
+mpirun)
+  command -v mpirun >/dev/null || skip "mpirun is not installed (Debian's openmpi-bin)"
+  make_hosts 2
+  export NAMED=1
+  # mpirun's "ssh" (plm_rsh_agent): `agent hI CMD` runs CMD, Open MPI's
+  # daemon, on simulated host I as `on I` would (its own /dev/shm, hostname
+  # hI), through a shell as sshd does.
+  cat > "$W/agent" <<AGENT
+#!/bin/bash
+host=\$1; shift
+exec ip netns exec ${tag}\$host unshare -m -u --propagation private -- bash -c '
+  mount --bind "$W/\$0/shm" /dev/shm && mount --bind "$W/hosts" /etc/hosts && hostname "\$0" || exit 98
+  eval "\$1"' "\$host" "\$*"
+AGENT
+  chmod +x "$W/agent"
+  printf 'h0 slots=2\nh1 slots=2\n' > "$W/hostfile"
+  mpi=(mpirun --allow-run-as-root --hostfile "$W/hostfile" -np 4 --map-by slot --mca plm_rsh_agent "$W/agent"
+       --mca oob_tcp_if_include eth0 --mca btl self,tcp --mca btl_tcp_if_include eth0
+       -x MASTER_ADDR=$master -x MASTER_PORT=29500 -x OMP_NUM_THREADS=1 -x PATH)
+  # Where mpirun put each rank, and what it told it: ranks 0, 1 on h0 and 2, 3 on h1, local ranks 0, 1.
+  on 0 "${mpi[@]}" bash -c 'echo "rank $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE on $(hostname), local rank $OMPI_COMM_WORLD_LOCAL_RANK"' \
+    2>&1 | sort > "$W/mpirun.where"
+  cat "$W/mpirun.where"
+  diff "$W/mpirun.where" <(for r in 0 1 2 3; do echo "rank $r of 4 on h$((r / 2)), local rank $((r % 2))"; done) ||
+    fail "mpirun did not place ranks 0, 1 on h0 and 2, 3 on h1"
+  on 0 "${mpi[@]}" "$train" $common --steps 3 --dp 2 --tp 2 --check-parity > "$W/mpirun.out" 2>&1 ||
+    { cat "$W/mpirun.out"; fail "mpirun across 2 hosts"; }
+  parity "$W/mpirun.out" mpirun
+  # Rank 0's collective counts (mpirun prefixes nothing) as the same job's on one host.
+  grep -o 'done: .*' "$W/mpirun.out" | sed 's/^/[rank 0] /' > "$W/mpirun.h0"
+  same_counts_as_one_host mpirun "$train" $common --steps 3 --dp 2 --tp 2 --check-parity
   no_leftovers
   ;;
 slurm)
