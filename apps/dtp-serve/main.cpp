@@ -11,6 +11,7 @@
 #include "chat_page.h"
 #include "engine.h"
 #include "openai_api.h"
+#include "rank_watch.h"
 #include "scheduler.h"
 
 #include "dtp/dcp/checkpoint.h"
@@ -47,7 +48,8 @@ int main(int argc, char** argv) {
   apps::ModelFlags model_flags;
   std::string checkpoint, hf, tokenizer_path, device = "cpu", host = "127.0.0.1", name;
   int port = 8000;
-  int64_t context = 0, max_batch = 16, max_prefill = 4, max_queue = 256, http_threads = 64;
+  int64_t context = 0, max_queue = 256, http_threads = 64;
+  serve::EngineOptions eo;
   double grace_s = 2.0;
   CLI::App app{"dtp-serve: OpenAI's HTTP API (/v1/completions, /v1/chat/completions, /v1/models) over a model run "
                "with tensor parallelism on every rank of dtprun"};
@@ -63,9 +65,18 @@ int main(int argc, char** argv) {
   app.add_option("--served-model-name", name, "The model's name in the API [default: the folder's name]");
   app.add_option("--context", context, "Cached positions per sequence (prompt + output) [default: the model's "
                  "max_seq_len]")->check(apps::kPositive);
-  app.add_option("--max-batch", max_batch, "Sequences decoded together")->check(apps::kPositive)->capture_default_str();
-  app.add_option("--max-prefill", max_prefill, "Prompts that join the batch per step")->check(apps::kPositive)
+  app.add_option("--max-batch", eo.max_batch, "Sequences decoded together")->check(apps::kPositive)->capture_default_str();
+  app.add_option("--max-prefill", eo.max_prefill, "Prompts prefilled together in a step")->check(apps::kPositive)
       ->capture_default_str();
+  app.add_option("--prefill-chunk", eo.prefill_chunk, "Prompt tokens prefilled per step (all prompts together): a "
+                 "longer prompt is prefilled over several steps, between the others' decode steps")
+      ->check(apps::kPositive)->capture_default_str();
+  app.add_option("--block-size", eo.block_size, "Tokens per block of the paged KV cache")->check(apps::kPositive)
+      ->capture_default_str();
+  app.add_option("--kv-cache-mib", eo.kv_cache_mib, "The paged KV cache per rank, in MiB (this rank's KV heads) "
+                 "[default: room for --max-batch sequences of --context tokens]")->check(apps::kPositive);
+  app.add_option("--kv-cache-blocks", eo.kv_cache_blocks, "The paged KV cache in blocks (instead of --kv-cache-mib)")
+      ->check(apps::kPositive)->excludes("--kv-cache-mib");
   app.add_option("--max-queue", max_queue, "Waiting requests before 429")->check(apps::kPositive)->capture_default_str();
   app.add_option("--http-threads", http_threads, "HTTP worker threads (each open request holds one)")
       ->check(apps::kPositive)->capture_default_str();
@@ -112,9 +123,12 @@ int main(int argc, char** argv) {
     }
     Llama model = apps::load_inference_model(setup, hf, device, world.size());
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
-    serve::Engine engine(model, max_batch, std::min(max_prefill, max_batch), ctx);
+    eo.context = ctx;
+    eo.max_prefill = std::min(eo.max_prefill, eo.max_batch);
+    serve::Engine engine(model, eo);
     std::optional<ProcessGroup> group;
     if (world.size() > 1) group = world;
+    const serve::RankPids pids = serve::gather_rank_pids(world);
     if (rank != 0) return serve::follow_plans(engine, group);
 
     served.name = !name.empty() ? name
@@ -136,10 +150,31 @@ int main(int argc, char** argv) {
                 "address. Pick another --port (0: any free one).");
     std::thread http([&] { server.listen_after_bind(); });
     std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", TP="
-              << world.size() << ", context " << ctx << ", max batch " << max_batch << ", tokenizer "
+              << world.size() << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
+              << engine.blocks().total() << " blocks of " << eo.block_size << " tokens, "
+              << (engine.blocks().total() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
+              << " MiB per rank, prefill chunk " << eo.prefill_chunk << ", tokenizer "
               << tokenizer->name() << (served.chat ? std::string(", chat ") + served.chat->family_name() : "")
               << ")" << std::endl;
+    // See NOTE: [A dead rank] in rank_watch.h.
+    std::atomic<bool> serving{true};
+    std::thread watch([&] {
+      while (serving && world.size() > 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const std::string who = serve::gone_rank(pids);
+        if (who.empty() || !serving) continue;  // a rank that exits after the shutdown plan is no death
+        const std::string why = "dtp-serve: " + who + " exited, so the server stops (every rank runs every step). "
+                                "See that rank's output for why, then restart dtp-serve.";
+        std::cerr << why << std::endl;
+        scheduler.rank_died(why);
+        return;
+      }
+    });
     const int status = scheduler.serve(gStop);
+    serving = false;
+    watch.join();
+    // The failed requests' handlers write their 503s before the server closes.
+    if (status != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
     server.stop();
     http.join();
     std::cout << "dtp-serve: " << (status == 0 ? "stopped" : "failed") << std::endl;

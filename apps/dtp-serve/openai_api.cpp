@@ -383,6 +383,12 @@ std::string metricsText(const Metrics& m) {
   counter("dtp_serve_steps_total", "Engine steps run.", m.steps);
   counter("dtp_serve_queue_depth", "Requests waiting to start.", m.waiting, "gauge");
   counter("dtp_serve_running", "Sequences in the running batch.", m.running, "gauge");
+  counter("dtp_serve_requests_cancelled_total", "Requests whose client went away before the end (their sequence stopped).",
+          m.cancelled);
+  counter("dtp_serve_preemptions_total", "Sequences preempted for want of KV blocks (recomputed later).", m.preemptions);
+  counter("dtp_serve_kv_blocks_used", "Paged KV cache blocks held by sequences.", m.kv_blocks_used, "gauge");
+  counter("dtp_serve_kv_blocks_total", "Paged KV cache blocks.", m.kv_blocks_total, "gauge");
+  counter("dtp_serve_kv_block_size_tokens", "Tokens per KV block.", m.kv_block_size, "gauge");
   counter("dtp_serve_time_to_first_token_seconds_sum", "Sum of the times to first token.", m.ttft_sum_s);
   counter("dtp_serve_time_to_first_token_seconds_count", "Requests with a first token.", m.ttft_count);
   return o.str();

@@ -17,7 +17,10 @@ std::string messageOf(const std::exception& e) {
 
 Scheduler::Scheduler(Engine& engine, const models::Tokenizer& tokenizer, std::optional<ProcessGroup> group,
                      int64_t max_queue, double shutdown_grace_s)
-    : engine_(engine), tokenizer_(tokenizer), group_(std::move(group)), max_queue_(max_queue), grace_s_(shutdown_grace_s) {}
+    : engine_(engine), tokenizer_(tokenizer), group_(std::move(group)), max_queue_(max_queue), grace_s_(shutdown_grace_s) {
+  metrics_.kv_blocks_total = engine.blocks().total();
+  metrics_.kv_block_size = engine.options().block_size;
+}
 
 Scheduler::Submit Scheduler::submit(const std::shared_ptr<Request>& r) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -47,6 +50,14 @@ std::string Scheduler::dead() const {
   return dead_;
 }
 
+void Scheduler::rank_died(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!dead_.empty()) return;
+  dead_ = why;
+  for (auto& r : running_) fail(*r, 503, why);
+  for (auto& r : waiting_) fail(*r, 503, why);
+}
+
 void Scheduler::fail(Request& r, int status, const std::string& message) {
   std::lock_guard<std::mutex> lk(r.m);
   if (r.done) return;
@@ -57,8 +68,12 @@ void Scheduler::fail(Request& r, int status, const std::string& message) {
   r.cv.notify_all();
 }
 
+// See NOTE: [Serving step]. The engine's state between steps is read here
+// (rank 0's engine, on this thread), and the plan says what every rank's
+// engine does with it.
 StepPlan Scheduler::nextPlan(const std::atomic<bool>& stop) {
   std::unique_lock<std::mutex> lk(mu_);
+  const EngineOptions& o = engine_.options();
   while (true) {
     if (stop && !stopping_) {
       stopping_ = true;
@@ -69,8 +84,12 @@ StepPlan Scheduler::nextPlan(const std::atomic<bool>& stop) {
     if (stopping_ && Clock::now() >= stop_deadline_) {
       for (auto& r : running_) fail(*r, 503, "dtp-serve is shutting down: the request did not finish in the grace period.");
     }
+    const std::vector<Engine::Row>& rows = engine_.rows();
+    TORCH_INTERNAL_ASSERT(rows.size() == running_.size());
     StepPlan plan;
-    std::vector<std::shared_ptr<Request>> next;
+    // 1. Rows that go on; the blocks of the others come back.
+    std::vector<size_t> kept;
+    int64_t free = engine_.blocks().free();
     for (size_t i = 0; i < running_.size(); ++i) {
       Request& r = *running_[i];
       bool done;
@@ -78,23 +97,82 @@ StepPlan Scheduler::nextPlan(const std::atomic<bool>& stop) {
         std::lock_guard<std::mutex> rl(r.m);
         done = r.done;
       }
-      if (done || r.cancelled) continue;
+      if (r.cancelled && !done) ++metrics_.cancelled;
+      if (done || r.cancelled) {
+        free += static_cast<int64_t>(rows[i].blocks.size());
+        continue;
+      }
+      kept.push_back(i);
+    }
+    // 2. A decoding row whose blocks are full takes one more; while more are
+    // needed than are free, the newest row is preempted (requeued in front,
+    // to be recomputed from its prompt and tokens so far).
+    auto needs = [&](size_t i) {
+      return rows[i].decoding() && rows[i].cached + 1 > static_cast<int64_t>(rows[i].blocks.size()) * o.block_size ? 1 : 0;
+    };
+    int64_t need = 0;
+    for (size_t i : kept) need += needs(i);
+    std::vector<size_t> preempted;  // newest first
+    while (need > free) {
+      const size_t i = kept.back();
+      kept.pop_back();
+      free += static_cast<int64_t>(rows[i].blocks.size());
+      need -= needs(i);
+      preempted.push_back(i);
+    }
+    free -= need;
+    for (size_t i : preempted) {
+      ++running_[i]->preemptions;
+      ++metrics_.preemptions;
+      waiting_.push_front(running_[i]);  // the oldest preempted ends in front
+      plan.preempt.insert(plan.preempt.begin(), static_cast<int64_t>(i));
+    }
+    std::vector<std::shared_ptr<Request>> next;
+    int64_t budget = o.prefill_chunk, prefilling = 0;
+    for (size_t i : kept) {
       plan.keep.push_back(static_cast<int64_t>(i));
-      std::lock_guard<std::mutex> rl(r.m);
-      plan.tokens.push_back(r.generated.back());
       next.push_back(running_[i]);
+      if (rows[i].decoding()) {
+        std::lock_guard<std::mutex> rl(running_[i]->m);
+        plan.tokens.push_back(running_[i]->generated.back());
+        continue;
+      }
+      // 3. Prompt chunks, oldest first, within --prefill-chunk tokens.
+      const int64_t left = static_cast<int64_t>(rows[i].prompt.size()) - rows[i].cached;
+      const int64_t chunk = prefilling < o.max_prefill ? std::min(left, budget) : 0;
+      plan.chunks.push_back(chunk);
+      budget -= chunk;
+      prefilling += chunk > 0;
     }
-    int64_t admitted = 0;
-    while (!waiting_.empty() && static_cast<int64_t>(next.size()) < engine_.max_batch() &&
-           admitted < engine_.max_prefill()) {
+    // 4. Admissions, first come first served, while the blocks of the whole
+    // prompt are free (a resumed request: prompt and tokens so far).
+    while (!waiting_.empty() && static_cast<int64_t>(next.size()) < o.max_batch && budget > 0 &&
+           prefilling < o.max_prefill) {
       std::shared_ptr<Request> r = waiting_.front();
+      if (r->cancelled) {
+        waiting_.pop_front();
+        ++metrics_.cancelled;
+        if (r->preemptions > 0) plan.forget.push_back(r->id);  // its generator, kept by every rank
+        continue;
+      }
+      Admission a{r->id, r->sampling, r->prompt, r->preemptions > 0};
+      {
+        std::lock_guard<std::mutex> rl(r->m);
+        a.prompt.insert(a.prompt.end(), r->generated.begin(), r->generated.end());
+      }
+      const int64_t blocks = engine_.blocks_for(static_cast<int64_t>(a.prompt.size()));
+      if (blocks > free) break;
+      free -= blocks;
       waiting_.pop_front();
-      if (r->cancelled) continue;
-      plan.admit.push_back(Admission{r->id, r->sampling, r->prompt});
+      const int64_t chunk = std::min(static_cast<int64_t>(a.prompt.size()), budget);
+      plan.chunks.push_back(chunk);
+      budget -= chunk;
+      ++prefilling;
+      plan.admit.push_back(std::move(a));
       next.push_back(r);
-      ++admitted;
     }
-    const bool changed = next.size() != running_.size() || !plan.admit.empty() || plan.keep.size() != running_.size();
+    const bool changed = next.size() != running_.size() || !plan.admit.empty() || plan.keep.size() != running_.size() ||
+                         !plan.forget.empty();
     running_ = std::move(next);
     if (!running_.empty() || changed) {
       plan.op = StepPlan::kStep;
@@ -146,12 +224,14 @@ void Scheduler::pushToken(Request& r, int64_t token) {
   r.cv.notify_all();
 }
 
-void Scheduler::apply(const StepResult& result, size_t kept) {
+void Scheduler::apply(const StepResult& result) {
   std::lock_guard<std::mutex> lk(mu_);
   ++metrics_.steps;
-  TORCH_INTERNAL_ASSERT(result.decoded.size() == kept && kept + result.first.size() == running_.size());
-  for (size_t i = 0; i < kept; ++i) pushToken(*running_[i], result.decoded[i]);
-  for (size_t j = 0; j < result.first.size(); ++j) pushToken(*running_[kept + j], result.first[j]);
+  TORCH_INTERNAL_ASSERT(result.tokens.size() == running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (result.tokens[i] >= 0) pushToken(*running_[i], result.tokens[i]);
+  }
+  metrics_.kv_blocks_used = engine_.blocks().used();
 }
 
 int Scheduler::serve(const std::atomic<bool>& stop) {
@@ -162,13 +242,13 @@ int Scheduler::serve(const std::atomic<bool>& stop) {
       if (plan.op == StepPlan::kShutdown) return 0;
       if (plan.op == StepPlan::kIdle) continue;
       const StepResult result = engine_.run(plan);
-      apply(result, plan.keep.size());
+      apply(result);
     } catch (const std::exception& e) {
       const std::string why = "dtp-serve: a step failed, so the server stops (a rank died or a collective failed): " +
                               messageOf(e);
       std::cerr << why << "\n";
       std::lock_guard<std::mutex> lk(mu_);
-      dead_ = why;
+      if (dead_.empty()) dead_ = why;
       for (auto& r : running_) fail(*r, 503, why);
       for (auto& r : waiting_) fail(*r, 503, why);
       running_.clear();

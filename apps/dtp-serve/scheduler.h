@@ -49,12 +49,16 @@ struct Request {
   std::string final_text;
   std::optional<Clock::time_point> first_token;
   std::atomic<bool> cancelled{false};  // the client went away
+
+  // The scheduler's alone.
+  int64_t preemptions = 0;  // times its blocks were taken back (it resumes by recomputing)
 };
 
 struct Metrics {
   int64_t requests = 0, finished = 0, failed = 0, rejected = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0, steps = 0;
-  int64_t waiting = 0, running = 0;
+  int64_t waiting = 0, running = 0, cancelled = 0, preemptions = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0, kv_block_size = 0;
   double ttft_sum_s = 0;
   int64_t ttft_count = 0;
 };
@@ -70,6 +74,9 @@ class Scheduler {
   Metrics metrics() const;
   // Why the engine stopped serving (empty while it serves).
   std::string dead() const;
+  // From rank 0's watch (NOTE: [A dead rank] in rank_watch.h): every open
+  // request fails with 503 and `why`, and so does every later one.
+  void rank_died(const std::string& why);
 
   // Rank 0's step loop until `stop` is set and the running requests are
   // done (or the grace period ran out); then every rank is told to exit.
@@ -78,7 +85,7 @@ class Scheduler {
 
  private:
   StepPlan nextPlan(const std::atomic<bool>& stop);
-  void apply(const StepResult& result, size_t kept);
+  void apply(const StepResult& result);
   void pushToken(Request& r, int64_t token);
   void fail(Request& r, int status, const std::string& message);
 
