@@ -44,6 +44,11 @@
 #   slurm       srun's environment (SLURM_PROCID, SLURM_LOCALID,
 #               SLURM_STEP_NODELIST=h[0-1], SLURM_JOB_ID, no MASTER_ADDR/PORT)
 #               across the hosts: dp across hosts, tp within, parity
+#   slurmd      a real Slurm cluster of the test's own (Debian's slurm-wlm:
+#               slurmctld on h0, slurmd on h0 and h1, auth/none, files under
+#               the test's folder): `srun -N 2 --ntasks-per-node 2` places
+#               tasks 0, 1 on h0 and 2, 3 on h1; dp across, tp within:
+#               parity and counts
 #   torchrun    torchrun --nnodes 2 with c10d rendezvous (where torchrun exists)
 #   bench       not a test (no ctest entry, never asserts times): dtp-bench
 #               --collectives on 2 hosts x 2 ranks, flat Gloo against the
@@ -372,6 +377,68 @@ slurm)
   parity "$W/slurm.00" slurm
   kill $blocker
   echo "srun's environment across 2 hosts: MASTER_ADDR h0 from SLURM_STEP_NODELIST, MASTER_PORT 19242 from SLURM_JOB_ID"
+  ;;
+slurmd)
+  for c in slurmctld slurmd srun sinfo; do command -v $c >/dev/null || skip "$c is not installed (Debian's slurm-wlm)"; done
+  make_hosts 2
+  export NAMED=1
+  # A cluster of this test's own: slurmctld on h0, one slurmd per host, all
+  # state, spool, pid and log files under $W; no munge (auth/none).
+  mkdir -p "$W/slurm"
+  export SLURM_CONF=$W/slurm/slurm.conf
+  cat > "$SLURM_CONF" <<CONF
+ClusterName=dtpmh
+SlurmctldHost=h0(10.213.0.10)
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=6817
+SlurmdPort=6818
+StateSaveLocation=$W/slurm/state
+SlurmdSpoolDir=$W/slurm/spool-%n
+SlurmctldPidFile=$W/slurm/slurmctld.pid
+SlurmdPidFile=$W/slurm/slurmd-%n.pid
+SlurmctldLogFile=$W/slurm/slurmctld.log
+SlurmdLogFile=$W/slurm/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+SelectType=select/linear
+NodeName=h0 NodeAddr=10.213.0.10 CPUs=2 State=UNKNOWN
+NodeName=h1 NodeAddr=10.213.0.11 CPUs=2 State=UNKNOWN
+PartitionName=all Nodes=h0,h1 Default=YES MaxTime=INFINITE State=UP
+CONF
+  on 0 slurmctld -D -i > "$W/slurm/ctld.out" 2>&1 &
+  sleep 1
+  # slurmd looks for cgroups at start-up even with proctrack/linuxproc and
+  # task/none (nothing here uses them), and `ip netns exec` left this host a
+  # /sys of its own without them: a tmpfs at /sys/fs/cgroup with the freezer
+  # and systemd (v1) hierarchies under it.
+  for i in 0 1; do
+    mkdir -p "$W/slurm/spool-h$i"
+    on $i bash -c 'mount -t tmpfs none /sys/fs/cgroup && mkdir /sys/fs/cgroup/freezer /sys/fs/cgroup/systemd &&
+      mount -t cgroup -o freezer none /sys/fs/cgroup/freezer &&
+      mount -t cgroup -o none,name=systemd none /sys/fs/cgroup/systemd && exec slurmd -D -N "$0"' h$i > "$W/slurm/d$i.out" 2>&1 &
+  done
+  for t in $(seq 1 60); do [ "$(on 0 sinfo -h -o '%T %D' 2>/dev/null)" = "idle 2" ] && break; sleep 0.5; done
+  [ "$(on 0 sinfo -h -o '%T %D' 2>/dev/null)" = "idle 2" ] ||
+    { on 0 sinfo; cat "$W"/slurm/*.out "$W"/slurm/*.log; fail "the 2 slurmd did not come up idle"; }
+  on 0 sinfo -N -o '%N %T %c'
+  on 0 srun -N 2 --ntasks-per-node 2 bash -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $(hostname), local $SLURM_LOCALID, nodes $SLURM_STEP_NODELIST"' |
+    sort | tee "$W/srun.where"
+  diff "$W/srun.where" <(for r in 0 1 2 3; do echo "task $r of 4 on h$((r / 2)), local $((r % 2)), nodes h[0-1]"; done) ||
+    fail "srun did not place tasks 0, 1 on h0 and 2, 3 on h1"
+  # No MASTER_ADDR/MASTER_PORT: the ranks take h0 from SLURM_STEP_NODELIST and a port from SLURM_JOB_ID.
+  on 0 srun -N 2 --ntasks-per-node 2 "$train" $common --steps 3 --dp 2 --tp 2 --check-parity > "$W/srun.out" 2>&1 ||
+    { cat "$W/srun.out" "$W"/slurm/*.log; fail "srun -N 2 across the hosts"; }
+  parity "$W/srun.out" "srun -N 2"
+  grep -o 'done: .*' "$W/srun.out" | sed 's/^/[rank 0] /' > "$W/srun.h0"
+  NAMED=0 same_counts_as_one_host srun "$train" $common --steps 3 --dp 2 --tp 2 --check-parity
+  no_leftovers
   ;;
 torchrun)
   command -v torchrun >/dev/null || skip "torchrun is not installed (Debian's python3-torch)"
