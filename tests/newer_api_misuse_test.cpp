@@ -14,6 +14,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/fsdp/fully_shard.h"
 #include "dtp/inference/sampling.h"
+#include "dtp/models/chat.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_tokenizer.h"
 #include "dtp/models/llama.h"
@@ -31,6 +32,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <limits>
 
 using namespace dtp;
@@ -256,6 +259,23 @@ TEST(NewerApiMisuse, TokenizersNameTheirMisuse) {
                {"HfTokenizer: no tokenizer.json at '/nonexistent/tokenizer.json'", "Check the path"});
   expect_error([&] { models::SentencePieceTokenizer("/nonexistent/tokenizer.model"); },
                {"SentencePieceTokenizer: no model file for '/nonexistent/tokenizer.model'"});
+  const std::string tokenizers = std::string(DTP_TEST_DATA_DIR) + "/../tokenizers";
+  const models::HfTokenizer hf(tokenizers + "/tiny-chatml/tokenizer.json");
+  const int64_t v = hf.vocab_size();
+  expect_error([&] { hf.decode({1, v}); }, {"HfTokenizer::decode: token id out of range for tokenizer.json",
+                                            "got " + std::to_string(v), "another tokenizer"});
+  expect_error([&] { hf.decode_token(-3); }, {"HfTokenizer::decode_token: token id out of range", "got -3"});
+  // Chat templates: an unknown template, an empty date_string.
+  expect_error([] { models::ChatTemplate::recognise("{{ messages }}", "<s>", "</s>", "mine"); },
+               {"ChatTemplate: unsupported chat template in 'mine'"});
+  std::ifstream in(tokenizers + "/templates/llama3.1-instruct.jinja");
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto chat = models::ChatTemplate::recognise(text.str(), "<|begin_of_text|>", "<|eot_id|>", "llama3.1");
+  expect_error([&] { chat.today_date(std::string()); },
+               {"ChatTemplate: bad date_string for the template of 'llama3.1': got an empty string",
+                "Leave it unset for today's date"});
+  expect_error([&] { chat.format(std::nullopt, "Hi", true, std::string()); }, {"bad date_string"});
   expect_error([&] { models::check_tokenizer_fits_model(bytes, 100, "config.json"); },
                {"vocabulary mismatch between the tokenizer (byte) and the model (config.json)", "vocab_size 100",
                 "Use the model's own tokenizer"});
