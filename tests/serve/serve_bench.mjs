@@ -1,8 +1,9 @@
 // A small load test of a running dtp-serve (see serve_test.sh --bench):
 //   node serve_bench.mjs BASE_URL CLIENTS REQUESTS_PER_CLIENT
 // CLIENTS concurrent clients each send REQUESTS_PER_CLIENT streamed greedy
-// completions (prompts and max_tokens vary: 8..24 tokens out), then the same
-// requests one at a time as the baseline. Prints requests/s, output
+// completions (prompts of 2 to 181 tokens, 8 to 64 out), then the same
+// requests one at a time as the baseline (the same number of requests, of
+// the same shapes). Prints requests/s, output
 // tokens/s, and time to first token and inter-token latency (p50, p99).
 import { createRequire } from 'node:module';
 import path from 'node:path';
@@ -12,12 +13,14 @@ const require = createRequire(path.join(process.env.DTP_NPM_PREFIX, 'node_module
 const OpenAI = require('openai');
 const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0 });
 const clients = Number(clientsArg), perClient = Number(perClientArg);
-const prompts = ['The ', 'A man walks into', 'Q: What is', 'You will', 'Never', 'It is'];
+const text = 'In the beginning the serving engine had one queue, and every request waited for the one before it. ' +
+             'Then the batch grew, and requests joined and left it at every token, each with its own blocks. ';
 const model = (await client.models.list()).data[0].id;
 
 async function one(i) {
   const t0 = performance.now();
-  const stream = await client.completions.create({ model, prompt: prompts[i % prompts.length], max_tokens: 8 + (i * 7) % 17,
+  const prompt = text.slice(i % 11, i % 11 + 1 + (i * 37) % 180);
+  const stream = await client.completions.create({ model, prompt, max_tokens: 8 + (i * 7) % 57,
                                                    temperature: 0, stream: true, stream_options: { include_usage: true } });
   let first = null, last = null, tokens = 0;
   const gaps = [];
