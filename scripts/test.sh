@@ -17,7 +17,15 @@ command -v npm >/dev/null || node_packages+=" npm"
 if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && ! command -v chromium >/dev/null; then
   node_packages+=" chromium"
 fi
-DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES:-}$node_packages" scripts/setup.sh
+# tests/multihost (root): ip and tc (iproute2), and the launchers it runs
+# across simulated hosts: Open MPI's mpirun, Slurm (slurmctld, slurmd, srun;
+# nothing is started at install without systemd, the test starts its own),
+# Debian's torchrun (python3-torch; 1.13 on Debian 12).
+multihost_packages=" iproute2 openmpi-bin slurm-wlm"
+if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && ! command -v torchrun >/dev/null; then
+  multihost_packages+=" python3-torch"
+fi
+DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES:-}$node_packages$multihost_packages" scripts/setup.sh
 cd "${DTP_BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 600
 echo "test.sh: build and tests took $(( $(date +%s) - start )) s"
