@@ -17,6 +17,7 @@
 #include "dtp/models/moe.h"
 #include "dtp/models/parallelize.h"
 
+#include <map>
 #include <mutex>
 
 using namespace dtp;
@@ -346,6 +347,64 @@ TEST(MoETest, LoadBalancingLossIsHfsFormula) {
   EXPECT_NEAR(moe_load_balancing_loss(model).item<double>(), 0.5 * 4 * want, 1e-15);
 }
 
+// The load-balancing loss's gradient reaches the routers through the MoE
+// outputs (NOTE: [Load-balancing loss gradient]): it equals autograd's
+// gradient of HF's formula written here on the layers' probabilities, with
+// and without activation checkpointing (whose first pass keeps no graph);
+// a loss without the term gives the routers nothing of it.
+TEST(MoETest, LoadBalancingLossGradientEqualsAutogradOfTheFormulaAlsoUnderCheckpointing) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.moe = moeConfig(4, 2, true);
+  c.moe.aux_loss_coef = 0.3;
+  const at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0);
+  const at::Tensor in = batch.narrow(1, 0, dtp::test::kSeq), target = batch.narrow(1, 1, dtp::test::kSeq);
+  auto grads = [&](Llama& m) {
+    std::map<std::string, at::Tensor> out;
+    for (auto& p : m->named_parameters()) out[p.key()] = p.value().grad().clone();
+    return out;
+  };
+  auto formula = [&](Llama& m) {
+    std::vector<at::Tensor> probs, masks;
+    for (const auto& layer : *m->layers) {
+      auto& moe = layer->as<TransformerBlockImpl>()->moe;
+      probs.push_back(moe->router_probs);
+      masks.push_back(at::one_hot(moe->selected, 4).to(at::kDouble));
+    }
+    const at::Tensor p = at::cat(probs), routed = at::cat(masks).sum(0);  // [top_k, E]
+    const double n = static_cast<double>(p.size(0));
+    return 0.3 * 4 * ((routed / n) * (p.sum(0) / n).unsqueeze(0)).sum();
+  };
+  Llama a(c);
+  at::Tensor la = llama_loss(a(in), target);
+  (la + formula(a)).backward();
+  const auto want = grads(a);
+  for (const char* mode : {"none", "full", "selective"}) {
+    SCOPED_TRACE(mode);
+    Llama b(c);
+    if (std::string(mode) != "none")
+      apply_ac(b, ACOptions{std::string(mode) == "full" ? ACMode::Full : ACMode::Selective, 1});
+    at::Tensor lb = llama_loss(b(in), target);
+    const at::Tensor aux = moe_load_balancing_loss(b);
+    EXPECT_NEAR(aux.item<double>(), formula(a).item<double>(), 1e-15);
+    (lb + aux).backward();
+    const auto got = grads(b);
+    for (const auto& [name, g] : want)
+      EXPECT_LE((got.at(name) - g).abs().max().item<double>(), 1e-15 * (1 + g.abs().max().item<double>())) << name;
+  }
+  // The loss computed (for a log) but left out of backward: the routers get
+  // the language-model loss's gradient only.
+  Llama d(c), e(c);
+  llama_loss(d(in), target).backward();
+  at::Tensor le = llama_loss(e(in), target);
+  (void)moe_load_balancing_loss(e);
+  le.backward();
+  const auto only = grads(d), left_out = grads(e);
+  for (const auto& [name, g] : only) EXPECT_TRUE(at::equal(left_out.at(name), g)) << name;
+  EXPECT_FALSE(at::equal(only.at("layers.0.moe.gate.weight"), want.at("layers.0.moe.gate.weight")))
+      << "the aux term must change the router's gradient, or this test checks nothing";
+}
+
 class MoECheckpointTest : public dtp::test::TempDirTest {};
 
 // A MoE model saved with its experts spread over ep 2 (each rank writes its
@@ -406,6 +465,16 @@ TEST(MoETest, BadInputIsANamedError) {
   run_ranks(2, [&](int) {
     Llama model(dense);
     expect_error([&] { apply_expert_parallel(model, init_device_mesh("cpu", {2}, {"ep"})); }, {"no MoE layers"});
+  });
+  // parallelize_llama with "ep": (dp, ep[, tp]) in this order, dp present.
+  LlamaConfig moe = dtp::test::small_llama_config(2);
+  moe.moe = moeConfig(4, 2, true);
+  run_ranks(4, [&](int) {
+    for (const auto& names : {std::vector<std::string>{"ep", "dp"}, std::vector<std::string>{"ep", "tp"}}) {
+      Llama model(moe);
+      expect_error([&] { parallelize_llama(model, init_device_mesh("cpu", {2, 2}, names)); },
+                   {"parallelize_llama", "(\"dp\", \"ep\", \"tp\") or (\"dp\", \"ep\"), in this order"});
+    }
   });
 }
 

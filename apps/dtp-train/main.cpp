@@ -43,7 +43,7 @@ using namespace dtp::models;
 struct Options {
   std::string data = apps::kDefaultCorpus;
   apps::ModelFlags model;
-  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0, pp = 1, warmup = 0, ac_every = 1;
+  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0, pp = 1, ep = 1, warmup = 0, ac_every = 1;
   int microbatches = 0;
   std::string pipeline_schedule = "1f1b";
   double lr = 3e-3, dropout = 0.0, clip = 0.0;
@@ -505,6 +505,9 @@ int main(int argc, char** argv) {
   app.add_option("--tp", o.tp, "Tensor-parallel degree [default: WORLD_SIZE / dp]")->check(dtp::apps::kPositive);
   app.add_option("--dp", o.dp, "Data-parallel degree [default: WORLD_SIZE / (pp * tp)]; pp * dp * tp = WORLD_SIZE")
       ->check(dtp::apps::kPositive);
+  app.add_option("--ep", o.ep, "Expert-parallel degree (--experts): each MoE layer's experts spread over ep "
+                 "ranks, borrowed from data parallelism (dp x ep ranks train on slices of the batch); pp * dp * ep * "
+                 "tp = WORLD_SIZE")->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline-parallel degree: the layers cut into pp stages, each rank allocating its "
                  "stage only")->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--microbatches", o.microbatches, "Microbatches per step under --pp [default: pp]")
@@ -582,11 +585,18 @@ int main(int argc, char** argv) {
         o.saved_config = saved.config;
       }
     }
-    const int64_t pp = o.pp, tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp) : W / pp,
-                  dp = o.dp > 0 ? o.dp : W / (pp * tp);
-    TORCH_CHECK(pp * dp * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp, " x --tp ", tp, " = ",
-                pp * dp * tp, " ranks, but WORLD_SIZE=", W, ". Choose degrees whose product is the number of ranks "
-                "(dtprun -n ", pp * dp * tp, ").");
+    const int64_t pp = o.pp, ep = o.ep, tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp * ep) : W / (pp * ep),
+                  dp = o.dp > 0 ? o.dp : W / (pp * ep * tp);
+    TORCH_CHECK(pp * dp * ep * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp,
+                ep > 1 ? c10::str(" x --ep ", ep) : "", " x --tp ", tp, " = ", pp * dp * ep * tp, " ranks, but "
+                "WORLD_SIZE=", W, ". Choose degrees whose product is the number of ranks (dtprun -n ",
+                pp * dp * ep * tp, ").");
+    TORCH_CHECK(ep == 1 || o.model.experts > 0, "--ep ", ep, " spreads the experts of MoE layers; the model has none. "
+                "Add --experts N (a multiple of ", ep, "), or drop --ep.");
+    TORCH_CHECK(ep == 1 || pp == 1, "--ep with --pp: expert parallelism inside pipeline stages is NYI. Train with "
+                "--ep or with --pp.");
+    TORCH_CHECK(ep == 1 || o.batch % (dp * ep) == 0, "--batch ", o.batch, " is not divisible by --dp ", dp, " x --ep ",
+                ep, ": each of the dp x ep ranks trains batch/(dp x ep) sequences. Use a multiple of ", dp * ep, ".");
     TORCH_CHECK(pp == 1 || o.model.experts == 0 || o.model.aux_loss_coef == 0, "--pp with --experts: the MoE "
                 "load-balancing loss is NYI in pipelines. Pass --aux-loss-coef 0, or train without --pp.");
     TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
@@ -599,7 +609,7 @@ int main(int argc, char** argv) {
                 "microbatches.");
     TORCH_CHECK(o.batch % dp == 0, "--batch ", o.batch, " is not divisible by --dp ", dp,
                 ": each data-parallel rank trains batch/dp sequences. Use a multiple of ", dp, ".");
-    const MemoryEstimate need = estimateMemory(o, dp, tp);
+    const MemoryEstimate need = estimateMemory(o, dp * ep, tp);
     const double have = availableBytesPerRank(world.size());
     // On a GPU the step lives in GPU memory, which CUDA's allocator guards (an out-of-memory error).
     TORCH_CHECK(o.device != "cpu" || need.total() <= have, "this configuration needs at least ", gib(need.total()),
@@ -617,8 +627,9 @@ int main(int argc, char** argv) {
     const at::Tensor corpus = apps::load_corpus(o.data, tokenizer.get());
     TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
                 "drop --dtype ", o.model.dtype, ".");
-    const bool fsdp = (dp > 1 && !o.ddp) || !o.mp.empty();
+    const bool fsdp = (dp * ep > 1 && !o.ddp) || !o.mp.empty();
     DeviceMesh mesh = pp > 1               ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
+                      : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})
                       : dp > 1 || fsdp     ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
                                            : init_device_mesh(o.device, {tp}, {"tp"});
     LlamaConfig config = configOf(o);
@@ -627,7 +638,7 @@ int main(int argc, char** argv) {
     Llama model(config);
     if (world.rank() == 0)
       std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f M tokens (%s)%s%s\n",
-                  mesh.str().c_str(), fsdp ? (o.mp.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp > 1 ? " DDP" : "", static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
+                  mesh.str().c_str(), fsdp ? (o.mp.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp * ep > 1 ? " DDP" : "", static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
                   static_cast<long long>(config.n_heads), static_cast<long long>(config.n_kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
@@ -646,7 +657,7 @@ int main(int argc, char** argv) {
         std::printf("dtp-train: pipeline of %lld stages, %s schedule, %d microbatches per step (TP inside stages "
                     "without sequence parallelism)\n%s", static_cast<long long>(pp), o.pipeline_schedule.c_str(),
                     pipe->pipeline->schedule().microbatches(), pipe->pipeline->schedule().str().c_str());
-    } else if (tp > 1 || dp > 1 || fsdp) {
+    } else if (tp > 1 || dp * ep > 1 || fsdp) {
       parallelize_llama(model, mesh, parallel);
     } else if (parallel.ac) {
       apply_ac(model, *parallel.ac);
@@ -668,7 +679,8 @@ int main(int argc, char** argv) {
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, pipe ? &*pipe : nullptr, o, corpus, /*log=*/true, world,
-                    dp > 1 ? mesh.get_group("dp") : ProcessGroup(), pp > 1 ? mesh.get_group("pp") : ProcessGroup());
+                    ep > 1 ? data_parallel_group(mesh) : dp > 1 ? mesh.get_group("dp") : ProcessGroup(),
+                    pp > 1 ? mesh.get_group("pp") : ProcessGroup());
     if (o.check_parity && world.rank() == 0) return checkParity(o, corpus, run);
   } catch (const c10::Error& e) {
     std::cerr << "dtp-train: " << e.what_without_backtrace() << "\n";  // a user error: no C++ backtrace

@@ -4,9 +4,22 @@
 #include "dtp/tp/parallelize.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 
 namespace dtp::models {
 namespace {
+
+// The loss's own node: its backward hands the gradient it receives to every
+// layer (NOTE: [Load-balancing loss gradient]).
+struct LoadBalancingLossBackward : torch::autograd::Node {
+  std::vector<std::shared_ptr<AuxLossGrad>> layers;
+  std::string name() const override { return "dtp::MoELoadBalancingLossBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    for (auto& g : layers) g->upstream = grads[0].defined() ? grads[0].detach() : at::Tensor();
+    return {};
+  }
+};
 
 std::vector<MoEImpl*> moeLayers(Llama& model) {
   std::vector<MoEImpl*> out;
@@ -30,6 +43,20 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
   parallelize_module(*model, ep, {{"layers.*.moe", ExpertParallel()}});  // distribute_experts checks E % ep
 }
 
+// NOTE: [Load-balancing loss gradient] The loss is
+//   L = coef * scale * E * sum_e routed[e] / n * (sum over layers and tokens of probs[t, e]) / n
+// with `routed` (slots per expert, over the top-k, the layers and the dp
+// ranks) and n constants of the routing. So dL/dprobs[t, e] is
+// coef * scale * E * routed[e] / n^2 for every layer and token: `per_prob`.
+// Under activation checkpointing the first pass ran without grad, so the
+// probabilities it kept have no graph; the recomputation in backward makes
+// new ones. The gradient therefore enters where the recomputed graph is:
+// every MoE output is output + z, z a zero whose backward node gives the
+// layer's probabilities per_prob times the loss's own gradient (as
+// Megatron's MoEAuxLossAutoScaler), which the loss's node hands to the
+// layers when backward starts (it is created last, so the engine runs it
+// before any layer's). The same path serves runs without checkpointing.
+// A backward of a loss without this term gives the routers nothing of it.
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel) {
   const auto layers = moeLayers(model);
   const LlamaConfig& c = model->config;
@@ -38,7 +65,7 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
   for (MoEImpl* moe : layers) {
     TORCH_CHECK(moe->router_probs.defined(), "moe_load_balancing_loss: no forward has run yet. Call it after the "
                 "model's forward, before backward.");
-    probs.push_back(moe->router_probs);
+    probs.push_back(moe->router_probs.detach());  // the gradient takes the path above
     masks.push_back(at::one_hot(moe->selected, c.moe.num_experts).to(moe->router_probs.scalar_type()));
   }
   // HF's load_balancing_loss_func on the layers' logits concatenated:
@@ -56,6 +83,17 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
   const at::Tensor n = tokens.reshape({});
   const at::Tensor loss = ((routed / n) * (prob_sums / n).unsqueeze(0)).sum() * c.moe.num_experts;
   at::Tensor out = (loss * (c.moe.aux_loss_coef * scale)).to(c.dtype);
+  const at::Tensor per_prob = routed.sum(0) / (n * n) * (c.moe.num_experts * c.moe.aux_loss_coef * scale);
+  auto node = std::make_shared<LoadBalancingLossBackward>();
+  for (MoEImpl* moe : layers) {
+    moe->aux_grad->per_prob = per_prob.to(moe->router_probs.scalar_type());
+    moe->aux_grad->upstream = at::Tensor();
+    node->layers.push_back(moe->aux_grad);
+  }
+  if (at::GradMode::is_enabled()) {
+    out = out.detach().clone();
+    torch::autograd::set_history(out, node);
+  }
   // Under TP every tp rank routed the same tokens with a replicated router:
   // the loss is replicated, to be added to loss_parallel's.
   if (const auto& mesh = layers[0]->input_mesh)

@@ -2,14 +2,39 @@
 // the token dispatch of expert parallelism.
 #include "dtp/models/moe.h"
 
+#include "dtp/ac/activation_checkpoint.h"
 #include "dtp/dtensor.h"
 #include "dtp/ep/all_to_all.h"
 #include "dtp/module_utils.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 
 namespace dtp::models {
 namespace {
+
+// A zero whose backward gives the router probabilities the load-balancing
+// loss's gradient (NOTE: [Load-balancing loss gradient]).
+struct AuxLossGradBackward : torch::autograd::Node {
+  std::shared_ptr<AuxLossGrad> grad;
+  std::vector<int64_t> probs_shape;
+  std::string name() const override { return "dtp::MoEAuxLossGradBackward"; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& /*grads*/) override {
+    if (!grad->per_prob.defined() || !grad->upstream.defined()) return {at::Tensor()};
+    return {(grad->per_prob * grad->upstream.to(grad->per_prob.scalar_type())).expand(probs_shape).contiguous()};
+  }
+};
+
+at::Tensor auxLossGradEntry(const at::Tensor& probs, const std::shared_ptr<AuxLossGrad>& grad, const at::Tensor& like) {
+  auto node = std::make_shared<AuxLossGradBackward>();
+  node->grad = grad;
+  node->probs_shape = probs.sizes().vec();
+  node->set_next_edges(torch::autograd::collect_next_edges(probs));
+  at::Tensor zero = at::zeros({}, like.options());
+  torch::autograd::set_history(zero, node);
+  return zero;
+}
 
 std::vector<int64_t> toVector(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kLong).contiguous().cpu();
@@ -161,6 +186,9 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   }
   const at::Tensor w = weights.flatten().index_select(0, order).unsqueeze(1);
   at::Tensor result = at::zeros_like(flat).index_add(0, token, y * w).view(x.sizes());
+  if (!in_checkpoint_recompute()) aux_grad = std::make_shared<AuxLossGrad>();
+  if (at::GradMode::is_enabled() && router_probs.requires_grad())
+    result = result + auxLossGradEntry(router_probs, aux_grad, result);
   if (tp_mesh) result = from_local(result, *tp_mesh, placements(input), /*run_check=*/false);
   return result;
 }

@@ -7,6 +7,7 @@
 #include "dtp/nn/modules.h"
 #include "dtp/tp/style.h"
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -38,6 +39,13 @@ class GroupedExpertsImpl : public torch::nn::Module {
 };
 DTP_MODULE(GroupedExperts);
 
+// The load-balancing loss's gradient for one layer's router probabilities
+// (NOTE: [Load-balancing loss gradient] in src/models/llama_ep.cpp).
+struct AuxLossGrad {
+  at::Tensor per_prob;  // [E]: d loss / d probs[t, e], the same for every token t
+  at::Tensor upstream;  // the loss's gradient, set by its backward (undefined: not in this backward)
+};
+
 // Each token goes to its top_k experts and comes back as their outputs
 // weighted by its routing weights; every routed token is computed (no
 // capacity, nothing dropped).
@@ -59,6 +67,8 @@ class MoEImpl : public torch::nn::Module {
   // mesh the input was replicated over (TP), if any.
   at::Tensor router_probs, selected;
   std::optional<DeviceMesh> input_mesh;
+  // The last forward's (a checkpoint's recomputation keeps the first pass's).
+  std::shared_ptr<AuxLossGrad> aux_grad = std::make_shared<AuxLossGrad>();
 };
 DTP_MODULE(MoE);
 
