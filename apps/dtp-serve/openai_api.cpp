@@ -389,8 +389,9 @@ std::string metricsText(const Metrics& m) {
   counter("dtp_serve_kv_blocks_used", "Paged KV cache blocks held by sequences.", m.kv_blocks_used, "gauge");
   counter("dtp_serve_kv_blocks_total", "Paged KV cache blocks.", m.kv_blocks_total, "gauge");
   counter("dtp_serve_kv_block_size_tokens", "Tokens per KV block.", m.kv_block_size, "gauge");
-  counter("dtp_serve_time_to_first_token_seconds_sum", "Sum of the times to first token.", m.ttft_sum_s);
-  counter("dtp_serve_time_to_first_token_seconds_count", "Requests with a first token.", m.ttft_count);
+  o << m.ttft.text("dtp_serve_time_to_first_token_seconds", "From a request's arrival to its first token.")
+    << m.itl.text("dtp_serve_inter_token_latency_seconds", "Between a request's consecutive tokens (a step, or a "
+                  "preemption's wait).");
   return o.str();
 }
 

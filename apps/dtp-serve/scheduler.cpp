@@ -201,11 +201,14 @@ void Scheduler::pushToken(Request& r, int64_t token) {
   }
   std::lock_guard<std::mutex> lk(r.m);
   r.generated.push_back(token);
+  const Clock::time_point now = Clock::now();
   if (!r.first_token) {
-    r.first_token = Clock::now();
-    metrics_.ttft_sum_s += std::chrono::duration<double>(*r.first_token - r.arrived).count();
-    ++metrics_.ttft_count;
+    r.first_token = now;
+    metrics_.ttft.observe(std::chrono::duration<double>(now - r.arrived).count());
+  } else {
+    metrics_.itl.observe(std::chrono::duration<double>(now - r.last_token).count());
   }
+  r.last_token = now;
   ++metrics_.generation_tokens;
   std::string reason;
   if (stop_token || r.text.stopped()) {

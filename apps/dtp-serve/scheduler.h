@@ -4,6 +4,7 @@
 #pragma once
 
 #include "engine.h"
+#include "histogram.h"
 #include "text_stream.h"
 
 #include "dtp/models/tokenizer.h"
@@ -48,6 +49,7 @@ struct Request {
   std::string error_message;
   std::string final_text;
   std::optional<Clock::time_point> first_token;
+  Clock::time_point last_token;
   std::atomic<bool> cancelled{false};  // the client went away
 
   // The scheduler's alone.
@@ -59,8 +61,8 @@ struct Metrics {
   int64_t prompt_tokens = 0, generation_tokens = 0, steps = 0;
   int64_t waiting = 0, running = 0, cancelled = 0, preemptions = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0, kv_block_size = 0;
-  double ttft_sum_s = 0;
-  int64_t ttft_count = 0;
+  Histogram ttft;  // arrival to first token
+  Histogram itl;   // between a request's consecutive tokens
 };
 
 class Scheduler {

@@ -83,6 +83,20 @@ check(same(together[12].choices[0].token_ids, seededAlone.choices[0].token_ids),
 const m1 = await idle(10);
 check(m1.preemptions > m0.preemptions, `no sequence was preempted (${m1.preemptions} preemptions): the pool of ${m1.total} blocks should be too small for 13 requests`);
 check(m1.used === 0 && m1.running === 0, `after the batch: ${m1.used} of ${m1.total} KV blocks still held, ${m1.running} running`);
+// The latency histograms: cumulative buckets ending in their count, and one
+// observation per token: the first of each request in TTFT, the others in ITL.
+{
+  const text = await (await fetch(metricsURL)).text();
+  const value = (line) => Number(text.match(new RegExp(`^${line.replace(/[{}+"]/g, (c) => '\\' + c)} (\\S+)$`, 'm'))[1]);
+  const buckets = (name) => [...text.matchAll(new RegExp(`^${name}_bucket\\{le="([^"]+)"\\} (\\S+)$`, 'gm'))].map((x) => Number(x[2]));
+  for (const name of ['dtp_serve_time_to_first_token_seconds', 'dtp_serve_inter_token_latency_seconds']) {
+    const b = buckets(name);
+    check(b.length === 13 && b.every((x, i) => i === 0 || x >= b[i - 1]) && b[12] === value(`${name}_count`),
+          `${name}: buckets ${JSON.stringify(b)}, count ${value(`${name}_count`)}: expected 13 cumulative buckets ending in the count`);
+  }
+  const ttft = value('dtp_serve_time_to_first_token_seconds_count'), itl = value('dtp_serve_inter_token_latency_seconds_count');
+  check(ttft + itl === m1.tokens, `latency histograms: ${ttft} first tokens + ${itl} later tokens, expected ${m1.tokens} tokens in all`);
+}
 console.log(`serve_paged_test.mjs: 13 concurrent requests equal generate's / alone through ${m1.preemptions - m0.preemptions} preemptions, pool of ${m1.total} blocks`);
 
 // 2. A client that goes away mid-stream.
