@@ -69,15 +69,23 @@ inline InferenceSetup resolve_inference(CLI::App& app, ModelFlags& flags, const 
   return s;
 }
 
-// The model of `s` on a ("tp") mesh of every rank, parallelized for
-// inference, with the --hf folder's or the checkpoint's weights, in eval mode.
-// Collective.
+// The model of `s` on a ("tp") mesh of every rank, or with `ep` > 1 an
+// ("ep", "tp") mesh: the MoE layers' experts spread over ep (every rank runs
+// the same tokens; each expert computes on its owner), the rest TP over tp.
+// Parallelized for inference, with the --hf folder's or the checkpoint's
+// weights (each rank reading its shards), in eval mode. Collective.
 inline models::Llama load_inference_model(InferenceSetup& s, const std::string& hf, const std::string& device,
-                                          int world_size) {
-  DeviceMesh mesh = init_device_mesh(device, {world_size}, {"tp"});
+                                          int world_size, int64_t ep = 1) {
+  TORCH_CHECK(ep == 1 || s.config.moe.num_experts > 0, "--ep ", ep, ": the model has no mixture-of-experts layers "
+              "to spread. Drop --ep.");
+  TORCH_CHECK(world_size % ep == 0, "--ep ", ep, " does not divide the ", world_size, " ranks: the ranks form an "
+              "(ep, tp) mesh with tp = ranks / ep. Run a multiple of ", ep, " ranks.");
+  const int64_t tp = world_size / ep;
+  DeviceMesh mesh = ep > 1 ? init_device_mesh(device, {ep, tp}, {"ep", "tp"}) : init_device_mesh(device, {tp}, {"tp"});
   s.config.device = mesh.device();
   models::Llama model(s.config);
-  if (world_size > 1) models::apply_tensor_parallel_for_inference(model, mesh);
+  if (ep > 1) models::apply_expert_parallel(model, mesh["ep"]);
+  if (tp > 1) models::apply_tensor_parallel_for_inference(model, mesh["tp"]);
   if (!hf.empty()) {
     models::load_hf_weights(model, hf);
   } else if (std::filesystem::is_regular_file(s.checkpoint)) {

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   std::string checkpoint, hf, tokenizer_path, prompt_file, chat, system, chat_date, device = "cpu";
   bool no_think = false;
   std::vector<std::string> prompts;
-  int64_t tokens = 200, context = 0, top_k = 0;
+  int64_t tokens = 200, context = 0, top_k = 0, ep = 1;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   CLI::App app{"dtp-generate: sample text from a dtp-train checkpoint or a Hugging Face Llama with tensor parallelism"};
@@ -69,6 +69,9 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", top_k, "Sample among the k most likely tokens (0: all)")->check(dtp::apps::kNonNegative);
   app.add_option("--top-p", top_p, "Sample among the most likely tokens holding this mass")->check(CLI::Range(1e-9, 1.0));
   app.add_option("--seed", seed, "Sampling seed (the same on every rank)");
+  app.add_option("--ep", ep, "Expert-parallel degree for MoE models: ranks form an (ep, tp) mesh, each MoE layer's "
+                 "experts spread over ep, the rest tensor parallel over tp = ranks / ep")
+      ->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--device", device, "cpu, or cuda: each rank on GPU LOCAL_RANK (untested on a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -116,7 +119,7 @@ int main(int argc, char** argv) {
                   << tokenizer->encode(prompts[0], /*add_bos=*/false).size() << " tokens, stops at [" << stops << "]\n";
       }
     }
-    Llama model = apps::load_inference_model(setup, hf, device, world.size());
+    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
     std::vector<std::vector<int64_t>> ids;
     // A chat prompt holds its BOS already (the template writes bos_token).
     for (const auto& p : prompts) ids.push_back(tokenizer->encode(p, /*add_bos=*/chat.empty()));
@@ -148,9 +151,9 @@ int main(int argc, char** argv) {
       for (double m : ms) total += m;
       int64_t generated = 0;
       for (const auto& s : out) generated += static_cast<int64_t>(s.size());
-      std::printf("dtp-generate: %zu prompt(s), TP=%d: prefill %.1f ms, decode %.2f ms/token p50, %.2f p90, "
+      std::printf("dtp-generate: %zu prompt(s), %s: prefill %.1f ms, decode %.2f ms/token p50, %.2f p90, "
                   "%.0f tokens/s, %.1f collectives/token\n",
-                  ids.size(), world.size(), stats.prefill_ms, pct(0.5), pct(0.9),
+                  ids.size(), ep > 1 ? c10::str("EP=", ep, " x TP=", world.size() / ep).c_str() : c10::str("TP=", world.size()).c_str(), stats.prefill_ms, pct(0.5), pct(0.9),
                   total > 0 ? 1000.0 * (generated - static_cast<int64_t>(out.size())) / total : 0.0,
                   ms.empty() ? 0.0 : static_cast<double>(stats.decode_collectives) / ms.size());
     }
