@@ -405,6 +405,28 @@ TEST(MoETest, LoadBalancingLossGradientEqualsAutogradOfTheFormulaAlsoUnderCheckp
       << "the aux term must change the router's gradient, or this test checks nothing";
 }
 
+// CommDebugMode files expert parallelism's collectives under each MoE
+// layer: forward one all_gather (the counts) and two all_to_alls (dispatch,
+// combine), backward the two all_to_alls again; nothing elsewhere.
+TEST(MoETest, CommDebugModeCountsTheAllToAllsPerMoELayer) {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  c.moe = moeConfig(4, 2, true);
+  run_ranks(2, [&](int r) {
+    Llama model(c);
+    apply_expert_parallel(model, init_device_mesh("cpu", {2}, {"ep"}));
+    const at::Tensor batch = dtp::test::llama_batch(c.vocab_size, r);  // each rank its own tokens
+    CommDebugMode comm;
+    llama_loss(model(batch.narrow(1, 0, dtp::test::kSeq)), batch.narrow(1, 1, dtp::test::kSeq)).backward();
+    using Counts = std::map<std::string, std::map<std::string, int64_t>>;
+    const Counts forward{{"layers.0.moe", {{"all_gather", 1}, {"all_to_all", 2}}},
+                         {"layers.1.moe", {{"all_gather", 1}, {"all_to_all", 2}}}};
+    const Counts backward{{"layers.0.moe", {{"all_to_all", 2}}}, {"layers.1.moe", {{"all_to_all", 2}}}};
+    EXPECT_EQ(comm.per_module(Pass::Forward), forward) << comm.tracing_table();
+    EXPECT_EQ(comm.per_module(Pass::Backward), backward) << comm.tracing_table();
+  });
+}
+
 class MoECheckpointTest : public dtp::test::TempDirTest {};
 
 // A MoE model saved with its experts spread over ep 2 (each rank writes its

@@ -217,6 +217,8 @@ void ExpertParallel::apply(torch::nn::Module& module, const std::string& fqn, co
   TORCH_CHECK(moe != nullptr, "ExpertParallel: expected a MoE module at '", fqn, "', got ", module.name(),
               ". Point the plan entry at the mixture-of-experts modules (e.g. \"layers.*.moe\").");
   distribute_experts(*moe, mesh);
+  // CommDebugMode files the dispatch's collectives under the layer.
+  if (auto* host = dynamic_cast<nn::HookHost*>(&module)) host->fqn = fqn;
 }
 
 }  // namespace dtp::models
