@@ -62,7 +62,7 @@ class TwoLevel {
   // Waits for a leaders' Gloo call issued under gloo_issue_mutex().
   template <class Call>
   void onLeaders(Call&& call);
-  // Local broadcast from local rank 0 of `flat` (any size: slot-sized pieces).
+  // Within this host, from local rank `root`: `flat` of any size, in slot-sized pieces.
   void localBroadcast(at::Tensor& flat, int root);
 
   std::shared_ptr<ShmGroup> local_;                  // this host's members, in group-rank order; null for one
