@@ -2,9 +2,12 @@
 //   dtprun -n 2 dtp-serve --hf Qwen2.5-0.5B-Instruct --port 8000
 //   curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "The capital of France is", "max_tokens": 8}'
 // Rank 0 serves HTTP (127.0.0.1 unless --host says otherwise) and plans each
-// step; every rank runs it (NOTE: [Serving step] in engine.h). SIGINT or
-// SIGTERM: queued requests get 503, running ones finish (up to
-// --shutdown-grace-s), then every rank exits 0.
+// step; every rank runs it (NOTE: [Serving step] in engine.h) on a paged KV
+// cache (--block-size, --kv-cache-mib per rank), prefilling long prompts in
+// --prefill-chunk pieces. SIGINT or SIGTERM: queued requests get 503,
+// running ones finish (up to --shutdown-grace-s), then every rank exits 0.
+// A rank that dies: open requests get 503 naming it, then a non-zero exit
+// (NOTE: [A dead rank] in rank_watch.h).
 #include "../common/checkpoint_flags.h"
 #include "../common/inference_setup.h"
 #include "../common/model_flags.h"

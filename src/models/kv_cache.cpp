@@ -103,7 +103,7 @@ void KVCache::begin(const std::vector<int64_t>& valid, int64_t seq) {
       TORCH_CHECK(lengths_[b] + valid[b] <= room, "KVCache: sequence ", b, " would reach ", lengths_[b] + valid[b],
                   " tokens (", lengths_[b], " cached + ", valid[b], " in this call), but its ", tables_[b].size(),
                   " blocks hold ", room, ". Give it more blocks in set_batch.");
-      step_.keys = std::max(step_.keys, lengths_[b] + seq);
+      step_.keys = std::max(step_.keys, lengths_[b] + valid[b]);  // See NOTE: [Paged padding].
       continue;
     }
     TORCH_CHECK(lengths_[b] + seq <= max_seq_, "KVCache: sequence ", b, " would reach ", lengths_[b] + seq,
@@ -114,7 +114,17 @@ void KVCache::begin(const std::vector<int64_t>& valid, int64_t seq) {
   }
   at::Tensor start = at::tensor(lengths_, at::kLong).view({batch, 1});
   step_.positions = start + at::arange(seq, at::kLong).view({1, seq});
-  if (is_paged()) pagedSlots(valid, seq);
+  if (is_paged()) {
+    // NOTE: [Paged padding] A paged call batches sequences at any lengths
+    // (a prompt's next chunk beside another's first), so its right padding
+    // could run past the model's positions: 200 cached + 50 valid beside a
+    // 64-token chunk would pad to position 263 of a 256-position model.
+    // Padding is never cached and its outputs are dropped, so it takes its
+    // sequence's last valid position, and keys = max(lengths[b] + valid[b]).
+    const at::Tensor last = at::tensor(valid, at::kLong).view({batch, 1}) - 1;
+    step_.positions = start + at::minimum(at::arange(seq, at::kLong).view({1, seq}), last);
+    pagedSlots(valid, seq);
+  }
 }
 
 // See NOTE: [Paged KV cache].

@@ -3,7 +3,8 @@
 // the same prefill and greedy decode give the same logits, whether the
 // prompts are prefilled at once or in chunks of a few tokens (sequences in
 // and out of the batch between calls, as dtp-serve runs them), with blocks
-// scattered over the pool; at TP 2 too. Bad tables are named errors.
+// scattered over the pool; at TP 2 too; padding beside a longer chunk stays
+// within the model's positions. Bad tables are named errors.
 #include "dist.h"
 
 #include "dtp/dtensor.h"
@@ -170,6 +171,31 @@ TEST(PagedKVCacheTest, EqualsTheContiguousCacheAtTp2) {
     EXPECT_LE(vs_one, 1e-12) << "rank " << rank << ": paged at TP 2 vs contiguous on one device";
     if (rank == 0) std::printf("TP 2, float64: paged vs contiguous max |diff| %.3g, vs one device %.3g\n", same_tp, vs_one);
   });
+}
+
+// A chunk near the end of the model's positions beside a longer chunk: the
+// padding stays within the positions (NOTE: [Paged padding]) and the short
+// sequence's logits equal its call alone.
+TEST(PagedKVCacheTest, PaddingNeverRunsPastTheModelsPositions) {
+  Llama model(config());  // max_seq_len 32
+  model->eval();
+  at::NoGradGuard no_grad;
+  KVCache cache = KVCache::paged(24, 4);
+  std::vector<int64_t> a(28), b(10);
+  for (int64_t i = 0; i < 28; ++i) a[i] = (i * 7) % 67;
+  for (int64_t i = 0; i < 10; ++i) b[i] = (i * 5 + 1) % 67;
+  const std::vector<int64_t> a_blocks = {0, 1, 2, 3, 4, 5, 6, 7}, b_blocks = {8, 9, 10};
+  cache.set_batch({a_blocks}, {0});
+  model->forward(at::tensor(a, at::kLong).view({1, 28}), cache, {28});  // sequence a: 28 cached
+  const at::Tensor tail = at::tensor({11, 12, 13}, at::kLong);
+  cache.set_batch({a_blocks}, {28});
+  const at::Tensor alone = plain(model->forward(tail.view({1, 3}), cache, {3}))[0][0];  // positions 28..30
+  at::Tensor both = at::zeros({2, 10}, at::kLong);
+  both[0].narrow(0, 0, 3).copy_(tail);
+  both[1].copy_(at::tensor(b, at::kLong));
+  cache.set_batch({a_blocks, b_blocks}, {28, 0});  // a's padding would reach position 37 of 32
+  const at::Tensor batched = plain(model->forward(both, cache, {3, 10}))[0][0];
+  EXPECT_LE((batched - alone).abs().max().item<double>(), 1e-12) << "a chunk beside a longer one vs alone";
 }
 
 TEST(PagedKVCacheTest, BadTablesAreNamedErrors) {

@@ -20,7 +20,8 @@
 # - --soak: 1000 requests (serve_soak.mjs): every KV block back at the end,
 #   the ranks' memory flat;
 # - --bench: the load test (serve_bench.mjs, 64 clients x 10 requests and
-#   one at a time) on a larger model; prints figures, asserts no timing.
+#   one at a time) on a larger model; prints figures, asserts no timing
+#   (DTP_SERVE_BENCH_FLAGS: other dtp-serve flags).
 # Skips (exit 0, "serve_test: SKIP") when npm cannot install `openai`.
 set -euo pipefail
 dtprun=$1 train=$2 serve=$3 reference=$4 chatml=$5
@@ -85,7 +86,9 @@ start() {
 export DTP_NPM_PREFIX="$cache"
 
 if [ "$mode" = --bench ]; then
-  start bench "$d/hf" --context 256 --max-batch 32 --prefill-chunk 256
+  # DTP_SERVE_BENCH_FLAGS: dtp-serve flags instead of "--prefill-chunk 256", e.g. "--prefill-chunk 32".
+  # shellcheck disable=SC2086
+  start bench "$d/hf" --context 256 --max-batch 32 ${DTP_SERVE_BENCH_FLAGS:---prefill-chunk 256}
   grep -o 'listening on.*' "$d/bench.log"
   node "$here/serve_bench.mjs" "http://127.0.0.1:$bench_port/v1" 64 10 || fail "bench"
   echo "serve_test: ok"
