@@ -232,22 +232,46 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
           << want.second[i].first;
     }
   };
+  // Experts replicated over tp, or cut (shard_experts: ExpertTensorParallel,
+  // 12 hidden units as 6 + 6, or 4 + 4 + 4 at tp 3).
   for (bool sp : {true, false}) {
-    SCOPED_TRACE(sp ? "tp 2, sp" : "tp 2");
-    run_ranks(2, [&](int) {
-      Llama model(c);
-      apply_tensor_parallel(model, init_device_mesh("cpu", {2}, {"tp"}), TensorParallelOptions{sp, dtp::test::kSeq});
-      expectSame(train(model));
-    });
+    for (bool cut : {false, true}) {
+      for (int tp : {2, 3}) {
+        if (tp == 3 && (!cut || sp)) continue;
+        SCOPED_TRACE(c10::str("tp ", tp, sp ? ", sp" : "", cut ? ", experts cut" : ""));
+        LlamaConfig ct = c;
+        if (tp == 3) {  // heads divisible by 3
+          ct.dim = 36;
+          ct.n_heads = ct.n_kv_heads = 3;
+        }
+        Llama one3(ct);
+        const auto want3 = tp == 3 ? train(one3) : want;
+        run_ranks(tp, [&](int) {
+          Llama model(ct);
+          TensorParallelOptions o{sp, dtp::test::kSeq};
+          o.shard_experts = cut;
+          apply_tensor_parallel(model, init_device_mesh("cpu", {tp}, {"tp"}), o);
+          const auto& experts = model->layers[0]->as<TransformerBlockImpl>()->moe->experts;
+          EXPECT_EQ(placements(experts->w2), Placements{cut ? Shard(2) : Replicate()});
+          const auto got = train(model);
+          for (size_t i = 0; i < want3.first.size(); ++i) EXPECT_NEAR(got.first[i], want3.first[i], 1e-12) << "step " << i;
+          for (size_t i = 0; i < want3.second.size(); ++i)
+            EXPECT_LE((got.second[i].second - want3.second[i].second).abs().max().item<double>(), 3e-11)
+                << want3.second[i].first;
+        });
+      }
+    }
   }
   // Data parallel over a replicated batch (every dp rank the whole batch):
   // the mean of equal gradients is each one, so the steps equal one device's.
   for (bool ddp : {false, true}) {
-    SCOPED_TRACE(ddp ? "dp 2 x tp 2, DDP" : "dp 2 x tp 2, FSDP");
+    SCOPED_TRACE(ddp ? "dp 2 x tp 2, DDP, experts cut" : "dp 2 x tp 2, FSDP");
     run_ranks(4, [&](int) {
       auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
       Llama model(c);
-      apply_tensor_parallel(model, mesh, TensorParallelOptions{true, dtp::test::kSeq});
+      TensorParallelOptions o{true, dtp::test::kSeq};
+      o.shard_experts = ddp;
+      apply_tensor_parallel(model, mesh, o);
       if (ddp) apply_ddp(model, mesh);
       else apply_fsdp(model, mesh);
       expectSame(train(model));
@@ -487,6 +511,18 @@ TEST(MoETest, BadInputIsANamedError) {
   run_ranks(2, [&](int) {
     Llama model(dense);
     expect_error([&] { apply_expert_parallel(model, init_device_mesh("cpu", {2}, {"ep"})); }, {"no MoE layers"});
+  });
+  // ExpertTensorParallel: on the experts only, not with expert parallelism.
+  run_ranks(2, [&](int) {
+    LlamaConfig m = dtp::test::small_llama_config(2);
+    m.moe = moeConfig(4, 2, true);
+    Llama model(m);
+    const DeviceMesh tp = init_device_mesh("cpu", {2}, {"tp"});
+    expect_error([&] { parallelize_module(*model, tp, {{"layers.0.moe", ExpertTensorParallel()}}); },
+                 {"ExpertTensorParallel: expected the experts of a MoE layer at 'layers.0.moe'", "layers.*.moe.experts"});
+    parallelize_module(*model, tp, {{"layers.*.moe.experts", ExpertTensorParallel()}});
+    expect_error([&] { apply_expert_parallel(model, init_device_mesh("cpu", {2}, {"ep"})); },
+                 {"distribute_experts: the experts are DTensors already"});
   });
   // parallelize_llama with "ep": (dp, ep[, tp]) in this order, dp present.
   LlamaConfig moe = dtp::test::small_llama_config(2);

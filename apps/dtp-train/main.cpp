@@ -49,7 +49,7 @@ struct Options {
   double lr = 3e-3, dropout = 0.0, clip = 0.0;
   std::string ac = "none", schedule = "constant";
   uint64_t seed = 0;
-  bool no_sp = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
+  bool no_sp = false, shard_experts = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
   std::string save, resume, mp, device = "cpu", init_from_hf, save_hf, comm_debug, metrics, profile;
   int64_t save_every = 0, keep_last = 0, profile_steps = 3;
   // --resume: the config the checkpoint records (NOTE: [Config in the checkpoint]).
@@ -535,6 +535,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(dtp::apps::kPositive);
   app.add_flag("--no-sp", o.no_sp, "Disable sequence parallelism");
+  app.add_flag("--shard-experts", o.shard_experts, "MoE under --tp: cut each expert's hidden units over tp "
+               "(ExpertTensorParallel) instead of replicating the experts; not with --ep");
   app.add_flag("--check-parity", o.check_parity,
                "Also train on one device and compare (exact in float64; float32 against one device's own error)");
   app.add_option("--device", o.device, "cpu, or cuda: each rank on GPU LOCAL_RANK")
@@ -593,6 +595,8 @@ int main(int argc, char** argv) {
                 pp * dp * ep * tp, ").");
     TORCH_CHECK(ep == 1 || o.model.experts > 0, "--ep ", ep, " spreads the experts of MoE layers; the model has none. "
                 "Add --experts N (a multiple of ", ep, "), or drop --ep.");
+    TORCH_CHECK(!o.shard_experts || (o.model.experts > 0 && ep == 1), "--shard-experts cuts the experts of MoE "
+                "layers over --tp: it needs --experts N and no --ep (one or the other).");
     TORCH_CHECK(ep == 1 || pp == 1, "--ep with --pp: expert parallelism inside pipeline stages is NYI. Train with "
                 "--ep or with --pp.");
     TORCH_CHECK(ep == 1 || o.batch % (dp * ep) == 0, "--batch ", o.batch, " is not divisible by --dp ", dp, " x --ep ",
@@ -647,6 +651,7 @@ int main(int argc, char** argv) {
                   tokenizer->name().c_str(), o.init_from_hf.empty() ? "" : ", from ", o.init_from_hf.c_str());
     ParallelizeOptions parallel;
     parallel.tp = TensorParallelOptions{!o.no_sp, o.seq};
+    parallel.tp.shard_experts = o.shard_experts;
     if (o.ac != "none") parallel.ac = ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every};
     parallel.data_parallel = fsdp ? DataParallel::FSDP : DataParallel::DDP;
     parallel.fsdp = fsdpOptions(o);

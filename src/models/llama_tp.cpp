@@ -89,8 +89,9 @@ ParallelizePlan llama_tp_plan(const LlamaConfig& c, int64_t tp, const TensorPara
   layer_plan.emplace_back("attention.wo", rowwise_out);
   if (c.moe.num_experts > 0) {
     // Experts replicated (every tp rank runs the layer on the gathered
-    // input; apply_expert_parallel spreads them instead), the output back to
-    // the residual's layout.
+    // input; apply_expert_parallel spreads them instead) or cut by
+    // shard_experts (a Partial output), the output back to the residual's
+    // layout.
     layer_plan.emplace_back("moe", PrepareModuleInputOutput(PrepareModuleInputOptions()
                                                                 .input_layouts({residual})
                                                                 .desired_input_layouts({Replicate()}),
@@ -98,6 +99,7 @@ ParallelizePlan llama_tp_plan(const LlamaConfig& c, int64_t tp, const TensorPara
                                                                 .output_layouts(Replicate())
                                                                 .desired_output_layouts(residual)
                                                                 .use_local_output(false)));
+    if (options.shard_experts) layer_plan.emplace_back("moe.experts", ExpertTensorParallel());
   } else {
     layer_plan.emplace_back("feed_forward", gather_input);
     layer_plan.emplace_back("feed_forward.w1", ColwiseParallel());

@@ -125,9 +125,19 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
     x = to_local(input);
   }
   input_mesh = tp_mesh;
+  const std::optional<DeviceMesh>& cut = experts->tp_mesh;  // ExpertTensorParallel
+  TORCH_CHECK(!cut || (tp_mesh && *tp_mesh == *cut), "MoE: the experts are cut over ", cut ? cut->str() : "",
+              " (ExpertTensorParallel), so the input must be a replicated DTensor on that mesh, got ",
+              tp_mesh ? dtensor_spec(input).str() + " on " + tp_mesh->str() : std::string("a plain tensor"),
+              ". Gather the input (llama_tp_plan's \"moe\" entry, or PrepareModuleInput to Replicate).");
+  TORCH_CHECK(!cut || !ep_mesh, "MoE: ExpertTensorParallel and expert parallelism on one layer are NYI. Pick one.");
   const at::Tensor G = is_dtensor(gate->weight) ? to_local(gate->weight) : gate->weight;
   const int64_t E = config.num_experts, k = config.top_k, D = x.size(-1);
   const at::Tensor flat = x.reshape({-1, D});
+  // Cut experts compute partial sums: the gradient their input sends back is
+  // partial over the mesh too (the router's is replicated; autograd adds
+  // the two as DTensors).
+  const at::Tensor expert_flat = cut ? to_local(input, Placements{Partial()}).reshape({-1, D}) : flat;
 
   // Routing, as HF's Mixtral and Qwen3-MoE: softmax in float32 or wider,
   // top-k, renormalized, back to the activations' dtype.
@@ -142,7 +152,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   const at::Tensor slots = chosen.flatten();
   const at::Tensor order = std::get<1>(slots.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
   const at::Tensor token = order.div(k, "floor");
-  const at::Tensor sorted = flat.index_select(0, token);
+  const at::Tensor sorted = expert_flat.index_select(0, token);
   const std::vector<int64_t> counts = toVector(at::bincount(slots, /*weights=*/{}, E));
 
   at::Tensor y;
@@ -184,12 +194,16 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
     // 4. Combine.
     y = ep::all_to_all_single_autograd(back, send, recv, group);
   }
-  const at::Tensor w = weights.flatten().index_select(0, order).unsqueeze(1);
+  at::Tensor w = weights.flatten().index_select(0, order).unsqueeze(1);
+  // Each slot's output is a partial sum over `cut`, so the routing weights'
+  // gradient is partial too: summed over the mesh before the router sees it.
+  if (cut) w = to_local(from_local(w, *cut, {Replicate()}, /*run_check=*/false), Placements{Partial()});
   at::Tensor result = at::zeros_like(flat).index_add(0, token, y * w).view(x.sizes());
   if (!in_checkpoint_recompute()) aux_grad = std::make_shared<AuxLossGrad>();
   if (at::GradMode::is_enabled() && router_probs.requires_grad())
     result = result + auxLossGradEntry(router_probs, aux_grad, result);
-  if (tp_mesh) result = from_local(result, *tp_mesh, placements(input), /*run_check=*/false);
+  if (tp_mesh)
+    result = from_local(result, *tp_mesh, cut ? Placements{Partial()} : placements(input), /*run_check=*/false);
   return result;
 }
 
@@ -209,6 +223,25 @@ void distribute_experts(MoEImpl& moe, const DeviceMesh& ep) {
     set_parameter(*moe.experts, name, shard);
   }
   moe.ep_mesh = ep;
+}
+
+void ExpertTensorParallel::apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+                                 std::optional<int> /*src_data_rank*/) const {
+  auto* experts = dynamic_cast<GroupedExpertsImpl*>(&module);
+  TORCH_CHECK(experts != nullptr, "ExpertTensorParallel: expected the experts of a MoE layer at '", fqn, "', got ",
+              module.name(), ". Point the plan entry at them (e.g. \"layers.*.moe.experts\").");
+  TORCH_CHECK(mesh.ndim() == 1, "ExpertTensorParallel: expected a 1-D mesh, got ", mesh.str(), ". Slice it: mesh[\"tp\"].");
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, dim] : {std::pair<const char*, int64_t>{"w1", 1}, {"w2", 2}, {"w3", 1}}) {
+    const at::Tensor p = experts->named_parameters(/*recurse=*/false)[name];
+    TORCH_CHECK(!is_dtensor(p), "ExpertTensorParallel: '", fqn, ".", name, "' is a DTensor already (",
+                dtensor_spec(p).str(), "). Apply it once, before data parallelism, and not with expert parallelism.");
+    at::Tensor shard = distribute_tensor(p.detach(), mesh, {Shard(dim)});
+    shard.set_requires_grad(p.requires_grad());
+    set_parameter(*experts, name, shard);
+  }
+  experts->tp_mesh = mesh;
+  if (auto* host = dynamic_cast<nn::HookHost*>(&module)) host->fqn = fqn;
 }
 
 void ExpertParallel::apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,

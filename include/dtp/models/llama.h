@@ -202,6 +202,12 @@ struct TensorParallelOptions {
   // rank r attends with KV head r / (tp / n_kv_heads), as vLLM does. Set by
   // apply_tensor_parallel_for_inference; training with it is untested.
   bool replicate_kv_heads = false;
+  // MoE layers: false, every tp rank computes every routed token's experts
+  // (replicated, no communication inside); true, ExpertTensorParallel on
+  // "layers.*.moe.experts": each expert's hidden units cut over tp and the
+  // layer's output reduced over tp as a RowwiseParallel's. Not with
+  // apply_expert_parallel.
+  bool shard_experts = false;
   // A plan of the user's in place of llama_tp_plan's (FQNs of the whole
   // model, e.g. "layers.*.attention.wq"). Whatever it leaves plain is
   // replicated; the head-count checks still run.

@@ -36,6 +36,9 @@ class GroupedExpertsImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& counts);
 
   at::Tensor w1, w2, w3;  // [E, hidden, dim], [E, dim, hidden], [E, hidden, dim]
+  // Set by ExpertTensorParallel: w1 and w3 are Shard(1) and w2 Shard(2) over
+  // this mesh (each expert's hidden units cut), so outputs are partial sums.
+  std::optional<DeviceMesh> tp_mesh;
 };
 DTP_MODULE(GroupedExperts);
 
@@ -86,6 +89,21 @@ class ExpertParallel : public ParallelStyle {
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
   std::string name() const override { return "ExpertParallel"; }
+};
+
+// Tensor parallelism inside every expert, the alternative to expert
+// parallelism (torchtitan's TensorParallel for GroupedExperts): over a 1-D
+// tp mesh, each expert's w1 and w3 are column-parallel (Shard(1): its hidden
+// units) and w2 row-parallel (Shard(2)), so every tp rank computes a part of
+// every routed token's expert output and the MoE layer returns a
+// Partial(sum) DTensor, reduced by the plan's output layout. The layer's
+// input must be replicated over the same mesh (llama_tp_plan gathers it):
+//   parallelize_module(*model, mesh["tp"], {{"layers.*.moe.experts", ExpertTensorParallel()}});
+class ExpertTensorParallel : public ParallelStyle {
+ public:
+  void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+             std::optional<int> src_data_rank) const override;
+  std::string name() const override { return "ExpertTensorParallel"; }
 };
 
 }  // namespace dtp::models
