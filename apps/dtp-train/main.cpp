@@ -593,15 +593,17 @@ int main(int argc, char** argv) {
                 ep > 1 ? c10::str(" x --ep ", ep) : "", " x --tp ", tp, " = ", pp * dp * ep * tp, " ranks, but "
                 "WORLD_SIZE=", W, ". Choose degrees whose product is the number of ranks (dtprun -n ",
                 pp * dp * ep * tp, ").");
-    TORCH_CHECK(ep == 1 || o.model.experts > 0, "--ep ", ep, " spreads the experts of MoE layers; the model has none. "
+    // The model's experts and aux coefficient: the flags', the HF folder's or the checkpoint's.
+    const MoEConfig moe = configOf(o).moe;
+    TORCH_CHECK(ep == 1 || moe.num_experts > 0, "--ep ", ep, " spreads the experts of MoE layers; the model has none. "
                 "Add --experts N (a multiple of ", ep, "), or drop --ep.");
-    TORCH_CHECK(!o.shard_experts || (o.model.experts > 0 && ep == 1), "--shard-experts cuts the experts of MoE "
+    TORCH_CHECK(!o.shard_experts || (moe.num_experts > 0 && ep == 1), "--shard-experts cuts the experts of MoE "
                 "layers over --tp: it needs --experts N and no --ep (one or the other).");
     TORCH_CHECK(ep == 1 || pp == 1, "--ep with --pp: expert parallelism inside pipeline stages is NYI. Train with "
                 "--ep or with --pp.");
     TORCH_CHECK(ep == 1 || o.batch % (dp * ep) == 0, "--batch ", o.batch, " is not divisible by --dp ", dp, " x --ep ",
                 ep, ": each of the dp x ep ranks trains batch/(dp x ep) sequences. Use a multiple of ", dp * ep, ".");
-    TORCH_CHECK(pp == 1 || o.model.experts == 0 || o.model.aux_loss_coef == 0, "--pp with --experts: the MoE "
+    TORCH_CHECK(pp == 1 || moe.num_experts == 0 || moe.aux_loss_coef == 0, "--pp with --experts: the MoE "
                 "load-balancing loss is NYI in pipelines. Pass --aux-loss-coef 0, or train without --pp.");
     TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
                 "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "

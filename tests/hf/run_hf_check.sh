@@ -15,7 +15,8 @@
 #     folders: tied embeddings across stages are NYI).
 # compare_export.py checks each export against the original files. Folders
 # with a vocabulary of 256 are also fine-tuned by dtp-train --init-from-hf at
-# (dp, tp) = (2, 2) with --check-parity (equal to one device in float64). One
+# (dp, tp) = (2, 2), MoE folders at (dp, ep) = (2, 2) and (ep, tp) = (2, 2),
+# with --check-parity (equal to one device in float64). One
 # summary line per case and layout; the last line is "hf interop ok" only
 # when every check held, and the exit status is non-zero otherwise. Each
 # step's full output is in WORKDIR/<case>/*.log.
@@ -142,21 +143,27 @@ for c in "${cases[@]}"; do
   done
 
   # Fine-tuning through the app: (dp, tp) = (2, 2) FSDP against one device in
-  # float64, on the folders whose vocabulary holds dtp-train's byte tokens.
+  # float64, on the folders whose vocabulary holds dtp-train's byte tokens;
+  # MoE folders with expert parallelism instead: (dp, ep) = (2, 2) and
+  # (ep, tp) = (2, 2), FSDP over dp x ep (each rank loads its experts).
   vocab=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$model/config.json")
-  if ((vocab >= 256)); then
+  train_layouts=("--dp 2")
+  ((moe)) && train_layouts=("--dp 2 --ep 2 --tp 1" "--ep 2 --tp 2")
+  for layout in "${train_layouts[@]}"; do
+    ((vocab >= 256)) || break
     checks=$((checks + 1))
-    where="$name dtp-train -n 4 --dp 2 --init-from-hf"
+    where="$name dtp-train -n 4 $layout --init-from-hf"
     line=""
-    if step "$dir/train.log" "$dtprun" -n 4 "$dtp_train" --init-from-hf "$model" --dp 2 --steps 3 --seq 8 \
-         --batch 2 --dtype float64 --check-parity >/dev/null &&
+    # shellcheck disable=SC2086 # the layout's flags
+    if step "$dir/train.log" "$dtprun" -n 4 "$dtp_train" --init-from-hf "$model" $layout --steps 3 --seq 8 \
+         --batch 4 --dtype float64 --check-parity >/dev/null &&
        line=$(grep -m1 "parity vs one device" "$dir/train.log") && grep -q "in float64 .*: ok" <<<"$line"; then
       echo "$where: $line"
     else
       echo "$where: FAILED: ${line:-see above}"
       failures=$((failures + 1))
     fi
-  fi
+  done
 done
 
 if ((failures)); then
