@@ -5,6 +5,7 @@
 #include "dtp/device_mesh.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/moe.h"
+#include "dtp/tp/parallelize.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -48,15 +49,20 @@ bool run_moe(int reps, int warmup, const ProcessGroup& world) {
   const int P = world.size(), me = world.rank();
   TORCH_CHECK(kExperts % P == 0, "dtp-bench --moe: ", kExperts, " experts over ", P, " ranks: use 1, 2, 4 or 8 ranks.");
   DeviceMesh mesh = init_device_mesh("cpu", {P}, {"ep"});
-  MoE one = makeLayer(1), ep = makeLayer(1);
+  MoE one = makeLayer(1), ep = makeLayer(1), cut = makeLayer(1);
   models::distribute_experts(*ep, mesh);
+  // TP inside the experts: every rank all ranks' tokens, 1/P of each
+  // expert's hidden units, the output all-reduced.
+  const DeviceMesh tp = init_device_mesh("cpu", {P}, {"tp"});
+  parallelize_module(*cut, tp, {{"experts", models::ExpertTensorParallel()}});
   bool ok = true;
   if (me == 0) {
     std::printf("dtp-bench --moe: %d ranks (ep), dim %lld, %lld experts of %lld, top-%lld, %d threads per rank\n\n", P,
                 static_cast<long long>(kDim), static_cast<long long>(kExperts), static_cast<long long>(kHidden),
                 static_cast<long long>(kTopK), at::get_num_threads());
-    std::printf("| pass | tokens per rank | one device, all ranks' tokens (ms) | EP over %d ranks (ms) | EP tokens/s | one "
-                "device tokens/s | EP / one device |\n|---|---|---|---|---|---|---|\n", P);
+    std::printf("| pass | tokens per rank | one device, all ranks' tokens (ms) | EP over %d ranks (ms) | TP inside the "
+                "experts (ms) | EP tokens/s | one device tokens/s | EP / one device | TP inside / one device |\n"
+                "|---|---|---|---|---|---|---|---|---|\n", P);
   }
   for (bool train : {true, false}) {
     for (int64_t tokens : train ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{1, 8}) {
@@ -78,16 +84,31 @@ bool run_moe(int reps, int warmup, const ProcessGroup& world) {
         if (me == 0) pass(one, all);
       });
       const double ep_ms = timeIt(world, reps, warmup, [&] { pass(ep, mine); });
-      // The check: EP's rows equal one device's rows of this rank.
-      const double diff = (pass(ep, mine) - pass(one, all).narrow(0, me, 1)).abs().max().item<double>();
+      auto cutPass = [&] {
+        at::Tensor in = from_local(all, tp, {Replicate()}, /*run_check=*/false);
+        if (!train) {
+          torch::NoGradGuard no_grad;
+          return to_local(redistribute(cut(in), tp, {Replicate()}));
+        }
+        at::Tensor x = all.clone().requires_grad_(true);
+        at::Tensor y = to_local(redistribute(cut(from_local(x, tp, {Replicate()}, false)), tp, {Replicate()}));
+        y.sum().backward();
+        return y.detach();
+      };
+      const double cut_ms = timeIt(world, reps, warmup, [&] { cutPass(); });
+      // The checks: EP's rows equal one device's rows of this rank, TP's all.
+      const at::Tensor want = pass(one, all);
+      const double diff = std::max((pass(ep, mine) - want.narrow(0, me, 1)).abs().max().item<double>(),
+                                   (cutPass() - want).abs().max().item<double>());
       if (diff > 1e-4) {
         ok = false;
-        std::printf("dtp-bench --moe: rank %d: EP differs from one device by %.3g\n", me, diff);
+        std::printf("dtp-bench --moe: rank %d: EP or TP inside the experts differs from one device by %.3g\n", me, diff);
       }
       if (me == 0) {
         const double n = static_cast<double>(P * tokens);
-        std::printf("| %s | %lld | %.3f | %.3f | %.0f | %.0f | %.2fx |\n", train ? "train (fwd+bwd)" : "decode (fwd)",
-                    static_cast<long long>(tokens), one_ms, ep_ms, n / ep_ms * 1e3, n / one_ms * 1e3, one_ms / ep_ms);
+        std::printf("| %s | %lld | %.3f | %.3f | %.3f | %.0f | %.0f | %.2fx | %.2fx |\n",
+                    train ? "train (fwd+bwd)" : "decode (fwd)", static_cast<long long>(tokens), one_ms, ep_ms, cut_ms,
+                    n / ep_ms * 1e3, n / one_ms * 1e3, one_ms / ep_ms, one_ms / cut_ms);
       }
     }
   }
