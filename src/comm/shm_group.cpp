@@ -62,6 +62,7 @@ struct alignas(64) ShmRankLine {
   std::atomic<uint32_t> arrived;
   int32_t pid;
   uint64_t call[2];  // what this rank's collective seq is, at [seq % 2]: see arrive_and_wait
+  std::atomic<uint32_t> failed;  // set by abort(); zero in a new segment
 };
 
 namespace {
@@ -258,6 +259,9 @@ void ShmGroup::arrive_and_wait(uint32_t seq, uint64_t call) {
     std::atomic<uint32_t>& word = line(r).arrived;
     for (int spins = 0;; ++spins) {
       const uint32_t seen = word.load(std::memory_order_acquire);
+      TORCH_CHECK(line(r).failed.load(std::memory_order_acquire) == 0, "shared-memory collective: group rank ", r,
+                  " (pid ", line(r).pid, ") failed in an earlier step of this collective (between hosts: see its "
+                  "error) and left it: Connection closed");
       if (static_cast<int32_t>(seen - seq) >= 0) {
         TORCH_CHECK(line(r).call[seq & 1] == call, "shared-memory collective: the ranks disagree on a collective's "
                     "shapes (group rank ", r, " called it with other sizes, dtype or op than group rank ", rank_,
@@ -374,6 +378,11 @@ void ShmGroup::broadcast(at::Tensor& flat, int src) {
 }
 
 void ShmGroup::barrier() { publish(at::Tensor(), callHash({5})); }
+
+void ShmGroup::abort() {
+  line(rank_).failed.store(1, std::memory_order_release);
+  futexWake(&line(rank_).arrived);  // those asleep on this rank's word look again
+}
 
 void ShmGroup::reduce(at::Tensor& flat, ReduceOp op, int root) {
   const uint32_t seq = publish(

@@ -71,6 +71,12 @@ class ShmGroup {
   void broadcast(at::Tensor& flat, int src);
   void barrier();
 
+  // Marks this rank failed in the segment: every member waiting for it, now
+  // or later, throws at once instead of waiting until the timeout for a rank
+  // that is alive but gone elsewhere (a two-level leader whose step between
+  // hosts failed; NOTE: [Two-level collectives]).
+  void abort();
+
   // The rooted forms the two-level path uses (NOTE: [Two-level collectives]
   // in two_level.cpp): only `root` reads, so the others do no work.
   // reduce: in place on `root`'s `flat`, in rank order as all_reduce (Avg

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <numeric>
 
 // NOTE: [Two-level collectives]
@@ -55,8 +56,13 @@
 // only), made with the group's devices and timeout.
 //
 // Failures: a leader's Gloo call fails as the flat path's would (a peer
-// closed, or DTP_TIMEOUT_S); the host's other members, waiting for their
-// leader in the segment, see its process gone or time out.
+// closed, or DTP_TIMEOUT_S). A rank that fails inside a two-level collective
+// marks itself failed in its host's segment (ShmGroup::abort) before the
+// error leaves, so the host's other members, waiting for it there, fail at
+// once: its process lives on (an asynchronous checkpoint's thread failed, the
+// main thread waits in another group), so they would otherwise wait for
+// DTP_TIMEOUT_S (found by MultiHost.RestartAfterLostRankResumesLikeUninterrupted:
+// 1 run in 5 hung until the test's timeout before this).
 
 namespace dtp::detail {
 
@@ -158,6 +164,12 @@ std::shared_ptr<TwoLevel> TwoLevel::connect(const c10::intrusive_ptr<c10d::Store
   return t;
 }
 
+TwoLevel::Guard::~Guard() {
+  // Unwinding from a failure (a leader's Gloo step, a wait that timed out):
+  // this host's other members must not wait for this rank any longer.
+  if (std::uncaught_exceptions() > entered_ && self_.local_) self_.local_->abort();
+}
+
 template <class Call>
 void TwoLevel::onLeaders(Call&& call) {
   c10::intrusive_ptr<c10d::Work> work;
@@ -178,6 +190,7 @@ void TwoLevel::localBroadcast(at::Tensor& flat, int root) {
 }
 
 void TwoLevel::all_reduce(at::Tensor& flat, ReduceOp op) {
+  const Guard guard(*this);
   if (local_) local_->reduce(flat, summing(op), 0);
   if (leader()) {
     onLeaders([&](c10d::ProcessGroupGloo& b) {
@@ -192,6 +205,7 @@ void TwoLevel::all_reduce(at::Tensor& flat, ReduceOp op) {
 }
 
 void TwoLevel::all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out) {
+  const Guard guard(*this);
   const int H = hosts();
   std::vector<int64_t> blob(H, 0), local_numels;
   for (int r = 0; r < size_; ++r) blob[host_of_[r]] += numels[r];
@@ -228,6 +242,7 @@ void TwoLevel::all_gather(const at::Tensor& flat, const std::vector<int64_t>& nu
 }
 
 at::Tensor TwoLevel::reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op) {
+  const Guard guard(*this);
   const int H = hosts();
   std::vector<int64_t> offset(size_ + 1, 0), blob(H, 0), local_numels;
   for (int r = 0; r < size_; ++r) {
@@ -284,6 +299,7 @@ at::Tensor TwoLevel::reduce_scatter(const at::Tensor& flat, const std::vector<in
 }
 
 void TwoLevel::broadcast(at::Tensor& flat, int src) {
+  const Guard guard(*this);
   const int from = host_of_[src];
   if (host_ == from && local_) local_->broadcast(flat, local_of_[src]);  // the source's host, its leader included
   if (leader())
@@ -297,6 +313,7 @@ void TwoLevel::broadcast(at::Tensor& flat, int src) {
 }
 
 void TwoLevel::barrier() {
+  const Guard guard(*this);
   if (local_) local_->barrier();
   if (leader()) onLeaders([](c10d::ProcessGroupGloo& b) { return b.barrier(); });
   if (local_) local_->barrier();

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,17 @@ class TwoLevel {
 
  private:
   TwoLevel() = default;
+  // Around each collective: on an exception, aborts this rank's line of the
+  // host segment (see the NOTE's "Failures").
+  class Guard {
+   public:
+    explicit Guard(TwoLevel& self) : self_(self), entered_(std::uncaught_exceptions()) {}
+    ~Guard();
+
+   private:
+    TwoLevel& self_;
+    int entered_;
+  };
   bool leader() const { return local_rank_ == 0; }
   // Waits for a leaders' Gloo call issued under gloo_issue_mutex().
   template <class Call>

@@ -315,6 +315,32 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TwoLevelCollectives, ::testing::Range(0, 4), [
          : n == "3+1" ? std::string("ThreePlusOne") : std::string("ThreeByTwo");
 });
 
+// A member that failed inside a two-level collective (its leaders' step)
+// marks itself failed: a member waiting for it fails at once, not after the
+// timeout, though its process lives on.
+TEST(TwoLevelFailure, AnAbortedMemberFailsTheOthersAtOnce) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string msg;
+  double waited = 0;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto shm = dtp::detail::ShmGroup::connect(store, r, 2, std::chrono::seconds(60));
+      ASSERT_TRUE(shm);
+      if (r == 0) {
+        shm->abort();
+        return;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      msg = dtp::test::error_of([&] { shm->barrier(); });
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_NE(msg.find("group rank 0 (pid"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("failed in an earlier step"), std::string::npos) << msg;
+  EXPECT_LT(waited, 5.0) << "waited for the aborted member instead of failing at once";
+}
+
 TEST(TwoLevelSwitch, UnknownValueIsRefusedByName) {
   setenv("DTP_TWO_LEVEL", "yes", 1);
   std::string msg;
