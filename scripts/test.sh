@@ -17,11 +17,12 @@ command -v npm >/dev/null || node_packages+=" npm"
 if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && ! command -v chromium >/dev/null; then
   node_packages+=" chromium"
 fi
-# tests/multihost (root): ip and tc (iproute2), and the launchers it runs
+# tests/multihost (root): ip and tc (iproute2), ping (iputils-ping: hosts wait
+# for their bridge by it, else 5 s per case), and the launchers it runs
 # across simulated hosts: Open MPI's mpirun, Slurm (slurmctld, slurmd, srun;
 # nothing is started at install without systemd, the test starts its own),
 # Debian's torchrun (python3-torch; 1.13 on Debian 12).
-multihost_packages=" iproute2 openmpi-bin slurm-wlm"
+multihost_packages=" iproute2 iputils-ping openmpi-bin slurm-wlm"
 if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && ! command -v torchrun >/dev/null; then
   multihost_packages+=" python3-torch"
 fi
