@@ -326,6 +326,8 @@ hsdp)
   ;;
 mpirun)
   command -v mpirun >/dev/null || skip "mpirun is not installed (Debian's openmpi-bin)"
+  # The agent and MCA names below are Open MPI 4's (Debian 12); 5 (PRRTE) renamed them: untested.
+  mpirun --version 2>&1 | grep -q 'Open MPI) 4\.' || skip "tested with Open MPI 4 only; here: $(mpirun --version 2>&1 | head -1)"
   make_hosts 2
   export NAMED=1
   # mpirun's "ssh" (plm_rsh_agent): `agent hI CMD` runs CMD, Open MPI's
@@ -380,6 +382,8 @@ slurm)
   ;;
 slurmd)
   for c in slurmctld slurmd srun sinfo; do command -v $c >/dev/null || skip "$c is not installed (Debian's slurm-wlm)"; done
+  # auth/none and the cgroup stand-in below are what Slurm 22.05 (Debian 12) needs; later releases untested.
+  slurmd -V | grep -q '^slurm[-a-z]* 22\.' || skip "tested with Slurm 22.05 only; here: $(slurmd -V)"
   make_hosts 2
   export NAMED=1
   # A cluster of this test's own: slurmctld on h0, one slurmd per host, all
