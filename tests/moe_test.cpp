@@ -201,14 +201,20 @@ TEST(MoETest, UnevenRoutingStaysExact) {
   EXPECT_EQ(g.grads.at("experts.w1").narrow(0, 2, 2).abs().max().item<double>(), 0.0);
 }
 
-// A Mixtral-shaped model (MoE in every block) with its load-balancing loss
-// trains under TP (the experts replicated), FSDP and DDP like one device.
-TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
+// A small float64 Mixtral-shaped model: 4 experts, top-2, aux loss 0.02.
+LlamaConfig mixtralConfig() {
   LlamaConfig c = dtp::test::small_llama_config(2);
   c.dtype = at::kDouble;
   c.family = "mixtral";
   c.moe = moeConfig(4, 2, true);
   c.moe.aux_loss_coef = 0.02;
+  return c;
+}
+
+// A Mixtral-shaped model (MoE in every block) with its load-balancing loss
+// trains under TP (the experts replicated), FSDP and DDP like one device.
+TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
+  const LlamaConfig c = mixtralConfig();
   auto train = [&](Llama& model) {
     torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
     std::vector<double> losses;
@@ -286,11 +292,7 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
 // the router, the experts (reduced over dp, divided by dp x ep) and the rest
 // (data parallel over dp x ep), under FSDP and DDP, with TP or not.
 TEST(MoETest, ExpertParallelWithDataParallelTrainsLikeOneDevice) {
-  LlamaConfig c = dtp::test::small_llama_config(2);
-  c.dtype = at::kDouble;
-  c.family = "mixtral";
-  c.moe = moeConfig(4, 2, true);
-  c.moe.aux_loss_coef = 0.02;
+  const LlamaConfig c = mixtralConfig();
   constexpr int64_t B = 4, S = dtp::test::kSeq;
   auto batchOf = [&](int step) {
     at::Generator g = at::make_generator<at::CPUGeneratorImpl>(100 + step);
