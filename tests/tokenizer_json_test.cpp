@@ -442,6 +442,35 @@ TEST(ChatTemplateTest, OtherTemplatesAreRefusedByName) {
   }
 }
 
+// The conversations every family accepts: [system] user (assistant user)*;
+// the renderings themselves are compared with Hugging Face's in
+// tests/tokenizers/ (chat_cases.json's "messages").
+TEST(ChatTemplateTest, BadRoleOrderIsAnErrorNamingWhatTheTemplateAccepts) {
+  const auto t = ChatTemplate::recognise(kLlama3Template, "<|begin_of_text|>", "<|eot_id|>", "cfg");
+  const std::vector<std::vector<ChatMessage>> bad = {
+      {},
+      {{"user", "a"}, {"user", "b"}},
+      {{"user", "a"}, {"assistant", "b"}},
+      {{"user", "a"}, {"system", "b"}, {"user", "c"}},
+      {{"assistant", "a"}, {"user", "b"}},
+      {{"user", "a"}, {"tool", "b"}, {"user", "c"}},
+  };
+  for (const auto& messages : bad) {
+    const std::string msg = any_error_of([&] { t.format(messages); });
+    EXPECT_NE(msg.find("bad role order for the Llama 3 chat template of 'cfg': got ["), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected an optional system message first, then user and assistant turns alternating, "
+                       "starting and ending with user"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_NE(any_error_of([&] { t.format({{"user", "a"}, {"user", "b"}}); }).find("got [user, user]"),
+            std::string::npos);
+  EXPECT_EQ(t.format({{"user", "a"}, {"assistant", " b "}, {"user", "c"}}),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\na<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nb<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nc<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
 // The real templates (tests/tokenizers/templates/, as Meta publishes them in
 // the models' tokenizer_config.json).
 std::string realTemplate(const std::string& name) {

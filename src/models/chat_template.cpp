@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -203,6 +204,29 @@ DatedHeader datedHeader(const std::string& text, const std::string& source) {
   return h;
 }
 
+// Qwen 3's earlier assistant turn: with a "</think>" in it, the reasoning is
+// what lies between the last "<think>" and the first "</think>", the answer
+// what follows the last "</think>":
+//   "<think>\nplan\n</think>\n\n4" -> "4", or with `keep_reasoning` (a turn
+//   after the last user query) "<think>\nplan\n</think>\n\n4".
+std::string stripNewlines(std::string s, bool left, bool right) {
+  if (right) s.erase(s.find_last_not_of('\n') + 1);
+  if (left) s.erase(0, std::min(s.size(), s.find_first_not_of('\n')));
+  return s;
+}
+
+std::string qwen3Assistant(const std::string& content, bool keep_reasoning) {
+  const size_t close = content.rfind("</think>");
+  if (close == std::string::npos) return content;
+  const std::string answer = stripNewlines(content.substr(close + 8), /*left=*/true, /*right=*/false);
+  std::string before = stripNewlines(content.substr(0, content.find("</think>")), /*left=*/false, /*right=*/true);
+  const size_t open = before.rfind("<think>");
+  if (open != std::string::npos) before = before.substr(open + 7);
+  const std::string reasoning = stripNewlines(before, /*left=*/true, /*right=*/false);
+  if (!keep_reasoning || reasoning.empty()) return answer;
+  return "<think>\n" + stripNewlines(reasoning, true, true) + "\n</think>\n\n" + stripNewlines(answer, true, false);
+}
+
 // Llama 2 chat (meta-llama/Llama-2-*-chat-hf): the first user turn holds the
 // system message, and the whole turn is stripped:
 //   bos + '[INST] ' + ('<<SYS>>\n' + system + '\n<</SYS>>\n\n' + user).strip() + ' [/INST]'
@@ -238,15 +262,25 @@ ChatTemplate ChatTemplate::recognise(const std::string& text, const std::string&
     t.end_of_turn_ = "<|im_end|>";
     t.default_system_ = defaultSystem(text);
     t.empty_think_block_ = has(text, "enable_thinking") && has(text, "<think>\\n\\n</think>\\n\\n");
+    t.strip_think_ = has(text, "split('</think>')");
   } else if (has(text, "[INST]") && has(text, "[/INST]") && has(text, "<<SYS>>")) {
     llama2Chat(text, source);
     t.family_ = Family::kLlama2;
     t.end_of_turn_ = eos_token;
+    if (std::regex_search(text, std::regex(R"raw(['"] ['"]\s*\+\s*content\.strip\(\)\s*\+\s*['"] ['"]\s*\+\s*eos_token)raw"))) {
+      t.assistant_affix_ = std::make_pair(std::string(" "), std::string());
+    }
   } else if (has(text, "[INST]") && has(text, "[/INST]")) {
     t.family_ = Family::kMistral;
     t.end_of_turn_ = eos_token;
     t.space_before_close_ = has(text, "' [/INST]'") || has(text, "\" [/INST]\"");
     t.takes_system_ = has(text, "system_message");
+    t.system_in_last_turn_ = has(text, "loop.last and system_message");
+    std::smatch m;
+    if (std::regex_search(text, m, std::regex(R"raw((['"] ['"]\s*\+\s*)?message(\[['"]content['"]\]|\.content)\s*\+\s*)raw"
+                                                R"raw(eos_token(\s*\+\s*['"] ['"])?)raw"))) {
+      t.assistant_affix_ = std::make_pair(std::string(m[1].matched ? " " : ""), std::string(m[3].matched ? " " : ""));
+    }
   } else {
     TORCH_CHECK(false, "ChatTemplate: unsupported chat template in '", source, "': got a template without the markers "
                 "of a known family (it begins \"", text.substr(0, 80), "\"), expected ", kFamilies, ". NYI: other "
@@ -313,30 +347,89 @@ std::string ChatTemplate::today_date(const std::optional<std::string>& date_stri
 
 std::string ChatTemplate::format(const std::optional<std::string>& system, const std::string& user,
                                  bool enable_thinking, const std::optional<std::string>& date_string) const {
-  std::string out = bos_token_;
+  std::vector<ChatMessage> messages;
+  if (system) messages.push_back({"system", *system});
+  messages.push_back({"user", user});
+  return format(messages, enable_thinking, date_string);
+}
+
+// NOTE: [Earlier turns]
+// How each family's template writes a conversation, e.g. [system s, user u1,
+// assistant a1, user u2] (bos as the folder names it):
+//   Llama 3:    bos <|start_header_id|>system<|end_header_id|>\n\n s|trim <|eot_id|> ... the same for
+//               u1|trim and assistant a1|trim ... then the assistant header (3.1: the dated system block);
+//   ChatML:     <|im_start|>system\n s <|im_end|>\n <|im_start|>user\n u1 <|im_end|>\n
+//               <|im_start|>assistant\n a1 <|im_end|>\n ...; Qwen 3 writes of an earlier assistant turn only
+//               what follows its last </think> (lstrip '\n'), unless the turn comes after the last user
+//               query (a user turn that is not a <tool_response>), where the reasoning is kept;
+//   Mistral:    bos [INST] u1 [/INST]a1</s> [INST] u2 [/INST] (v0.1), bos [INST] u1[/INST] a1</s>[INST] s\n\nu2[/INST]
+//               (v0.3: the system message goes into the last user turn only);
+//   Llama 2:    bos [INST] <<SYS>>\ns\n<</SYS>>\n\nu1 [/INST] a1|strip </s>bos [INST] u2|strip [/INST].
+std::string ChatTemplate::format(const std::vector<ChatMessage>& messages, bool enable_thinking,
+                                 const std::optional<std::string>& date_string) const {
+  // The order every family's template accepts: [system] user (assistant user)*.
+  const auto roles = [&] {
+    std::string out;
+    for (const ChatMessage& m : messages) out += (out.empty() ? "" : ", ") + m.role;
+    return "[" + out + "]";
+  };
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  bool ordered = messages.size() > first && messages.back().role == "user";
+  for (size_t i = first; i < messages.size() && ordered; ++i) {
+    ordered = messages[i].role == ((i - first) % 2 == 0 ? "user" : "assistant");
+  }
+  TORCH_CHECK(ordered, "ChatTemplate: bad role order for the ", family_name(), " chat template of '", source_,
+              "': got ", roles(), ", expected an optional system message first, then user and assistant turns "
+              "alternating, starting and ending with user ([system, user, assistant, user]). Merge or drop the "
+              "messages out of order.");
+  const std::optional<std::string> system = has_system ? std::optional<std::string>(messages[0].content) : std::nullopt;
+  const size_t users = (messages.size() - first + 1) / 2;
+  const auto needAssistantForm = [&] {
+    TORCH_CHECK(users == 1 || assistant_affix_, "ChatTemplate: NYI: earlier assistant turns in the ", family_name(),
+                " chat template of '", source_, "': got ", roles(), ", expected one user message (dtp does not "
+                "recognise how this template writes an assistant turn). Send the conversation as one user message.");
+  };
+
+  std::string out = family_ == Family::kLlama2 ? std::string() : bos_token_;
   switch (family_) {
-    case Family::kLlama3: {
-      const auto turn = [&](const char* role, const std::string& content) {
-        out += std::string("<|start_header_id|>") + role + "<|end_header_id|>\n\n" +
-               (trim_content_ ? trim(content) : content) + "<|eot_id|>";
-      };
-      if (system) turn("system", *system);
-      turn("user", user);
-      out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      break;
-    }
+    case Family::kLlama3:
     case Family::kLlama3Dated: {
-      // The system block is written with or without a system message.
-      out += "<|start_header_id|>system<|end_header_id|>\n\n" + knowledge_line_ + "Today Date: " +
-             today_date(date_string) + "\n\n" + (system ? trim(*system) : std::string()) + "<|eot_id|>";
-      out += "<|start_header_id|>user<|end_header_id|>\n\n" + (trim_content_ ? trim(user) : user) + "<|eot_id|>";
+      size_t from = 0;
+      if (family_ == Family::kLlama3Dated) {
+        // The system block is written with or without a system message.
+        out += "<|start_header_id|>system<|end_header_id|>\n\n" + knowledge_line_ + "Today Date: " +
+               today_date(date_string) + "\n\n" + (system ? trim(*system) : std::string()) + "<|eot_id|>";
+        from = first;
+      }
+      for (size_t i = from; i < messages.size(); ++i) {
+        const std::string& c = messages[i].content;
+        out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n" + (trim_content_ ? trim(c) : c) +
+               "<|eot_id|>";
+      }
       out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
       break;
     }
     case Family::kChatML: {
       const std::optional<std::string>& sys = system ? system : default_system_;
       if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
-      out += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+      // Qwen 3's last_query_index: the last user turn that is not a tool response.
+      size_t last_query = messages.size() - 1;
+      for (size_t i = messages.size(); i-- > first;) {
+        const std::string& c = messages[i].content;
+        const bool tool_response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                                   c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+        if (messages[i].role == "user" && !tool_response) {
+          last_query = i;
+          break;
+        }
+      }
+      for (size_t i = first; i < messages.size(); ++i) {
+        std::string content = messages[i].content;
+        if (messages[i].role == "assistant" && strip_think_) content = qwen3Assistant(content, i > last_query);
+        out += "<|im_start|>" + messages[i].role + "\n" + content + "<|im_end|>\n";
+      }
+      out += "<|im_start|>assistant\n";
       if (!enable_thinking && empty_think_block_) out += "<think>\n\n</think>\n\n";
       break;
     }
@@ -344,13 +437,34 @@ std::string ChatTemplate::format(const std::optional<std::string>& system, const
       TORCH_CHECK(!system || takes_system_, "ChatTemplate: no system prompt in the Mistral template of '", source_,
                   "': got a system prompt, expected none (this [INST] template takes user and assistant turns only). "
                   "Put the instructions into the user text.");
-      out += "[INST] " + (system ? *system + "\n\n" : std::string()) + user +
-             (space_before_close_ ? " [/INST]" : "[/INST]");
+      TORCH_CHECK(!system || users == 1 || system_in_last_turn_, "ChatTemplate: NYI: a system prompt with earlier "
+                  "turns in the Mistral template of '", source_, "': got ", roles(), ", expected a template that "
+                  "puts system_message into the last user turn (loop.last and system_message, Mistral v0.3's form). "
+                  "Put the instructions into the user text.");
+      needAssistantForm();
+      for (size_t i = first; i < messages.size(); ++i) {
+        const std::string& c = messages[i].content;
+        if (messages[i].role == "assistant") {
+          out += assistant_affix_->first + c + end_of_turn_ + assistant_affix_->second;
+          continue;
+        }
+        const bool last = i + 1 == messages.size();
+        out += "[INST] " + (system && last ? *system + "\n\n" : std::string()) + c +
+               (space_before_close_ ? " [/INST]" : "[/INST]");
+      }
       break;
     }
     case Family::kLlama2: {
-      const std::string turn = system ? "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + user : user;
-      out += "[INST] " + trim(turn) + " [/INST]";
+      needAssistantForm();
+      for (size_t i = first; i < messages.size(); ++i) {
+        const std::string& c = messages[i].content;
+        if (messages[i].role == "assistant") {
+          out += assistant_affix_->first + trim(c) + " " + end_of_turn_ + assistant_affix_->second;
+          continue;
+        }
+        const std::string turn = system && i == first ? "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + c : c;
+        out += bos_token_ + "[INST] " + trim(turn) + " [/INST]";
+      }
       break;
     }
   }

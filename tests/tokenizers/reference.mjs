@@ -8,7 +8,8 @@
 //   bench-js TOKENIZER_DIR CORPUS      @huggingface/transformers (HF's
 //       JavaScript port): tokens/s on the same records, one thread.
 //   chat FOLDER CASES OUT              @huggingface/transformers'
-//       apply_chat_template(tokenize=false, add_generation_prompt=true, and a
+//       apply_chat_template of a case's "messages" (a conversation) or of its
+//       system and user (tokenize=false, add_generation_prompt=true, and a
 //       case's enable_thinking and date_string) with its Jinja engine (which
 //       defines strftime_now, local time, as Python transformers does), then the Rust library's ids of that text (no added
 //       special tokens, as apply_chat_template encodes) -> {"text", "ids"} or
@@ -82,9 +83,12 @@ async function chat(folder, casesPath, outPath) {
   const rust = Tokenizer.fromFile(`${folder}/tokenizer.json`);
   const lines = [];
   for (const c of JSON.parse(fs.readFileSync(casesPath, 'utf8'))) {
-    const messages = [];
-    if (c.system !== null && c.system !== undefined) messages.push({ role: 'system', content: c.system });
-    messages.push({ role: 'user', content: c.user });
+    // A case is a conversation ("messages") or one [system] + user turn.
+    const messages = c.messages ? c.messages.map((m) => ({ ...m })) : [];
+    if (!c.messages) {
+      if (c.system !== null && c.system !== undefined) messages.push({ role: 'system', content: c.system });
+      messages.push({ role: 'user', content: c.user });
+    }
     const options = { tokenize: false, add_generation_prompt: true };
     if (c.enable_thinking !== undefined) options.enable_thinking = c.enable_thinking;
     if (c.date_string !== undefined) options.date_string = c.date_string;

@@ -4,7 +4,9 @@
 //       encoded with add_bos=true (HF's add_special_tokens=True); prints the
 //       encode time and tokens/s on stderr.
 //   tokenize_cli chat FOLDER CASES OUT   CASES: a JSON list of {"system": s|null,
-//       "user": u, "enable_thinking": b?, "date_string": d?} -> one JSON line per case,
+//       "user": u, "enable_thinking": b?, "date_string": d?}, or with "messages":
+//       [{"role", "content"}, ...] in place of system and user (a conversation)
+//       -> one JSON line per case,
 //       {"text": format(...), "ids": encode(text, add_bos=false)} or {"error": ...}.
 #include "dtp/models/chat.h"
 #include "dtp/models/hf_tokenizer.h"
@@ -62,12 +64,18 @@ int chatCases(const std::string& folder, const std::string& cases_path, const st
   for (const json& c : cases) {
     try {
       const auto chat = dtp::models::ChatTemplate::from_folder(folder);
-      std::optional<std::string> system;
-      if (c.contains("system") && !c.at("system").is_null()) system = c.at("system").get<std::string>();
       std::optional<std::string> date;
       if (c.contains("date_string")) date = c.at("date_string").get<std::string>();
-      const std::string text =
-          chat.format(system, c.at("user").get<std::string>(), c.value("enable_thinking", true), date);
+      std::string text;
+      if (c.contains("messages")) {  // a conversation: the multi-turn form
+        std::vector<dtp::models::ChatMessage> messages;
+        for (const json& m : c.at("messages")) messages.push_back({m.at("role"), m.at("content")});
+        text = chat.format(messages, c.value("enable_thinking", true), date);
+      } else {
+        std::optional<std::string> system;
+        if (c.contains("system") && !c.at("system").is_null()) system = c.at("system").get<std::string>();
+        text = chat.format(system, c.at("user").get<std::string>(), c.value("enable_thinking", true), date);
+      }
       out << line({{"text", text}, {"ids", tokenizer->encode(text, /*add_bos=*/false)}});
     } catch (const c10::Error& e) {
       out << line({{"error", e.what_without_backtrace()}});

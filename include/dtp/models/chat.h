@@ -8,9 +8,16 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtp::models {
+
+// One message of a conversation: role "system", "user" or "assistant".
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
 
 // The chat template of a tokenizer_config.json ("chat_template", a string or
 // the "default" of a named list) or of a chat_template.jinja beside it,
@@ -51,13 +58,20 @@ class ChatTemplate {
                                 const std::string& source);
 
   // What Hugging Face's apply_chat_template(messages, tokenize=False,
-  // add_generation_prompt=True) renders for [{system}], {user}: the prompt
-  // ends with the assistant's header. Qwen 3: as with enable_thinking unset,
-  // nothing follows "<|im_start|>assistant\n", so the model may open with
-  // <think>; enable_thinking=false appends the template's empty
+  // add_generation_prompt=True) renders for a conversation: an optional
+  // system message first, then user and assistant turns alternating,
+  // starting and ending with user (any other order is an error naming it).
+  // The prompt ends with the assistant's header. Earlier assistant turns are
+  // written as each template writes them (see NOTE: [Earlier turns]).
+  // Qwen 3: as with enable_thinking unset, nothing follows
+  // "<|im_start|>assistant\n", so the model may open with <think>;
+  // enable_thinking=false appends the template's empty
   // "<think>\n\n</think>\n\n" block (HF's enable_thinking=False).
   // `date_string`: HF's keyword of that name, the Today Date of kLlama3Dated
   // (ignored by the other families); see NOTE: [Today Date].
+  std::string format(const std::vector<ChatMessage>& messages, bool enable_thinking = true,
+                     const std::optional<std::string>& date_string = std::nullopt) const;
+  // The single-turn form: format({[system], user}).
   std::string format(const std::optional<std::string>& system, const std::string& user,
                      bool enable_thinking = true, const std::optional<std::string>& date_string = std::nullopt) const;
   // The Today Date that format() writes for kLlama3Dated: `date_string` if
@@ -83,6 +97,13 @@ class ChatTemplate {
   bool empty_think_block_ = false;            // ChatML: the template knows enable_thinking
   bool space_before_close_ = true;            // Mistral: ' [/INST]' or '[/INST]'
   bool takes_system_ = false;                 // Mistral: system_message
+  // Mistral, Llama 2: what an earlier assistant turn writes before its
+  // content and after its EOS (Mistral v0.1: {"", " "}, v0.3: {" ", ""},
+  // Llama 2: {" ", ""} with " " before the EOS); unset when the template's
+  // form is not recognised: assistant turns are then refused by name.
+  std::optional<std::pair<std::string, std::string>> assistant_affix_;
+  bool system_in_last_turn_ = false;          // Mistral v0.3: loop.last and system_message
+  bool strip_think_ = false;                  // ChatML: Qwen 3 drops earlier turns' <think>...</think>
   std::string knowledge_line_;                // kLlama3Dated: "Cutting Knowledge Date: December 2023\n"
   std::string fallback_date_;                 // kLlama3Dated: set date_string = "26 Jul 2024"
   std::optional<std::string> today_format_;   // kLlama3Dated: strftime_now("%d %b %Y")
