@@ -1,5 +1,6 @@
 #include "openai_api.h"
 
+#include <c10/util/Exception.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -205,8 +206,9 @@ std::vector<int64_t> chatIds(const json& body, const ServedModel& model) {
                                      ", expected a non-empty array of messages.");
   }
   const json& ms = body["messages"];
-  std::optional<std::string> system;
-  std::optional<std::string> user;
+  // The whole conversation goes to the template, which refuses a role order
+  // its family does not take (a 400 with its message).
+  std::vector<dtp::models::ChatMessage> messages;
   for (size_t i = 0; i < ms.size(); ++i) {
     const json& m = ms[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
@@ -214,17 +216,15 @@ std::vector<int64_t> chatIds(const json& body, const ServedModel& model) {
       throw badRequest(param, param + ": got " + kindOf(m) + ", expected an object with a string role.");
     }
     const std::string role = m["role"];
-    if ((role == "system" || role == "developer") && i == 0) {
-      system = contentOf(m, i);
-    } else if (role == "user" && !user) {
-      user = contentOf(m, i);
-    } else {
-      throw badRequest(param, "NYI: " + param + ".role: got '" + role + "' here, expected one optional system message "
-                                  "then one user message (multi-turn chats are not supported yet).");
-    }
+    // OpenAI's "developer" is the system message of newer models.
+    messages.push_back({role == "developer" && i == 0 ? std::string("system") : role, contentOf(m, i)});
   }
-  if (!user) throw badRequest("messages", "messages: got no user message, expected one.");
-  const std::string prompt = model.chat->format(system, *user);
+  std::string prompt;
+  try {
+    prompt = model.chat->format(messages);
+  } catch (const c10::Error& e) {
+    throw badRequest("messages", e.what_without_backtrace());
+  }
   // The template writes the BOS itself.
   return model.tokenizer->encode(prompt, /*add_bos=*/false);
 }

@@ -110,6 +110,24 @@ check(reply.usage.prompt_tokens === 38, `chat prompt: ${reply.usage.prompt_token
 const chatRef = referenceTokens([[reply.prompt_token_ids, 20, [37]]])[0];
 check(same(reply.choices[0].token_ids, chatRef), `chat tokens ${JSON.stringify(reply.choices[0].token_ids)} vs generate ${JSON.stringify(chatRef)}`);
 
+// 5b. A conversation: the whole messages array goes to the template (its
+// rendering is compared with Hugging Face's in tests/tokenizers/); the reply
+// continues that prompt as generate does. A role order the template does not
+// take is a 400 naming it.
+const turns = [{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'hey' }, { role: 'user', content: 'ok' }];
+const reply2 = await chat.chat.completions.create({ model: 'chat', messages: turns, max_tokens: 8, temperature: 0, return_token_ids: true });
+const single = await chat.chat.completions.create({ model: 'chat', messages: turns.slice(2), max_tokens: 1, return_token_ids: true });
+check(reply2.prompt_token_ids.length > single.prompt_token_ids.length + 10,
+      `a 3-message chat's prompt has ${reply2.prompt_token_ids.length} tokens, one message's ${single.prompt_token_ids.length}`);
+const chatRef2 = referenceTokens([[reply2.prompt_token_ids, 8, [37]]])[0];
+check(same(reply2.choices[0].token_ids, chatRef2), `multi-turn chat tokens ${JSON.stringify(reply2.choices[0].token_ids)} vs generate ${JSON.stringify(chatRef2)}`);
+const badOrder = await fetch(`${chatURL}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+  body: JSON.stringify({ model: 'chat', messages: [{ role: 'user', content: 'hi' }, { role: 'user', content: 'hi' }] }) });
+const badBody = await badOrder.json();
+check(badOrder.status === 400 && badBody.error.param === 'messages' &&
+      badBody.error.message.includes('bad role order for the ChatML chat template') && badBody.error.message.includes('got [user, user]'),
+      `two user messages in a row: got ${badOrder.status} ${JSON.stringify(badBody)}, expected a 400 naming the role order`);
+
 // 6. Bad requests: 4xx with OpenAI's error body naming the field; the server
 // keeps serving.
 async function expectError(body, status, param, url = `${baseURL}/completions`) {
