@@ -16,7 +16,11 @@
 //   greedy tokens with the KV cache: greedy_f64 [batch, N] in OUT.
 // - MoE folders: aux_f64, moe_load_balancing_loss after the float64 forward.
 // - --ep: expert parallelism over all ranks instead (mesh ("ep")): rank r
-//   feeds sequence r % batch; logits_f64/f32 of ranks 0..batch-1 gathered.
+//   feeds sequence r % batch; logits_f64/f32 gathered, each sequence's from
+//   the first rank that fed it. --ep --tp T: an (ep, tp) mesh, the experts
+//   over ep and TP (no SP) over tp, ep rank e feeding sequence e % batch;
+//   --ep --dp D: a (dp, ep) mesh through parallelize_llama (FSDP, the experts
+//   their own unit over dp), each of the dp x ep ranks its own sequence.
 // - --pp P instead: a float64 pipeline over (pp, tp) = (P, WORLD_SIZE / P),
 //   GPipe, one sequence per microbatch, computes the mean cross-entropy
 //   against the tokens shifted by one (input_ids.roll(-1, 1)): loss_f64 in
@@ -54,26 +58,26 @@ namespace fs = std::filesystem;
 
 struct Args {
   std::string model_dir, reference, out, export_dir;
-  int64_t dp = 1, pp = 1, greedy = 0;
+  int64_t dp = 1, pp = 1, greedy = 0, tp = 1;
   bool ddp = false, ep = false;
 };
 
 constexpr const char* kUsage =
     "usage: hf_check MODEL_DIR REFERENCE.safetensors OUT.safetensors EXPORT_DIR [--dp N [--ddp]] [--greedy N] "
-    "[--pp N] [--ep]";
+    "[--pp N] [--ep [--tp N | --dp N]]";
 
 Args parseArgs(int argc, char** argv) {
   Args a;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--dp" || arg == "--pp" || arg == "--greedy") {
+    if (arg == "--dp" || arg == "--pp" || arg == "--greedy" || arg == "--tp") {
       TORCH_CHECK(i + 1 < argc, arg, " needs a value. ", kUsage);
       const std::string value = argv[++i];
       char* end = nullptr;
       const int64_t n = std::strtoll(value.c_str(), &end, 10);
       TORCH_CHECK(*end == '\0' && n > 0, arg, " must be a positive number, got '", value, "'.");
-      (arg == "--dp" ? a.dp : arg == "--pp" ? a.pp : a.greedy) = n;
+      (arg == "--dp" ? a.dp : arg == "--pp" ? a.pp : arg == "--tp" ? a.tp : a.greedy) = n;
     } else if (arg == "--ddp") {
       a.ddp = true;
     } else if (arg == "--ep") {
@@ -89,7 +93,9 @@ Args parseArgs(int argc, char** argv) {
   a.export_dir = positional[3];
   TORCH_CHECK(a.pp == 1 || (a.dp == 1 && a.greedy == 0), "--pp runs alone (no --dp, no --greedy). ", kUsage);
   TORCH_CHECK(a.greedy == 0 || a.dp == 1, "--greedy runs at dp 1. ", kUsage);
-  TORCH_CHECK(!a.ep || (a.dp == 1 && a.pp == 1 && a.greedy == 0), "--ep runs alone. ", kUsage);
+  TORCH_CHECK(!a.ep || (a.pp == 1 && a.greedy == 0 && (a.dp == 1 || a.tp == 1) && !a.ddp),
+              "--ep runs with --tp or --dp (FSDP) only. ", kUsage);
+  TORCH_CHECK(a.tp == 1 || a.ep, "--tp is for --ep (other layouts take tp = WORLD_SIZE / dp). ", kUsage);
   return a;
 }
 
@@ -193,29 +199,46 @@ at::Tensor greedyAt(const Args& a, const std::optional<DeviceMesh>& mesh, const 
   return tokens;
 }
 
-// --ep: every rank its own sequence, the experts spread over all ranks.
+// --ep: the experts spread over ep; every data-parallel rank (ep, or dp x ep)
+// its own sequence, tp ranks the same one.
 int runExpertParallel(const Args& a, ProcessGroup& world) {
-  const DeviceMesh mesh = init_device_mesh("cpu", {world.size()}, {"ep"});
+  const int64_t W = world.size(), ep = W / (a.dp * a.tp);
+  TORCH_CHECK(ep * a.dp * a.tp == W, "--ep: --dp ", a.dp, " x --tp ", a.tp, " does not divide WORLD_SIZE=", W, ".");
+  const DeviceMesh mesh = a.tp > 1   ? init_device_mesh("cpu", {ep, a.tp}, {"ep", "tp"})
+                          : a.dp > 1 ? init_device_mesh("cpu", {a.dp, ep}, {"dp", "ep"})
+                                     : init_device_mesh("cpu", {W}, {"ep"});
   const at::Tensor ids = tensorIn(a.reference, "input_ids");
   const int64_t batch = ids.size(0);
-  TORCH_CHECK(world.size() >= batch, "--ep needs at least one rank per sequence: ", batch, " sequences, ",
-              world.size(), " ranks.");
+  TORCH_CHECK(W / a.tp >= batch, "--ep needs at least one data-parallel rank per sequence: ", batch, " sequences, ",
+              W / a.tp, " ranks.");
+  auto sequenceOf = [&](int64_t rank) { return (rank / a.tp) % batch; };
+  std::vector<int64_t> first(batch, -1);  // each sequence from the first rank that fed it
+  for (int64_t r = W - 1; r >= 0; --r) first[sequenceOf(r)] = r;
   io::TensorMap out;
   for (at::ScalarType dtype : {at::kDouble, at::kFloat}) {
     LlamaConfig c = llama_config_from_hf(a.model_dir);
     c.dtype = dtype;
     Llama model(c);
-    apply_expert_parallel(model, mesh);
+    if (a.tp > 1) {
+      apply_expert_parallel(model, mesh["ep"]);
+      apply_tensor_parallel(model, mesh["tp"], TensorParallelOptions{/*sequence_parallel=*/false});
+    } else if (a.dp > 1) {
+      parallelize_llama(model, mesh);
+    } else {
+      apply_expert_parallel(model, mesh);
+    }
     load_hf_weights(model, a.model_dir);
     at::NoGradGuard no_grad;
-    const at::Tensor mine = model(ids.narrow(0, world.rank() % batch, 1));
-    const std::vector<int64_t> ones(world.size(), 1);
+    at::Tensor mine = model(ids.narrow(0, sequenceOf(world.rank()), 1));
+    if (is_dtensor(mine)) mine = full_tensor(mine);
+    const std::vector<int64_t> ones(W, 1);
     const at::Tensor all = world.all_gather(mine.contiguous(), 0, ones).wait();
-    out.emplace_back(dtype == at::kDouble ? "logits_f64" : "logits_f32", all.narrow(0, 0, batch).contiguous());
+    out.emplace_back(dtype == at::kDouble ? "logits_f64" : "logits_f32",
+                     all.index_select(0, at::tensor(first, at::kLong)).contiguous());
   }
   if (world.rank() == 0) {
     io::save_safetensors(a.out, out);
-    std::printf("hf_check: ep=%d: logits of %s written to %s\n", world.size(), a.model_dir.c_str(), a.out.c_str());
+    std::printf("hf_check: %s: logits of %s written to %s\n", mesh.str().c_str(), a.model_dir.c_str(), a.out.c_str());
     std::fflush(stdout);
   }
   return 0;

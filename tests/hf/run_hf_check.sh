@@ -12,7 +12,9 @@
 #     greedy KV-cache continuation (inference plan), and the export;
 #   -n 4 --dp 2 (dp 2 x tp 2, FSDP), the same with --ddp: logits and export;
 #   -n 2 --pp 2, -n 4 --pp 2 (pp 2 x tp 2): a GPipe pipeline's loss (untied
-#     folders: tied embeddings across stages are NYI).
+#     folders: tied embeddings across stages are NYI);
+#   MoE folders: the load-balancing loss, and logits under expert
+#     parallelism at ep 2 and 4, (ep, tp) = (2, 2) and (dp, ep) = (2, 2) FSDP.
 # compare_export.py checks each export against the original files. Folders
 # with a vocabulary of 256 are also fine-tuned by dtp-train --init-from-hf at
 # (dp, tp) = (2, 2), MoE folders at (dp, ep) = (2, 2) and (ep, tp) = (2, 2),
@@ -104,10 +106,10 @@ for c in "${cases[@]}"; do
   grep -q '"num_experts_per_tok"' "$model/config.json" && moe=1
   ((kv_heads % 4 == 0)) && layouts+=("4|--greedy 6|logits,greedy")
   layouts+=("4|--dp 2|logits" "4|--dp 2 --ddp|logits")
-  if ((moe)); then  # the load-balancing loss too, and expert parallelism at ep 2 and 4
+  if ((moe)); then  # the load-balancing loss too, and expert parallelism at ep 2 and 4, (ep, tp) and (dp, ep)
     layouts=("${layouts[@]/%|logits/|logits,aux}")
     layouts=("${layouts[@]/%|logits,greedy/|logits,greedy,aux}")
-    layouts+=("2|--ep|logits" "4|--ep|logits")
+    layouts+=("2|--ep|logits" "4|--ep|logits" "4|--ep --tp 2|logits" "4|--ep --dp 2|logits")
   fi
   # Tied embeddings across pipeline stages are NYI (llama_pipeline_stage says so).
   grep -q '"tie_word_embeddings": true' "$model/config.json" || layouts+=("2|--pp 2|loss" "4|--pp 2|loss")
@@ -128,7 +130,7 @@ for c in "${cases[@]}"; do
     ok=1
     got=$(step "$dir/compare_logits_$tag.log" "$python" "$here/compare_logits.py" "$ref" "$out" --expect "$expect") || ok=0
     export="no export"
-    if [[ $expect != loss && $flags != --ep ]]; then
+    if [[ $expect != loss && $flags != --ep* ]]; then
       files=$(find "$export_dir" -name '*.safetensors' | wc -l)
       export=$(step "$dir/compare_export_$tag.log" "$python" "$here/compare_export.py" "$model" "$export_dir") || ok=0
       export="$export in $files files"
