@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   apps::ModelFlags model_flags;
   std::string checkpoint, hf, tokenizer_path, device = "cpu", host = "127.0.0.1", name;
   int port = 8000;
-  int64_t context = 0, max_queue = 256, http_threads = 64;
+  int64_t context = 0, max_queue = 256, http_threads = 64, ep = 1;
   serve::EngineOptions eo;
   double grace_s = 2.0;
   CLI::App app{"dtp-serve: OpenAI's HTTP API (/v1/completions, /v1/chat/completions, /v1/models) over a model run "
@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path, "A model folder, tokenizer.json, tokenizer.model or \"byte\" [default: "
                  "the --hf folder's, else byte]");
   apps::add_model_flags(app, model_flags);
+  app.add_option("--ep", ep, "Expert-parallel degree for MoE models: ranks form an (ep, tp) mesh, each MoE layer's "
+                 "experts spread over ep, the rest tensor parallel over tp = ranks / ep")
+      ->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--host", host, "Address to listen on")->capture_default_str();
   app.add_option("--port", port, "Port (0: any free one; the log line 'dtp-serve: listening on' names it)")
       ->check(CLI::Range(0, 65535))
@@ -124,7 +127,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    Llama model = apps::load_inference_model(setup, hf, device, world.size());
+    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
     eo.context = ctx;
     eo.max_prefill = std::min(eo.max_prefill, eo.max_batch);
@@ -152,8 +155,8 @@ int main(int argc, char** argv) {
     TORCH_CHECK(bound > 0, "dtp-serve: --host ", host, " --port ", port, ": got a failed bind, expected a free "
                 "address. Pick another --port (0: any free one).");
     std::thread http([&] { server.listen_after_bind(); });
-    std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", TP="
-              << world.size() << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
+    std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", "
+              << (ep > 1 ? c10::str("EP=", ep, " x TP=", world.size() / ep) : c10::str("TP=", world.size())) << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
               << engine.blocks().total() << " blocks of " << eo.block_size << " tokens, "
               << (engine.blocks().total() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
               << " MiB per rank, prefill chunk " << eo.prefill_chunk << ", tokenizer "
