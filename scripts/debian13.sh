@@ -50,6 +50,8 @@ mounts=()
 cleanup() {
   local i
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do $sudo umount -R "${mounts[i]}" 2>/dev/null || true; done
+  # ip netns add (tests/multihost probing, then skipping) mounts the root's run/netns.
+  if mountpoint -q "$root/run/netns"; then $sudo umount "$root/run/netns" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
 mountpoint -q "$root/proc" || { $sudo mount -t proc proc "$root/proc"; mounts+=("$root/proc"); }
