@@ -69,6 +69,11 @@ inline InferenceSetup resolve_inference(CLI::App& app, ModelFlags& flags, const 
   return s;
 }
 
+// "TP=2", or "EP=2 x TP=1": how load_inference_model lays out `world_size` ranks.
+inline std::string layout_name(int world_size, int64_t ep) {
+  return ep > 1 ? c10::str("EP=", ep, " x TP=", world_size / ep) : c10::str("TP=", world_size);
+}
+
 // The model of `s` on a ("tp") mesh of every rank, or with `ep` > 1 an
 // ("ep", "tp") mesh: the MoE layers' experts spread over ep (every rank runs
 // the same tokens; each expert computes on its owner), the rest TP over tp.

@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
       for (const auto& s : out) generated += static_cast<int64_t>(s.size());
       std::printf("dtp-generate: %zu prompt(s), %s: prefill %.1f ms, decode %.2f ms/token p50, %.2f p90, "
                   "%.0f tokens/s, %.1f collectives/token\n",
-                  ids.size(), ep > 1 ? c10::str("EP=", ep, " x TP=", world.size() / ep).c_str() : c10::str("TP=", world.size()).c_str(), stats.prefill_ms, pct(0.5), pct(0.9),
+                  ids.size(), apps::layout_name(world.size(), ep).c_str(), stats.prefill_ms, pct(0.5), pct(0.9),
                   total > 0 ? 1000.0 * (generated - static_cast<int64_t>(out.size())) / total : 0.0,
                   ms.empty() ? 0.0 : static_cast<double>(stats.decode_collectives) / ms.size());
     }

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
                 "address. Pick another --port (0: any free one).");
     std::thread http([&] { server.listen_after_bind(); });
     std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", "
-              << (ep > 1 ? c10::str("EP=", ep, " x TP=", world.size() / ep) : c10::str("TP=", world.size())) << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
+              << apps::layout_name(world.size(), ep) << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
               << engine.blocks().total() << " blocks of " << eo.block_size << " tokens, "
               << (engine.blocks().total() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
               << " MiB per rank, prefill chunk " << eo.prefill_chunk << ", tokenizer "

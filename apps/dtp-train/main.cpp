@@ -593,8 +593,9 @@ int main(int argc, char** argv) {
                 ep > 1 ? c10::str(" x --ep ", ep) : "", " x --tp ", tp, " = ", pp * dp * ep * tp, " ranks, but "
                 "WORLD_SIZE=", W, ". Choose degrees whose product is the number of ranks (dtprun -n ",
                 pp * dp * ep * tp, ").");
-    // The model's experts and aux coefficient: the flags', the HF folder's or the checkpoint's.
-    const MoEConfig moe = configOf(o).moe;
+    // The model: the flags', the HF folder's or the checkpoint's.
+    LlamaConfig config = configOf(o);
+    const MoEConfig& moe = config.moe;
     TORCH_CHECK(ep == 1 || moe.num_experts > 0, "--ep ", ep, " spreads the experts of MoE layers; the model has none. "
                 "Add --experts N (a multiple of ", ep, "), or drop --ep.");
     TORCH_CHECK(!o.shard_experts || (moe.num_experts > 0 && ep == 1), "--shard-experts cuts the experts of MoE "
@@ -629,7 +630,7 @@ int main(int argc, char** argv) {
     const bool hfTokenizer = !o.init_from_hf.empty() && (std::filesystem::exists(o.init_from_hf + "/tokenizer.model") ||
                                                          std::filesystem::exists(o.init_from_hf + "/tokenizer.json"));
     const auto tokenizer = load_tokenizer(hfTokenizer ? o.init_from_hf : "byte");
-    check_tokenizer_fits_model(*tokenizer, configOf(o).vocab_size, o.init_from_hf.empty() ? "dtp-train's model" : o.init_from_hf);
+    check_tokenizer_fits_model(*tokenizer, config.vocab_size, o.init_from_hf.empty() ? "dtp-train's model" : o.init_from_hf);
     const at::Tensor corpus = apps::load_corpus(o.data, tokenizer.get());
     TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
                 "drop --dtype ", o.model.dtype, ".");
@@ -638,7 +639,6 @@ int main(int argc, char** argv) {
                       : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})
                       : dp > 1 || fsdp     ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
                                            : init_device_mesh(o.device, {tp}, {"tp"});
-    LlamaConfig config = configOf(o);
     config.deferred_init = !o.eager_init;  // each rank allocates its shards (of its stages) only
     config.device = mesh.device();
     Llama model(config);

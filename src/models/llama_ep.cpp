@@ -2,6 +2,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
 #include "dtp/tp/parallelize.h"
+#include "models/moe_layers.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
@@ -21,7 +22,9 @@ struct LoadBalancingLossBackward : torch::autograd::Node {
   }
 };
 
-std::vector<MoEImpl*> moeLayers(Llama& model) {
+}  // namespace
+
+std::vector<MoEImpl*> detail::moe_layers(Llama& model) {
   std::vector<MoEImpl*> out;
   if (!model->layers) return out;
   for (const auto& layer : *model->layers) {
@@ -30,8 +33,6 @@ std::vector<MoEImpl*> moeLayers(Llama& model) {
   }
   return out;
 }
-
-}  // namespace
 
 void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
   const auto names = mesh.mesh_dim_names();
@@ -58,7 +59,7 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
 // before any layer's). The same path serves runs without checkpointing.
 // A backward of a loss without this term gives the routers nothing of it.
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel) {
-  const auto layers = moeLayers(model);
+  const auto layers = detail::moe_layers(model);
   const LlamaConfig& c = model->config;
   if (layers.empty()) return at::zeros({}, at::TensorOptions().dtype(c.dtype).device(c.device));
   std::vector<at::Tensor> probs, masks;

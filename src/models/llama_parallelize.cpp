@@ -5,6 +5,7 @@
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/models/llama_pipeline.h"
 #include "mesh/flatten.h"
+#include "models/moe_layers.h"
 #include "mesh/select_dims.h"
 
 #include <algorithm>
@@ -76,16 +77,12 @@ void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const Parallel
   if (options.data_parallel == DataParallel::FSDP) {
     FullyShardOptions experts = options.fsdp;
     experts.gradient_divide_factor = factor;
-    for (size_t i = 0; i < model->layers->size(); ++i)
-      if (auto& moe = model->layers[i]->as<TransformerBlockImpl>()->moe)
-        fully_shard(*moe->experts, experts_mesh, experts);
+    for (MoEImpl* moe : detail::moe_layers(model)) fully_shard(*moe->experts, experts_mesh, experts);
     apply_fsdp(model, dense, options.fsdp);
   } else {
     ReplicateOptions experts = options.ddp;
     experts.gradient_divide_factor = factor;
-    for (size_t i = 0; i < model->layers->size(); ++i)
-      if (auto& moe = model->layers[i]->as<TransformerBlockImpl>()->moe)
-        replicate(*moe->experts, experts_mesh, experts);
+    for (MoEImpl* moe : detail::moe_layers(model)) replicate(*moe->experts, experts_mesh, experts);
     apply_ddp(model, dense, options.ddp);
   }
 }

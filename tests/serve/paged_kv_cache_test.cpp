@@ -6,6 +6,7 @@
 // scattered over the pool; at TP 2 too; padding beside a longer chunk stays
 // within the model's positions. Bad tables are named errors.
 #include "dist.h"
+#include "llama_util.h"
 
 #include "dtp/dtensor.h"
 #include "dtp/models/generate.h"
@@ -22,13 +23,7 @@ using dtp::test::run_ranks;
 namespace {
 
 LlamaConfig config() {
-  LlamaConfig c;
-  c.vocab_size = 67;
-  c.dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;  // grouped: each KV head serves 2 query heads
-  c.ffn_hidden = 40;
+  LlamaConfig c = dtp::test::small_llama_config(2);  // 4 heads over 2 KV heads: grouped
   c.max_seq_len = 32;
   c.seed = 3;
   c.dtype = at::kDouble;
