@@ -14,19 +14,13 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
+import { checker, same, show } from './checks.mjs';
+
 const [url, chromiumPath, userDataDir, shotDir] = process.argv.slice(2);
 const require = createRequire(path.join(process.env.DTP_NPM_PREFIX, 'node_modules', 'x.js'));
 const { chromium } = require('playwright-core');
 
-let failures = 0;
-const check = (ok, what) => {
-  if (!ok) {
-    failures++;
-    console.log(`chat_page_test: FAILED: ${what}`);
-  }
-};
-const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
-const show = (s) => JSON.stringify(s);
+const { check, failed } = checker('chat_page_test');
 
 // The API's own answer to a (non-streamed) request: {status, body}.
 async function api(body) {
@@ -151,4 +145,4 @@ try {
 } finally {
   await context.close();
 }
-process.exit(failures ? 1 : 0);
+process.exit(failed() ? 1 : 0);

@@ -19,20 +19,15 @@ import { writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
+import { checker, same } from './checks.mjs';
+
 const [baseURL, dtprun, reference, work, rank1] = process.argv.slice(2);
 const require = createRequire(path.join(process.env.DTP_NPM_PREFIX, 'node_modules', 'x.js'));
 const OpenAI = require('openai');
 const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120000 });
 const metricsURL = baseURL.replace(/\/v1$/, '/metrics');
 
-let failures = 0;
-const check = (ok, what) => {
-  if (!ok) {
-    failures++;
-    console.log(`serve_paged_test: FAILED: ${what}`);
-  }
-};
-const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+const { check, failed } = checker('serve_paged_test');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 async function metrics() {
   const text = await (await fetch(metricsURL)).text();
@@ -138,5 +133,5 @@ answers.forEach((a, i) => {
 });
 console.log(`serve_paged_test.mjs: rank 1 killed: ${answers.map((a) => a.status).join(' ')}: ${answers[0].body.slice(0, 200)}`);
 
-if (failures) process.exit(1);
+if (failed()) process.exit(1);
 console.log('serve_paged_test.mjs: preemption, chunked prefill, aborted stream, dead rank: ok');

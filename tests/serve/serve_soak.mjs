@@ -19,6 +19,8 @@ import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
+import { checker } from './checks.mjs';
+
 const [baseURL, requestsArg, pidsArg] = process.argv.slice(2);
 const require = createRequire(path.join(process.env.DTP_NPM_PREFIX, 'node_modules', 'x.js'));
 const OpenAI = require('openai');
@@ -26,13 +28,7 @@ const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120
 const total = Number(requestsArg), clients = 16;
 const pids = pidsArg.split(',').filter(Boolean).map(Number);
 
-let failures = 0;
-const check = (ok, what) => {
-  if (!ok) {
-    failures++;
-    console.log(`serve_soak: FAILED: ${what}`);
-  }
-};
+const { check, failed } = checker('serve_soak');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const rssKiB = (pid) => Number(readFileSync(`/proc/${pid}/status`, 'utf8').match(/^VmRSS:\s+(\d+) kB$/m)[1]);
 async function metrics() {
@@ -111,5 +107,5 @@ console.log(`serve_soak: ${total} requests (${aborted} aborted streams) in ${sec
             `${m.preemptions} preemptions, ${m.cancelled} cancelled; KV blocks ${m.used}/${m.total} held at the end; ` +
             `RSS per rank (MiB) after ${Math.floor(total / 10)}: ${warm.map((x) => (x / 1024).toFixed(1)).join(', ')}, ` +
             `after ${total}: ${end.map((x) => (x / 1024).toFixed(1)).join(', ')}`);
-if (failures) process.exit(1);
+if (failed()) process.exit(1);
 console.log('serve_soak: ok');

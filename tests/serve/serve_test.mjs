@@ -7,20 +7,15 @@ import { writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
+import { checker, same } from './checks.mjs';
+
 const [baseURL, chatURL, dtprun, reference, work] = process.argv.slice(2);
 const require = createRequire(path.join(process.env.DTP_NPM_PREFIX, 'node_modules', 'x.js'));
 const OpenAI = require('openai');
 const base = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0 });
 const chat = new OpenAI({ baseURL: chatURL, apiKey: 'none', maxRetries: 0 });
 
-let failures = 0;
-const check = (ok, what) => {
-  if (!ok) {
-    failures++;
-    console.log(`serve_test: FAILED: ${what}`);
-  }
-};
-const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+const { check, failed } = checker('serve_test');
 
 // models::generate's tokens for each [prompt ids, max_tokens, stop ids], each
 // prompt alone, at TP=2 (dtp-generate's code path).
@@ -160,5 +155,5 @@ try {
 const after = await complete(prompts[0]);
 check(same(after.choices[0].token_ids, alone[0].choices[0].token_ids), 'the server answers differently after bad requests');
 
-if (failures) process.exit(1);
+if (failed()) process.exit(1);
 console.log(`serve_test.mjs: ${prompts.length} greedy prompts equal generate's, 9 concurrent equal alone, streaming, stop, chat, 14 bad requests: ok`);
