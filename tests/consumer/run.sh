@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install.ConsumerLinksEachTargetAlone: installs the build into a prefix
+# inside WORK, configures tests/consumer against it (find_package(dtp)),
+# builds one program per exported target and runs each. Everything it writes
+# stays in WORK (in the build tree), which a passing run removes.
+#
+# Usage: run.sh BUILD_DIR CONSUMER_SOURCE_DIR WORK [cmake -D options for the consumer...]
+set -euo pipefail
+build=$1 source=$2 work=$3
+shift 3
+rm -rf "$work"
+mkdir -p "$work/files"
+echo "== cmake --install $build --prefix $work/prefix"
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+echo "== configure $source"
+cmake -S "$source" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" "$@"
+echo "== build"
+cmake --build "$work/build" -j "${DTP_CONSUMER_JOBS:-2}"
+dtprun=$work/prefix/bin/dtprun
+[[ -x $dtprun ]] || { echo "run.sh: $dtprun was not installed (configure dtp with DTP_BUILD_APPS=ON)" >&2; exit 1; }
+echo "== run"
+"$work/build/use_io" "$work/files"
+"$dtprun" -n 2 "$work/build/use_dtp"
+"$dtprun" -n 2 "$work/build/use_dcp" "$work/files"
+"$work/build/use_inference"
+"$work/build/use_models"
+rm -rf "$work"
+echo "every target linked alone and ran"
