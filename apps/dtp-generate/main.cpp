@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   std::string checkpoint, hf, tokenizer_path, prompt_file, chat, system, chat_date, device = "cpu";
   bool no_think = false;
   std::vector<std::string> prompts;
-  int64_t tokens = 200, context = 0, top_k = 0, ep = 1;
+  int64_t max_new_tokens = 200, context = 0, top_k = 0, ep = 1;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   CLI::App app{"dtp-generate: sample text from a dtp-train checkpoint or a Hugging Face Llama with tensor parallelism"};
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       ->needs(chat_opt);
   app.add_flag("--no-think", no_think, "With --chat on Qwen 3: enable_thinking=false (an empty <think> block)")
       ->needs(chat_opt);
-  app.add_option("--max-new-tokens,--tokens", tokens, "Tokens to generate per prompt")->check(dtp::apps::kPositive);
+  app.add_option("--max-new-tokens,--tokens", max_new_tokens, "Tokens to generate per prompt")->check(dtp::apps::kPositive);
   app.add_option("--context", context, "KV cache length per sequence [default: the model's max_seq_len]")
       ->check(dtp::apps::kPositive);
   app.add_option("--temperature", temperature, "0: greedy; else sample from softmax(logits / T)")
@@ -124,13 +124,13 @@ int main(int argc, char** argv) {
     // A chat prompt holds its BOS already (the template writes bos_token).
     for (const auto& p : prompts) ids.push_back(tokenizer->encode(p, /*add_bos=*/chat.empty()));
     GenerateOptions o;
-    o.max_new_tokens = tokens;
+    o.max_new_tokens = max_new_tokens;
     o.sampling = {temperature, top_k, top_p};
     o.seed = seed;
     o.stop_tokens = stop_tokens;
     int64_t longest = 0;
     for (const auto& p : ids) longest = std::max<int64_t>(longest, p.size());
-    KVCache cache(static_cast<int64_t>(ids.size()), std::min(config.max_seq_len, longest + tokens - 1));
+    KVCache cache(static_cast<int64_t>(ids.size()), std::min(config.max_seq_len, longest + max_new_tokens - 1));
     GenerateStats stats;
     const auto out = generate(model, cache, ids, o, &stats);
     if (world.rank() == 0) {

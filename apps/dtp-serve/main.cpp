@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   using namespace dtp;
   using namespace dtp::models;
   apps::ModelFlags model_flags;
-  std::string checkpoint, hf, tokenizer_path, device = "cpu", host = "127.0.0.1", name;
+  std::string checkpoint, hf, tokenizer_path, device = "cpu", host = "127.0.0.1", served_model_name;
   int port = 8000;
   int64_t context = 0, max_queue = 256, http_threads = 64, ep = 1;
   serve::EngineOptions eo;
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "Port (0: any free one; the log line 'dtp-serve: listening on' names it)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  app.add_option("--served-model-name", name, "The model's name in the API [default: the folder's name]");
+  app.add_option("--served-model-name", served_model_name, "The model's name in the API [default: the folder's name]");
   app.add_option("--context", context, "Cached positions per sequence (prompt + output) [default: the model's "
                  "max_seq_len]")->check(apps::kPositive);
   app.add_option("--max-batch", eo.max_batch, "Sequences decoded together")->check(apps::kPositive)->capture_default_str();
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     const serve::RankPids pids = serve::gather_rank_pids(world);
     if (rank != 0) return serve::follow_plans(engine, group);
 
-    served.name = !name.empty() ? name
+    served.name = !served_model_name.empty() ? served_model_name
                   : !hf.empty() ? std::filesystem::path(hf).lexically_normal().filename().string()
                                 : std::filesystem::path(checkpoint).lexically_normal().filename().string();
     if (served.name.empty()) served.name = "dtp";

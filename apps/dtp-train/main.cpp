@@ -47,10 +47,10 @@ struct Options {
   int microbatches = 0;
   std::string pipeline_schedule = "1f1b";
   double lr = 3e-3, dropout = 0.0, clip = 0.0;
-  std::string ac = "none", schedule = "constant";
+  std::string ac = "none", lr_schedule = "constant";
   uint64_t seed = 0;
   bool no_sp = false, shard_experts = false, check_parity = false, ddp = false, fsdp = false, eager_init = false;
-  std::string save, resume, mp, device = "cpu", init_from_hf, save_hf, comm_debug, metrics, profile;
+  std::string save, resume, mixed_precision, device = "cpu", init_from_hf, save_hf, comm_debug, metrics, profile;
   int64_t save_every = 0, keep_last = 0, profile_steps = 3;
   // --resume: the config the checkpoint records (NOTE: [Config in the checkpoint]).
   std::optional<LlamaConfig> saved_config;
@@ -84,7 +84,7 @@ void writeCommDebug(const CommDebugMode& debug, const std::string& path, const P
 // and gradient reduction).
 FullyShardOptions fsdpOptions(const Options& o) {
   FullyShardOptions f;
-  if (o.mp == "bf16") {
+  if (o.mixed_precision == "bf16") {
     f.mp_policy.param_dtype = at::kBFloat16;
     f.mp_policy.reduce_dtype = at::kFloat;
   }
@@ -204,7 +204,7 @@ struct Run {
 // constant or a cosine decay to lr/10 at the last step.
 double learningRate(const Options& o, int64_t step) {
   if (step < o.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup);
-  if (o.schedule == "constant") return o.lr;
+  if (o.lr_schedule == "constant") return o.lr;
   const double span = std::max<int64_t>(1, o.steps - o.warmup - 1);
   const double progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
   return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
@@ -442,7 +442,7 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
 // --mp bf16: the same, against one device under the same policy, with bf16's
 // ulp (NOTE: [Mixed-precision parity tolerance] in tests/data_parallel_test.cpp).
 int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
-  const bool mp = !o.mp.empty();
+  const bool mp = !o.mixed_precision.empty();
   const Run one = trainOneDevice(o, corpus, o.model.dtype, mp);
   const Diff d = diff(tp, one);
   const size_t steps = one.losses.size();
@@ -517,7 +517,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   auto* fsdp = app.add_flag("--fsdp", o.fsdp, "Data parallelism as FSDP (fully_shard per block) [default]");
   auto* ddp = app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
-  app.add_option("--mp", o.mp, "Mixed precision under FSDP: bf16 compute, float32 master weights")
+  app.add_option("--mp", o.mixed_precision, "Mixed precision under FSDP: bf16 compute, float32 master weights")
       ->check(CLI::IsMember({"bf16"}))
       ->excludes(ddp);
   app.add_option("--ac", o.ac, "Activation checkpointing of the transformer blocks")
@@ -530,7 +530,7 @@ int main(int argc, char** argv) {
                "Build and initialize the whole model on every rank before sharding it (default: deferred init, "
                "each rank allocates and initializes its shards only)");
   app.add_option("--warmup", o.warmup, "Steps of linear learning-rate warmup")->check(dtp::apps::kNonNegative);
-  app.add_option("--lr-schedule", o.schedule, "After warmup: constant, or cosine decay to lr/10")
+  app.add_option("--lr-schedule", o.lr_schedule, "After warmup: constant, or cosine decay to lr/10")
       ->check(CLI::IsMember({"constant", "cosine"}))
       ->capture_default_str();
   app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(dtp::apps::kPositive);
@@ -632,9 +632,9 @@ int main(int argc, char** argv) {
     const auto tokenizer = load_tokenizer(hfTokenizer ? o.init_from_hf : "byte");
     check_tokenizer_fits_model(*tokenizer, config.vocab_size, o.init_from_hf.empty() ? "dtp-train's model" : o.init_from_hf);
     const at::Tensor corpus = apps::load_corpus(o.data, tokenizer.get());
-    TORCH_CHECK(o.mp.empty() || o.model.dtype == "float32", "--mp ", o.mp, " keeps float32 master weights: "
-                "drop --dtype ", o.model.dtype, ".");
-    const bool fsdp = (dp * ep > 1 && !o.ddp) || !o.mp.empty();
+    TORCH_CHECK(o.mixed_precision.empty() || o.model.dtype == "float32", "--mp ", o.mixed_precision,
+                " keeps float32 master weights: drop --dtype ", o.model.dtype, ".");
+    const bool fsdp = (dp * ep > 1 && !o.ddp) || !o.mixed_precision.empty();
     DeviceMesh mesh = pp > 1               ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
                       : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})
                       : dp > 1 || fsdp     ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
@@ -644,7 +644,7 @@ int main(int argc, char** argv) {
     Llama model(config);
     if (world.rank() == 0)
       std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f M tokens (%s)%s%s\n",
-                  mesh.str().c_str(), fsdp ? (o.mp.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp * ep > 1 ? " DDP" : "", static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
+                  mesh.str().c_str(), fsdp ? (o.mixed_precision.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp * ep > 1 ? " DDP" : "", static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
                   static_cast<long long>(config.n_heads), static_cast<long long>(config.n_kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
@@ -669,11 +669,11 @@ int main(int argc, char** argv) {
     } else if (parallel.ac) {
       apply_ac(model, *parallel.ac);
     }
-    if (world.rank() == 0 && (o.ac != "none" || o.clip > 0 || o.warmup > 0 || o.schedule != "constant"))
+    if (world.rank() == 0 && (o.ac != "none" || o.clip > 0 || o.warmup > 0 || o.lr_schedule != "constant"))
       std::printf("dtp-train: activation checkpointing %s%s, gradient clipping %s, lr %g with %lld warmup steps, %s\n",
                   o.ac.c_str(), o.ac != "none" && o.ac_every > 1 ? c10::str(" (every ", o.ac_every, " blocks)").c_str() : "",
                   o.clip > 0 ? c10::str("at norm ", o.clip).c_str() : "off", o.lr, static_cast<long long>(o.warmup),
-                  o.schedule.c_str());
+                  o.lr_schedule.c_str());
     if (config.deferred_init && pipe) pipe->init_weights(model);
     else if (config.deferred_init) init_weights(model);
     {
