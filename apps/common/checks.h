@@ -9,7 +9,7 @@
 
 namespace dtp::apps {
 
-inline CLI::Validator numberAbove(double bound, bool inclusive, const std::string& what, const std::string& name) {
+inline CLI::Validator number_above(double bound, bool inclusive, const std::string& what, const std::string& name) {
   return CLI::Validator(
       [=](std::string& s) -> std::string {
         try {
@@ -23,7 +23,7 @@ inline CLI::Validator numberAbove(double bound, bool inclusive, const std::strin
       name);
 }
 
-inline const CLI::Validator kPositive = numberAbove(0, false, "a positive number", "POSITIVE");
-inline const CLI::Validator kNonNegative = numberAbove(0, true, "a non-negative number", "NONNEGATIVE");
+inline const CLI::Validator kPositive = number_above(0, false, "a positive number", "POSITIVE");
+inline const CLI::Validator kNonNegative = number_above(0, true, "a non-negative number", "NONNEGATIVE");
 
 }  // namespace dtp::apps

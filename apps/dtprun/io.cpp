@@ -5,7 +5,7 @@
 
 namespace dtprun {
 
-bool writeAll(int fd, const std::string& data) {
+bool write_all(int fd, const std::string& data) {
   const char* p = data.data();
   size_t left = data.size();
   while (left > 0) {
@@ -23,7 +23,7 @@ bool writeAll(int fd, const std::string& data) {
 }
 
 void say(const std::string& message) {
-  writeAll(STDERR_FILENO, "dtprun: " + message + "\n");
+  write_all(STDERR_FILENO, "dtprun: " + message + "\n");
 }
 
 } // namespace dtprun

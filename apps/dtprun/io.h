@@ -9,7 +9,7 @@ namespace dtprun {
 // Writes all of `data` to `fd`, retrying short writes and EINTR. One call per
 // line keeps lines from different ranks from interleaving: dtprun is the only
 // writer to its stdout/stderr. Returns false if the fd is gone (e.g. EPIPE).
-bool writeAll(int fd, const std::string& data);
+bool write_all(int fd, const std::string& data);
 
 // Prints "dtprun: <message>\n" to stderr as one write.
 void say(const std::string& message);

@@ -16,7 +16,7 @@ bool LinePrefixer::writeLine(const char* begin, const char* end) {
   std::string line;
   line.reserve(prefix_.size() + static_cast<size_t>(end - begin) + 1);
   line.append(prefix_).append(begin, end).push_back('\n');
-  return writeAll(out_fd_, line);
+  return write_all(out_fd_, line);
 }
 
 bool LinePrefixer::feed(const char* data, size_t size) {

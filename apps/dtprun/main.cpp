@@ -155,9 +155,9 @@ int main(int argc, char** argv) {
 
   try {
     if (!port_given) {
-      options.master_port = options.nnodes == 1 ? dtprun::pickFreePort() : kDefaultMultiNodePort;
+      options.master_port = options.nnodes == 1 ? dtprun::pick_free_port() : kDefaultMultiNodePort;
     }
-    dtprun::defaultOmpEnvironment(options.nproc_per_node);
+    dtprun::default_omp_environment(options.nproc_per_node);
     // NOTE: [Restarts] Attempt k meets on MASTER_PORT + k: the machines of a
     // job restart one by one (each dtprun when its own ranks fail), and a
     // machine that restarted first must never join the store of the attempt
@@ -167,10 +167,10 @@ int main(int argc, char** argv) {
     const int base_port = options.master_port;
     for (;;) {
       bool interrupted = false;
-      const int code = dtprun::runRanks(options, &interrupted);
+      const int code = dtprun::run_ranks(options, &interrupted);
       if (code == 0 || interrupted || code == 127 || options.restart_count >= options.max_restarts) return code;
       ++options.restart_count;
-      options.master_port = options.nnodes == 1 && !port_given ? dtprun::pickFreePort()
+      options.master_port = options.nnodes == 1 && !port_given ? dtprun::pick_free_port()
                                                                : base_port + options.restart_count;
       dtprun::say("restarting all " + std::to_string(options.nproc_per_node) + " ranks of this machine (restart " +
                   std::to_string(options.restart_count) + " of " + std::to_string(options.max_restarts) +

@@ -25,7 +25,7 @@ std::string portError(int err) {
 
 } // namespace
 
-int pickFreePort() {
+int pick_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     throw std::runtime_error(portError(errno));
@@ -59,7 +59,7 @@ int usableCpus() {
 
 } // namespace
 
-void defaultOmpEnvironment(int local_ranks) {
+void default_omp_environment(int local_ranks) {
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     // N ranks that each start one OpenMP thread per CPU oversubscribe the
     // machine N times over; torchrun sets 1, which idles most CPUs instead.
@@ -78,13 +78,13 @@ void defaultOmpEnvironment(int local_ranks) {
   }
 }
 
-int globalRank(const LaunchOptions& options, int local_rank) {
+int global_rank(const LaunchOptions& options, int local_rank) {
   return options.node_rank * options.nproc_per_node + local_rank;
 }
 
-std::vector<std::string> rankEnvironment(const LaunchOptions& options, int local_rank) {
+std::vector<std::string> rank_environment(const LaunchOptions& options, int local_rank) {
   std::map<std::string, std::string> rank_vars = {
-      {"RANK", std::to_string(globalRank(options, local_rank))},
+      {"RANK", std::to_string(global_rank(options, local_rank))},
       {"WORLD_SIZE", std::to_string(options.nnodes * options.nproc_per_node)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},

@@ -56,7 +56,7 @@ std::vector<int> SignalPipe::drain() {
   return signals;
 }
 
-void SignalPipe::resetInChild(const sigset_t& mask) {
+void SignalPipe::reset_in_child(const sigset_t& mask) {
   for (int sig : kRoutedSignals) {
     ::signal(sig, SIG_DFL);
   }

@@ -26,7 +26,7 @@ class SignalPipe {
   // For a forked child before exec: restores the default action of every
   // signal SignalPipe changed (an ignored SIGPIPE would survive exec) and
   // installs `mask`. Async-signal-safe.
-  static void resetInChild(const sigset_t& mask);
+  static void reset_in_child(const sigset_t& mask);
 
  private:
   int read_fd_ = -1;

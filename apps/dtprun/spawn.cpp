@@ -44,7 +44,7 @@ std::vector<char*> cStrings(const std::vector<std::string>& strings) {
 // Runs in the forked child: only async-signal-safe calls, no allocation.
 [[noreturn]] void execChild(
     char** argv, char** envp, pid_t parent, const sigset_t& mask, int out_w, int err_w, int status_w) {
-  SignalPipe::resetInChild(mask);
+  SignalPipe::reset_in_child(mask);
   // Own process group: dtprun's killpg() then reaches the rank's children,
   // and a terminal's Ctrl-C reaches dtprun alone, which forwards it.
   if (::setpgid(0, 0) != 0) {
@@ -75,7 +75,7 @@ std::vector<char*> cStrings(const std::vector<std::string>& strings) {
 
 } // namespace
 
-SpawnResult spawnRank(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+SpawnResult spawn_rank(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   // Built before fork: the child must not allocate.
   std::vector<char*> c_argv = cStrings(argv);
   std::vector<char*> c_env = cStrings(env);
@@ -96,7 +96,7 @@ SpawnResult spawnRank(const std::vector<std::string>& argv, const std::vector<st
   }
 
   // Block signals across fork so no dtprun handler runs in the child before
-  // resetInChild() restores the defaults.
+  // reset_in_child() restores the defaults.
   sigset_t all, old_mask;
   sigfillset(&all);
   ::sigprocmask(SIG_SETMASK, &all, &old_mask);

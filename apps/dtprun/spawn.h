@@ -24,6 +24,6 @@ struct SpawnResult {
 // starts, and gets SIGKILL if dtprun dies. Returns once the exec has
 // succeeded or failed, so a missing program is reported once, plainly,
 // instead of as a rank exiting 127.
-SpawnResult spawnRank(const std::vector<std::string>& argv, const std::vector<std::string>& env);
+SpawnResult spawn_rank(const std::vector<std::string>& argv, const std::vector<std::string>& env);
 
 } // namespace dtprun

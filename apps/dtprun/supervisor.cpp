@@ -114,13 +114,13 @@ class Job {
 void Job::start() {
   ranks_.reserve(static_cast<size_t>(options_.nproc_per_node));
   for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank) {
-    SpawnResult spawned = spawnRank(options_.command, rankEnvironment(options_, local_rank));
+    SpawnResult spawned = spawn_rank(options_.command, rank_environment(options_, local_rank));
     if (!spawned.error.empty()) {
       say(spawned.error);
       stop(SIGKILL, 127);
       return;
     }
-    int rank = globalRank(options_, local_rank);
+    int rank = global_rank(options_, local_rank);
     std::string prefix = "[rank " + std::to_string(rank) + "] ";
     const RankProcess& p = spawned.process;
     ranks_.push_back(Rank{rank, p.pid, true, RankOutput{p.out_fd, LinePrefixer(prefix, STDOUT_FILENO)},
@@ -327,7 +327,7 @@ int Job::pollTimeoutMs(Clock::time_point now) const {
 
 } // namespace
 
-int runRanks(const LaunchOptions& options, bool* interrupted) {
+int run_ranks(const LaunchOptions& options, bool* interrupted) {
   Job job(options);
   const int code = job.run();
   if (interrupted != nullptr) *interrupted = job.interrupted();

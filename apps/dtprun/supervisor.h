@@ -15,6 +15,6 @@ namespace dtprun {
 // - 127 when the program cannot be executed.
 // Never leaves a rank or anything in a rank's process group running.
 // `interrupted` (if given) tells whether dtprun itself received a signal.
-int runRanks(const LaunchOptions& options, bool* interrupted = nullptr);
+int run_ranks(const LaunchOptions& options, bool* interrupted = nullptr);
 
 } // namespace dtprun
