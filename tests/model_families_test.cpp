@@ -53,6 +53,15 @@ const std::vector<Family>& families() {
          c.tie_embeddings = true;
        }},
       {"qwen3_head_dim12", [](LlamaConfig& c) {
+      {"qwen2_moe_shared_expert", [](LlamaConfig& c) {
+         c.family = "qwen2_moe";
+         c.qkv_bias = true;
+         c.moe.num_experts = 4;
+         c.moe.top_k = 2;
+         c.moe.hidden = 12;
+         c.moe.norm_topk_prob = false;
+         c.moe.shared_hidden = 20;
+       }},
          c.family = "qwen3";
          c.qk_norm = true;
          c.explicit_head_dim = 12;

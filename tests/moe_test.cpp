@@ -67,12 +67,14 @@ TEST(AllToAllSingleTest, SplitsThatDoNotAddUpAreNamedErrors) {
   });
 }
 
-MoEConfig moeConfig(int64_t experts, int64_t top_k, bool norm) {
+// shared > 0: with a gated shared expert of that width (Qwen2-MoE's).
+MoEConfig moeConfig(int64_t experts, int64_t top_k, bool norm, int64_t shared = 0) {
   MoEConfig c;
   c.num_experts = experts;
   c.top_k = top_k;
   c.hidden = 12;
   c.norm_topk_prob = norm;
+  c.shared_hidden = shared;
   return c;
 }
 
@@ -86,7 +88,8 @@ MoE makeMoE(int64_t dim, const MoEConfig& c, uint64_t seed) {
 }
 
 // Token by token: softmax, top-k (renormalized), the chosen experts' SwiGLU
-// weighted. Written apart from MoEImpl's sorted dispatch.
+// weighted, plus the shared expert's SwiGLU times sigmoid of its gate's dot
+// product with the token. Written apart from MoEImpl's sorted dispatch.
 at::Tensor reference(MoE& m, const at::Tensor& x) {
   const at::Tensor flat = x.reshape({-1, x.size(-1)});
   at::Tensor out = at::zeros_like(flat);
@@ -99,17 +102,26 @@ at::Tensor reference(MoE& m, const at::Tensor& x) {
       const at::Tensor h = at::silu(at::matmul(m->experts->w1[k], flat[t])) * at::matmul(m->experts->w3[k], flat[t]);
       out[t] += w[j] * at::matmul(m->experts->w2[k], h);
     }
+    if (m->shared_expert) {
+      const auto& s = m->shared_expert;
+      const at::Tensor h = at::silu(at::matmul(s->w1->weight, flat[t])) * at::matmul(s->w3->weight, flat[t]);
+      out[t] += at::sigmoid(at::dot(m->shared_expert_gate->weight[0], flat[t])) * at::matmul(s->w2->weight, h);
+    }
   }
   return out.view(x.sizes());
 }
 
-TEST(MoETest, EqualsATokenByTokenReferenceForBothRoutings) {
+TEST(MoETest, EqualsATokenByTokenReferenceForBothRoutingsWithAndWithoutASharedExpert) {
   for (bool norm : {true, false}) {
-    SCOPED_TRACE(norm ? "norm_topk_prob (Mixtral)" : "no renormalization (Qwen3-MoE's default)");
-    MoE m = makeMoE(8, moeConfig(6, 2, norm), 1);
-    const at::Tensor x = at::randn({3, 5, 8}, at::kDouble);
-    torch::NoGradGuard no_grad;
-    EXPECT_LE((m(x) - reference(m, x)).abs().max().item<double>(), 1e-14);
+    for (int64_t shared : {0, 10}) {
+      SCOPED_TRACE(c10::str(norm ? "norm_topk_prob (Mixtral)" : "no renormalization (Qwen3-MoE's default)",
+                            shared ? ", shared expert (Qwen2-MoE)" : ""));
+      MoE m = makeMoE(8, moeConfig(6, 2, norm, shared), 1);
+      EXPECT_EQ(static_cast<bool>(m->shared_expert), shared > 0);
+      const at::Tensor x = at::randn({3, 5, 8}, at::kDouble);
+      torch::NoGradGuard no_grad;
+      EXPECT_LE((m(x) - reference(m, x)).abs().max().item<double>(), 1e-14);
+    }
   }
 }
 
@@ -131,7 +143,8 @@ Grads oneDevice(MoE& m, const at::Tensor& x, const at::Tensor& target) {
 
 // Each ep rank feeds its slice of x (rows of dim 0); the outputs and x's
 // gradients equal one device's rows, the experts' gradients (Shard(0))
-// equal one device's, the router's summed over ranks equal one device's.
+// equal one device's, the router's and the shared expert's (replicated)
+// summed over ranks equal one device's.
 void expectExpertParallelEqualsOneDevice(int P, MoE& one, const at::Tensor& x, const at::Tensor& target,
                                          int64_t dispatch_rows_total) {
   const Grads want = oneDevice(one, x, target);
@@ -166,9 +179,12 @@ void expectExpertParallelEqualsOneDevice(int P, MoE& one, const at::Tensor& x, c
       EXPECT_EQ(dtensor_spec(grad).str(), dtensor_spec(m->named_parameters()[w]).str()) << w;
       EXPECT_LE((full_tensor(grad) - want.grads.at(w)).abs().max().item<double>(), 1e-13) << w;
     }
-    at::Tensor router = m->gate->weight.grad().clone();
-    mesh.get_group(0).all_reduce(router).wait();
-    EXPECT_LE((router - want.grads.at("gate.weight")).abs().max().item<double>(), 1e-13);
+    for (auto& p : m->named_parameters()) {
+      if (p.key().rfind("experts.", 0) == 0) continue;
+      at::Tensor grad = p.value().grad().clone();
+      mesh.get_group(0).all_reduce(grad).wait();
+      EXPECT_LE((grad - want.grads.at(p.key())).abs().max().item<double>(), 1e-13) << p.key();
+    }
   });
   // Each rank's dispatch and combine move its routed rows (top_k per token).
   EXPECT_EQ(dispatched, 2 * dispatch_rows_total * x.size(-1) * 8);
@@ -176,8 +192,8 @@ void expectExpertParallelEqualsOneDevice(int P, MoE& one, const at::Tensor& x, c
 
 TEST(MoETest, ExpertParallelEqualsOneDeviceInFloat64) {
   for (int P : {2, 4}) {
-    SCOPED_TRACE(c10::str("ep ", P));
-    MoE one = makeMoE(8, moeConfig(8, 2, true), 2);
+    SCOPED_TRACE(c10::str("ep ", P, P == 4 ? ", shared expert" : ""));
+    MoE one = makeMoE(8, moeConfig(8, 2, true, P == 4 ? 10 : 0), 2);
     const at::Tensor x = at::randn({4, 6, 8}, at::kDouble), target = at::randn({4, 6, 8}, at::kDouble);
     expectExpertParallelEqualsOneDevice(P, one, x, target, 4 * 6 * 2);
   }
@@ -201,87 +217,98 @@ TEST(MoETest, UnevenRoutingStaysExact) {
   EXPECT_EQ(g.grads.at("experts.w1").narrow(0, 2, 2).abs().max().item<double>(), 0.0);
 }
 
-// A small float64 Mixtral-shaped model: 4 experts, top-2, aux loss 0.02.
-LlamaConfig mixtralConfig() {
+// A small float64 Mixtral-shaped model: 4 experts, top-2, aux loss 0.02;
+// with `shared`, Qwen2-MoE-shaped: a gated shared expert of that width too.
+LlamaConfig mixtralConfig(int64_t shared = 0) {
   LlamaConfig c = dtp::test::small_llama_config(2);
   c.dtype = at::kDouble;
-  c.family = "mixtral";
-  c.moe = moeConfig(4, 2, true);
+  c.family = shared > 0 ? "qwen2_moe" : "mixtral";
+  c.moe = moeConfig(4, 2, true, shared);
   c.moe.aux_loss_coef = 0.02;
   return c;
 }
 
 // A Mixtral-shaped model (MoE in every block) with its load-balancing loss
-// trains under TP (the experts replicated), FSDP and DDP like one device.
+// trains under TP (the experts replicated), FSDP and DDP like one device;
+// and so does a Qwen2-MoE-shaped one, its shared expert cut over tp as the
+// dense MLP.
 TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
-  const LlamaConfig c = mixtralConfig();
-  auto train = [&](Llama& model) {
-    torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-    std::vector<double> losses;
-    for (int step = 0; step < 3; ++step) {
-      at::Tensor batch = dtp::test::llama_batch(c.vocab_size, step);
-      at::Tensor loss = llama_loss(model(batch.narrow(1, 0, dtp::test::kSeq)), batch.narrow(1, 1, dtp::test::kSeq));
-      loss = loss + moe_load_balancing_loss(model);
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
-      losses.push_back(loss.item<double>());
-    }
-    return std::make_pair(losses, dtp::test::full_named_params(model));
-  };
-  Llama one(c);
-  const auto want = train(one);
-  auto expectSame = [&](const std::pair<std::vector<double>, std::vector<std::pair<std::string, at::Tensor>>>& got) {
-    for (size_t i = 0; i < want.first.size(); ++i) EXPECT_NEAR(got.first[i], want.first[i], 1e-12) << "step " << i;
-    for (size_t i = 0; i < want.second.size(); ++i) {
-      EXPECT_LE((got.second[i].second - want.second[i].second).abs().max().item<double>(), 3e-11)
-          << want.second[i].first;
-    }
-  };
-  // Experts replicated over tp, or cut (shard_experts: ExpertTensorParallel,
-  // 12 hidden units as 6 + 6, or 4 + 4 + 4 at tp 3).
-  for (bool sp : {true, false}) {
-    for (bool cut : {false, true}) {
-      for (int tp : {2, 3}) {
-        if (tp == 3 && (!cut || sp)) continue;
-        SCOPED_TRACE(c10::str("tp ", tp, sp ? ", sp" : "", cut ? ", experts cut" : ""));
-        LlamaConfig ct = c;
-        if (tp == 3) {  // heads divisible by 3
-          ct.dim = 36;
-          ct.n_heads = ct.n_kv_heads = 3;
+  for (int64_t shared : {0, 10}) {
+    SCOPED_TRACE(shared ? "with a shared expert" : "routed experts only");
+    const LlamaConfig c = mixtralConfig(shared);
+    auto train = [&](Llama& model) {
+      torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+      std::vector<double> losses;
+      for (int step = 0; step < 3; ++step) {
+        at::Tensor batch = dtp::test::llama_batch(c.vocab_size, step);
+        at::Tensor loss = llama_loss(model(batch.narrow(1, 0, dtp::test::kSeq)), batch.narrow(1, 1, dtp::test::kSeq));
+        loss = loss + moe_load_balancing_loss(model);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        losses.push_back(loss.item<double>());
+      }
+      return std::make_pair(losses, dtp::test::full_named_params(model));
+    };
+    Llama one(c);
+    const auto want = train(one);
+    auto expectSame = [&](const std::pair<std::vector<double>, std::vector<std::pair<std::string, at::Tensor>>>& got) {
+      for (size_t i = 0; i < want.first.size(); ++i) EXPECT_NEAR(got.first[i], want.first[i], 1e-12) << "step " << i;
+      for (size_t i = 0; i < want.second.size(); ++i) {
+        EXPECT_LE((got.second[i].second - want.second[i].second).abs().max().item<double>(), 3e-11)
+            << want.second[i].first;
+      }
+    };
+    // Experts replicated over tp, or cut (shard_experts: ExpertTensorParallel,
+    // 12 hidden units as 6 + 6, or 4 + 4 + 4 at tp 3).
+    for (bool sp : {true, false}) {
+      for (bool cut : {false, true}) {
+        for (int tp : {2, 3}) {
+          if (tp == 3 && (!cut || sp)) continue;
+          SCOPED_TRACE(c10::str("tp ", tp, sp ? ", sp" : "", cut ? ", experts cut" : ""));
+          LlamaConfig ct = c;
+          if (tp == 3) {  // heads divisible by 3
+            ct.dim = 36;
+            ct.n_heads = ct.n_kv_heads = 3;
+          }
+          Llama one3(ct);
+          const auto want3 = tp == 3 ? train(one3) : want;
+          run_ranks(tp, [&](int) {
+            Llama model(ct);
+            TensorParallelOptions o{sp, dtp::test::kSeq};
+            o.shard_experts = cut;
+            apply_tensor_parallel(model, init_device_mesh("cpu", {tp}, {"tp"}), o);
+            const auto& experts = model->layers[0]->as<TransformerBlockImpl>()->moe->experts;
+            EXPECT_EQ(placements(experts->w2), Placements{cut ? Shard(2) : Replicate()});
+            if (const auto& se = model->layers[0]->as<TransformerBlockImpl>()->moe->shared_expert) {
+              EXPECT_EQ(placements(se->w1->weight), Placements{Shard(0)});
+              EXPECT_EQ(placements(se->w2->weight), Placements{Shard(1)});
+            }
+            const auto got = train(model);
+            for (size_t i = 0; i < want3.first.size(); ++i)
+              EXPECT_NEAR(got.first[i], want3.first[i], 1e-12) << "step " << i;
+            for (size_t i = 0; i < want3.second.size(); ++i)
+              EXPECT_LE((got.second[i].second - want3.second[i].second).abs().max().item<double>(), 3e-11)
+                  << want3.second[i].first;
+          });
         }
-        Llama one3(ct);
-        const auto want3 = tp == 3 ? train(one3) : want;
-        run_ranks(tp, [&](int) {
-          Llama model(ct);
-          TensorParallelOptions o{sp, dtp::test::kSeq};
-          o.shard_experts = cut;
-          apply_tensor_parallel(model, init_device_mesh("cpu", {tp}, {"tp"}), o);
-          const auto& experts = model->layers[0]->as<TransformerBlockImpl>()->moe->experts;
-          EXPECT_EQ(placements(experts->w2), Placements{cut ? Shard(2) : Replicate()});
-          const auto got = train(model);
-          for (size_t i = 0; i < want3.first.size(); ++i) EXPECT_NEAR(got.first[i], want3.first[i], 1e-12) << "step " << i;
-          for (size_t i = 0; i < want3.second.size(); ++i)
-            EXPECT_LE((got.second[i].second - want3.second[i].second).abs().max().item<double>(), 3e-11)
-                << want3.second[i].first;
-        });
       }
     }
-  }
-  // Data parallel over a replicated batch (every dp rank the whole batch):
-  // the mean of equal gradients is each one, so the steps equal one device's.
-  for (bool ddp : {false, true}) {
-    SCOPED_TRACE(ddp ? "dp 2 x tp 2, DDP, experts cut" : "dp 2 x tp 2, FSDP");
-    run_ranks(4, [&](int) {
-      auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-      Llama model(c);
-      TensorParallelOptions o{true, dtp::test::kSeq};
-      o.shard_experts = ddp;
-      apply_tensor_parallel(model, mesh, o);
-      if (ddp) apply_ddp(model, mesh);
-      else apply_fsdp(model, mesh);
-      expectSame(train(model));
-    });
+    // Data parallel over a replicated batch (every dp rank the whole batch):
+    // the mean of equal gradients is each one, so the steps equal one device's.
+    for (bool ddp : {false, true}) {
+      SCOPED_TRACE(ddp ? "dp 2 x tp 2, DDP, experts cut" : "dp 2 x tp 2, FSDP");
+      run_ranks(4, [&](int) {
+        auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+        Llama model(c);
+        TensorParallelOptions o{true, dtp::test::kSeq};
+        o.shard_experts = ddp;
+        apply_tensor_parallel(model, mesh, o);
+        if (ddp) apply_ddp(model, mesh);
+        else apply_fsdp(model, mesh);
+        expectSame(train(model));
+      });
+    }
   }
 }
 
@@ -292,60 +319,63 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
 // the router, the experts (reduced over dp, divided by dp x ep) and the rest
 // (data parallel over dp x ep), under FSDP and DDP, with TP or not.
 TEST(MoETest, ExpertParallelWithDataParallelTrainsLikeOneDevice) {
-  const LlamaConfig c = mixtralConfig();
-  constexpr int64_t B = 4, S = dtp::test::kSeq;
-  auto batchOf = [&](int step) {
-    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(100 + step);
-    return at::randint(c.vocab_size, {B, S + 1}, g, at::kLong);
-  };
-  // Losses are each rank's (its slice's mean); one device's is the whole batch's.
-  auto train = [&](Llama& model, const std::optional<ProcessGroup>& dp) {
-    torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-    for (int step = 0; step < 3; ++step) {
-      at::Tensor batch = batchOf(step);
-      if (dp) batch = batch.narrow(0, dp->rank() * (B / dp->size()), B / dp->size());
-      at::Tensor loss = llama_loss(model(batch.narrow(1, 0, S)), batch.narrow(1, 1, S));
-      loss = loss + moe_load_balancing_loss(model, dp);
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
-    }
-    return dtp::test::full_named_params(model);
-  };
-  Llama one(c);
-  const auto want = train(one, std::nullopt);
-  struct Layout {
-    std::vector<int64_t> shape;
-    bool ddp;
-  };
-  for (const Layout& l : {Layout{{2, 2}, false}, Layout{{2, 2}, true}, Layout{{1, 2, 2}, false},
-                          Layout{{1, 2, 2}, true}, Layout{{1, 4}, false}}) {
-    const bool tp = l.shape.size() == 3;
-    SCOPED_TRACE(c10::str("(dp, ep", tp ? ", tp" : "", ") = ", l.shape, l.ddp ? " DDP" : " FSDP"));
-    run_ranks(4, [&](int) {
-      auto mesh = init_device_mesh("cpu", l.shape, tp ? std::vector<std::string>{"dp", "ep", "tp"}
-                                                       : std::vector<std::string>{"dp", "ep"});
-      Llama model(c);
-      ParallelizeOptions options;
-      options.tp = TensorParallelOptions{true, S};
-      options.data_parallel = l.ddp ? DataParallel::DDP : DataParallel::FSDP;
-      CommCounter comm;
-      parallelize_llama(model, mesh, options);
-      const ProcessGroup dp = data_parallel_group(mesh);
-      EXPECT_EQ(dp.size(), l.shape[0] * l.shape[1]);
-      EXPECT_EQ(to_local(model->layers[0]->as<TransformerBlockImpl>()->moe->experts->w1).size(0) * l.shape[1] *
-                    (l.ddp ? 1 : l.shape[0]),
-                4)
-          << "each ep rank's experts, under FSDP cut over dp";
-      const auto got = train(model, dp);
-      // Per step and MoE layer: dispatch and combine, forward and backward.
-      EXPECT_EQ(comm.count(CollectiveType::AllToAll), 3 * 4 * c.n_layers);
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_EQ(got[i].first, want[i].first);
-        EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), 1e-11) << want[i].first;
+  for (int64_t shared : {0, 10}) {
+    SCOPED_TRACE(shared ? "with a shared expert" : "routed experts only");
+    const LlamaConfig c = mixtralConfig(shared);
+    constexpr int64_t B = 4, S = dtp::test::kSeq;
+    auto batchOf = [&](int step) {
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(100 + step);
+      return at::randint(c.vocab_size, {B, S + 1}, g, at::kLong);
+    };
+    // Losses are each rank's (its slice's mean); one device's is the whole batch's.
+    auto train = [&](Llama& model, const std::optional<ProcessGroup>& dp) {
+      torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+      for (int step = 0; step < 3; ++step) {
+        at::Tensor batch = batchOf(step);
+        if (dp) batch = batch.narrow(0, dp->rank() * (B / dp->size()), B / dp->size());
+        at::Tensor loss = llama_loss(model(batch.narrow(1, 0, S)), batch.narrow(1, 1, S));
+        loss = loss + moe_load_balancing_loss(model, dp);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
       }
-    });
+      return dtp::test::full_named_params(model);
+    };
+    Llama one(c);
+    const auto want = train(one, std::nullopt);
+    struct Layout {
+      std::vector<int64_t> shape;
+      bool ddp;
+    };
+    for (const Layout& l : {Layout{{2, 2}, false}, Layout{{2, 2}, true}, Layout{{1, 2, 2}, false},
+                            Layout{{1, 2, 2}, true}, Layout{{1, 4}, false}}) {
+      const bool tp = l.shape.size() == 3;
+      SCOPED_TRACE(c10::str("(dp, ep", tp ? ", tp" : "", ") = ", l.shape, l.ddp ? " DDP" : " FSDP"));
+      run_ranks(4, [&](int) {
+        auto mesh = init_device_mesh("cpu", l.shape, tp ? std::vector<std::string>{"dp", "ep", "tp"}
+                                                         : std::vector<std::string>{"dp", "ep"});
+        Llama model(c);
+        ParallelizeOptions options;
+        options.tp = TensorParallelOptions{true, S};
+        options.data_parallel = l.ddp ? DataParallel::DDP : DataParallel::FSDP;
+        CommCounter comm;
+        parallelize_llama(model, mesh, options);
+        const ProcessGroup dp = data_parallel_group(mesh);
+        EXPECT_EQ(dp.size(), l.shape[0] * l.shape[1]);
+        EXPECT_EQ(to_local(model->layers[0]->as<TransformerBlockImpl>()->moe->experts->w1).size(0) * l.shape[1] *
+                      (l.ddp ? 1 : l.shape[0]),
+                  4)
+            << "each ep rank's experts, under FSDP cut over dp";
+        const auto got = train(model, dp);
+        // Per step and MoE layer: dispatch and combine, forward and backward.
+        EXPECT_EQ(comm.count(CollectiveType::AllToAll), 3 * 4 * c.n_layers);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          EXPECT_EQ(got[i].first, want[i].first);
+          EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), 1e-11) << want[i].first;
+        }
+      });
+    }
   }
 }
 
@@ -492,6 +522,7 @@ TEST_F(MoECheckpointTest, SavedAtOneEpDegreeLoadsAtAnother) {
 
 TEST(MoETest, BadInputIsANamedError) {
   expect_error([] { MoE(8, moeConfig(4, 5, true)); }, {"top_k=5", "num_experts=4"});
+  expect_error([] { MoE(8, moeConfig(4, 2, true, -1)); }, {"shared_hidden=-1", "Use 0 (no shared expert)"});
   LlamaConfig c = dtp::test::small_llama_config(2);
   c.moe = moeConfig(6, 2, true);
   run_ranks(4, [&](int) {

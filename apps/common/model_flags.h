@@ -14,6 +14,7 @@ namespace dtp::apps {
 struct ModelFlags {
   int64_t dim = 128, layers = 2, heads = 4, kv_heads = 2, ffn = 0;
   int64_t experts = 0, top_k = 2, expert_ffn = 0;  // experts > 0: Mixtral-style MoE blocks
+  int64_t shared_expert_ffn = 0;                   // > 0: with a gated shared expert (Qwen2-MoE)
   double aux_loss_coef = 0.01;
   bool tie = false;
   std::string dtype = "float32";
@@ -36,10 +37,12 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f) {
 
 // dtp-train's mixture-of-experts flags (dtp-generate's --top-k samples).
 inline void add_moe_flags(CLI::App& app, ModelFlags& f) {
-  app.add_option("--experts", f.experts, "Mixture of experts in every block (Mixtral's routing) [default: 0, a "
-                 "dense MLP]")->check(apps::kNonNegative);
+  CLI::Option* experts = app.add_option("--experts", f.experts, "Mixture of experts in every block (Mixtral's "
+                                        "routing) [default: 0, a dense MLP]")->check(apps::kNonNegative);
   app.add_option("--top-k", f.top_k, "Experts per token (--experts)")->check(apps::kPositive);
   app.add_option("--expert-ffn", f.expert_ffn, "Each expert's hidden size [default: --ffn's]")->check(apps::kNonNegative);
+  app.add_option("--shared-expert-ffn", f.shared_expert_ffn, "A gated shared expert of this hidden size in every "
+                 "MoE block, as Qwen2-MoE's (--experts) [default: 0, none]")->check(apps::kNonNegative)->needs(experts);
   app.add_option("--aux-loss-coef", f.aux_loss_coef, "Weight of the MoE load-balancing loss added in training "
                  "(--experts; not under --pp)")->check(apps::kNonNegative)->capture_default_str();
 }
@@ -62,6 +65,8 @@ inline models::LlamaConfig config_of(const ModelFlags& f, int64_t seq, double dr
     c.moe.top_k = f.top_k;
     c.moe.hidden = f.expert_ffn > 0 ? f.expert_ffn : c.hidden();
     c.moe.aux_loss_coef = f.aux_loss_coef;
+    c.moe.shared_hidden = f.shared_expert_ffn;
+    if (f.shared_expert_ffn > 0) c.family = "qwen2_moe";  // its routing (norm_topk_prob) is Mixtral's here
   }
   return c;
 }

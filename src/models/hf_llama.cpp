@@ -28,6 +28,10 @@ std::string hf_name(const std::string& fqn) {
       {std::regex(R"(^layers\.(\d+)\.feed_forward\.w1\.weight$)"), "model.layers.$1.mlp.gate_proj.weight"},
       {std::regex(R"(^layers\.(\d+)\.feed_forward\.w3\.weight$)"), "model.layers.$1.mlp.up_proj.weight"},
       {std::regex(R"(^layers\.(\d+)\.feed_forward\.w2\.weight$)"), "model.layers.$1.mlp.down_proj.weight"},
+      {std::regex(R"(^layers\.(\d+)\.moe\.shared_expert\.w1\.weight$)"), "model.layers.$1.mlp.shared_expert.gate_proj.weight"},
+      {std::regex(R"(^layers\.(\d+)\.moe\.shared_expert\.w3\.weight$)"), "model.layers.$1.mlp.shared_expert.up_proj.weight"},
+      {std::regex(R"(^layers\.(\d+)\.moe\.shared_expert\.w2\.weight$)"), "model.layers.$1.mlp.shared_expert.down_proj.weight"},
+      {std::regex(R"(^layers\.(\d+)\.moe\.shared_expert_gate\.weight$)"), "model.layers.$1.mlp.shared_expert_gate.weight"},
       {std::regex(R"(^layers\.(\d+)\.attention_norm\.weight$)"), "model.layers.$1.input_layernorm.weight"},
       {std::regex(R"(^layers\.(\d+)\.ffn_norm\.weight$)"), "model.layers.$1.post_attention_layernorm.weight"},
       {std::regex(R"(^norm\.weight$)"), "model.norm.weight"},
@@ -146,9 +150,9 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   TORCH_CHECK(j.is_object(), "llama_config_from_hf: '", path, "' is ", j.type_name(), ", expected a JSON object.");
   const std::string type = optional<std::string>(j, path, "model_type", "");
   TORCH_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "mixtral" ||
-                  type == "qwen3_moe",
+                  type == "qwen2_moe" || type == "qwen3_moe",
               "llama_config_from_hf: '", path, "' has model_type '", type, "'. NYI: supported are \"llama\" (Llama "
-              "1/2/3), \"mistral\", \"qwen2\" (Qwen 2.5), \"qwen3\", \"mixtral\" and \"qwen3_moe\".");
+              "1/2/3), \"mistral\", \"qwen2\" (Qwen 2.5), \"qwen3\", \"mixtral\", \"qwen2_moe\" and \"qwen3_moe\".");
   auto nyi = [&](const std::string& key, const Json& value, const std::string& why) {
     TORCH_CHECK(false, "llama_config_from_hf: NYI: '", path, "' sets ", key, "=", value.dump(), ": ", why, ".");
   };
@@ -173,20 +177,24 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
     nyi("partial_rotary_factor", j["partial_rotary_factor"], "rotary embeddings cover the whole head");
 
   // Biases: Llama's and Qwen 3's attention_bias is all four projections;
-  // Qwen 2.5 has q/k/v biases always and none on o.
+  // Qwen 2.5 has q/k/v biases always and none on o, Qwen2-MoE q/k/v biases
+  // as qkv_bias says (true unless set) and none on o.
   if (type == "qwen2") {
     c.qkv_bias = true;
+  } else if (type == "qwen2_moe") {
+    c.qkv_bias = optional<bool>(j, path, "qkv_bias", true);
   } else {
     c.qkv_bias = c.o_bias = optional<bool>(j, path, "attention_bias", false);
   }
   c.qk_norm = type == "qwen3" || type == "qwen3_moe";
-  // Mixtures of experts: Mixtral's every block; Qwen3-MoE's every block
-  // unless decoder_sparse_step or mlp_only_layers say otherwise (NYI).
+  // Mixtures of experts: Mixtral's every block; Qwen2-MoE's and Qwen3-MoE's
+  // every block unless decoder_sparse_step or mlp_only_layers say otherwise
+  // (NYI).
   if (type == "mixtral") {
     c.moe.num_experts = field<int64_t>(j, path, "num_local_experts");
     c.moe.hidden = c.ffn_hidden;
     c.moe.norm_topk_prob = true;
-  } else if (type == "qwen3_moe") {
+  } else if (type == "qwen2_moe" || type == "qwen3_moe") {
     c.moe.num_experts = field<int64_t>(j, path, "num_experts");
     c.moe.hidden = field<int64_t>(j, path, "moe_intermediate_size");
     c.moe.norm_topk_prob = optional<bool>(j, path, "norm_topk_prob", false);
@@ -194,6 +202,11 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
       nyi("decoder_sparse_step", j["decoder_sparse_step"], "every block must be a mixture of experts (1)");
     if (set("mlp_only_layers") && !j["mlp_only_layers"].empty())
       nyi("mlp_only_layers", j["mlp_only_layers"], "every block must be a mixture of experts ([])");
+    if (type == "qwen2_moe") {  // every block has a shared expert beside the routed ones
+      c.moe.shared_hidden = field<int64_t>(j, path, "shared_expert_intermediate_size");
+      TORCH_CHECK(c.moe.shared_hidden > 0, kApi, ": '", path, "': shared_expert_intermediate_size=",
+                  c.moe.shared_hidden, " must be positive (qwen2_moe's shared expert). Fix the config.");
+    }
   }
   if (c.moe.num_experts > 0) {
     c.moe.top_k = field<int64_t>(j, path, "num_experts_per_tok");

@@ -110,10 +110,11 @@ const char* architecture(const std::string& family) {
   if (family == "mistral") return "MistralForCausalLM";
   if (family == "mixtral") return "MixtralForCausalLM";
   if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (family == "qwen2_moe") return "Qwen2MoeForCausalLM";
   if (family == "qwen2") return "Qwen2ForCausalLM";
   if (family == "qwen3") return "Qwen3ForCausalLM";
   TORCH_CHECK(family == "llama", "save_hf: LlamaConfig::family is '", family,
-              "'. Use one of llama, mistral, qwen2, qwen3, mixtral, qwen3_moe (NOTE: [Model families]).");
+              "'. Use one of llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe (NOTE: [Model families]).");
   return "LlamaForCausalLM";
 }
 
@@ -121,7 +122,10 @@ const char* architecture(const std::string& family) {
 // families]), or the export would not load as what was trained.
 void checkFamily(const LlamaConfig& c) {
   architecture(c.family);
-  if (c.family == "qwen2") {
+  if (c.family == "qwen2_moe") {
+    TORCH_CHECK(!c.o_bias, "save_hf: a qwen2_moe model has no o bias (its q/k/v biases follow qkv_bias); this one has "
+                "o_bias=true. Set LlamaConfig::family to match the switches.");
+  } else if (c.family == "qwen2") {
     TORCH_CHECK(c.qkv_bias && !c.o_bias, "save_hf: a qwen2 model has q/k/v biases and no o bias; this one has "
                 "qkv_bias=", c.qkv_bias, ", o_bias=", c.o_bias, ". Set LlamaConfig::family to match the switches.");
   } else {
@@ -133,9 +137,13 @@ void checkFamily(const LlamaConfig& c) {
   TORCH_CHECK(c.qk_norm == qwen3, "save_hf: qk_norm=", c.qk_norm, " with family \"", c.family,
               "\": per-head q/k norms are qwen3's and qwen3_moe's alone. Set LlamaConfig::family to match the "
               "switches.");
-  const bool moe = c.family == "mixtral" || c.family == "qwen3_moe";
+  const bool moe = c.family == "mixtral" || c.family == "qwen2_moe" || c.family == "qwen3_moe";
   TORCH_CHECK((c.moe.num_experts > 0) == moe, "save_hf: moe.num_experts=", c.moe.num_experts, " with family \"",
-              c.family, "\": mixtures of experts are mixtral's and qwen3_moe's. Set LlamaConfig::family to match.");
+              c.family, "\": mixtures of experts are mixtral's, qwen2_moe's and qwen3_moe's. Set LlamaConfig::family "
+              "to match.");
+  TORCH_CHECK((c.moe.shared_hidden > 0) == (c.family == "qwen2_moe"), "save_hf: moe.shared_hidden=",
+              c.moe.shared_hidden, " with family \"", c.family, "\": a shared expert is qwen2_moe's alone, and every "
+              "qwen2_moe block has one. Set LlamaConfig::family to match.");
   TORCH_CHECK(c.family != "mixtral" || c.moe.norm_topk_prob, "save_hf: mixtral renormalizes its top-k weights; "
               "this model has moe.norm_topk_prob=false.");
   TORCH_CHECK((c.family != "mistral" && c.family != "mixtral") || !c.qkv_bias, "save_hf: ", c.family,
@@ -175,10 +183,16 @@ Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& s
   if (c.family == "mixtral") {
     j["num_local_experts"] = c.moe.num_experts;
     j["intermediate_size"] = c.moe.hidden;
-  } else if (c.family == "qwen3_moe") {
+  } else if (c.family == "qwen2_moe" || c.family == "qwen3_moe") {
     j["num_experts"] = c.moe.num_experts;
     j["moe_intermediate_size"] = c.moe.hidden;
     j["norm_topk_prob"] = c.moe.norm_topk_prob;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = Json::array();
+  }
+  if (c.family == "qwen2_moe") {
+    j["shared_expert_intermediate_size"] = c.moe.shared_hidden;
+    j["qkv_bias"] = c.qkv_bias;
   }
   if (moe) {
     j["num_experts_per_tok"] = c.moe.top_k;

@@ -31,6 +31,7 @@ std::string llama_config_to_json(const LlamaConfig& c) {
   if (c.moe.num_experts > 0) {
     j["moe"] = {{"num_experts", c.moe.num_experts}, {"top_k", c.moe.top_k},       {"hidden", c.moe.hidden},
                 {"norm_topk_prob", c.moe.norm_topk_prob}, {"aux_loss_coef", c.moe.aux_loss_coef}};
+    if (c.moe.shared_hidden > 0) j["moe"]["shared_hidden"] = c.moe.shared_hidden;
   }
   return j.dump();
 }
@@ -78,6 +79,7 @@ LlamaConfig llama_config_from_json(const std::string& text, const std::string& w
     c.moe.hidden = json_field<int64_t>(m, kApi, at, "hidden");
     c.moe.norm_topk_prob = json_field<bool>(m, kApi, at, "norm_topk_prob");
     c.moe.aux_loss_coef = json_field<double>(m, kApi, at, "aux_loss_coef");
+    c.moe.shared_hidden = json_field_or<int64_t>(m, kApi, at, "shared_hidden", 0);
   }
   const std::string dtype = json_field<std::string>(j, kApi, where, "dtype");
   TORCH_CHECK(dtype == "Float" || dtype == "Double", kApi, ": '", where, "': \"dtype\" is '", dtype,

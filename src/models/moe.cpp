@@ -88,6 +88,17 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x, const std::vector<in
   return at::cat(out);
 }
 
+SharedExpertImpl::SharedExpertImpl(int64_t dim, int64_t hidden) {
+  const auto linear = [](int64_t in, int64_t out) {
+    return dtp::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  w1 = register_module("w1", linear(dim, hidden));
+  w2 = register_module("w2", linear(hidden, dim));
+  w3 = register_module("w3", linear(dim, hidden));
+}
+
+at::Tensor SharedExpertImpl::forward(const at::Tensor& x) { return w2(at::silu(w1(x)) * w3(x)); }
+
 MoEImpl::MoEImpl(int64_t dim, const MoEConfig& c) : config(c) {
   TORCH_CHECK(c.num_experts > 0 && c.hidden > 0, "MoE: num_experts=", c.num_experts, " and hidden=", c.hidden,
               " must be positive.");
@@ -95,6 +106,13 @@ MoEImpl::MoEImpl(int64_t dim, const MoEConfig& c) : config(c) {
               c.num_experts, "]. Pick top_k <= num_experts.");
   gate = register_module("gate", dtp::nn::Linear(torch::nn::LinearOptions(dim, c.num_experts).bias(false)));
   experts = register_module("experts", GroupedExperts(dim, c.hidden, c.num_experts));
+  TORCH_CHECK(c.shared_hidden >= 0, "MoE: shared_hidden=", c.shared_hidden,
+              " is negative. Use 0 (no shared expert) or the shared expert's width.");
+  if (c.shared_hidden > 0) {
+    shared_expert = register_module("shared_expert", SharedExpert(dim, c.shared_hidden));
+    shared_expert_gate =
+        register_module("shared_expert_gate", dtp::nn::Linear(torch::nn::LinearOptions(dim, 1).bias(false)));
+  }
 }
 
 // NOTE: [Expert parallelism] With ep_mesh (apply_expert_parallel), every ep
@@ -204,6 +222,13 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
     result = result + auxLossGradEntry(router_probs, aux_grad, result);
   if (tp_mesh)
     result = from_local(result, *tp_mesh, cut ? Placements{Partial()} : placements(input), /*run_check=*/false);
+  if (shared_expert) {
+    // On the layer's input as it came (a replicated DTensor under TP, where
+    // the plan cuts the shared expert like a dense MLP); cut experts' partial
+    // sums are reduced first, as the sum of partial and replicated terms.
+    if (cut) result = redistribute(result, *tp_mesh, placements(input));
+    result = result + at::sigmoid(shared_expert_gate(input)) * shared_expert(input);
+  }
   return result;
 }
 

@@ -48,6 +48,8 @@ struct LlamaConfig {
   int64_t n_layers = 2;
   int64_t n_heads = 4;
   int64_t n_kv_heads = 2;
+//   qwen2_moe qwen2 (qkv_bias as configured) + moe + a gated shared expert
+//            (moe.shared_hidden)
   int64_t ffn_hidden = 0;  // 0: the SwiGLU default, 2/3 of 4*dim rounded up to 32
   int64_t max_seq_len = 256;
   double norm_eps = 1e-5;

@@ -1,4 +1,4 @@
-// A mixture-of-experts SwiGLU feed-forward (Mixtral, Qwen3-MoE) for the
+// A mixture-of-experts SwiGLU feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE) for the
 // reference decoder, dropless, with expert parallelism over an "ep" mesh
 // dimension (NOTE: [Expert parallelism] in src/models/moe.cpp).
 #pragma once
@@ -22,7 +22,21 @@ struct MoEConfig {
   // over the top_k logits; Qwen3-MoE's norm_topk_prob).
   bool norm_topk_prob = true;
   double aux_loss_coef = 0.0;  // router_aux_loss_coef: moe_load_balancing_loss's weight in training
+  // > 0: a shared expert of this SwiGLU width runs on every token, gated by
+  // sigmoid(shared_expert_gate(x)) (Qwen2-MoE's shared_expert_intermediate_size).
+  int64_t shared_hidden = 0;
 };
+
+// The shared expert: a dense SwiGLU MLP, w2 (silu(w1 x) * w3 x), that every
+// token passes through beside its routed experts. Under TP it is cut like
+// the dense MLP (llama_tp_plan: w1, w3 column-, w2 row-parallel).
+class SharedExpertImpl : public torch::nn::Module {
+ public:
+  SharedExpertImpl(int64_t dim, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x);
+  dtp::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+DTP_MODULE(SharedExpert);
 
 // The experts, stacked: expert e is w2[e] (silu(w1[e] x) * w3[e] x). A module
 // of its own (torchtitan's GroupedExperts), so that data parallelism can
@@ -62,6 +76,9 @@ class MoEImpl : public torch::nn::Module {
   MoEConfig config;
   dtp::nn::Linear gate{nullptr};  // the router: dim -> num_experts, no bias
   GroupedExperts experts{nullptr};
+  // With config.shared_hidden > 0: output += sigmoid(shared_expert_gate(x)) * shared_expert(x).
+  SharedExpert shared_expert{nullptr};
+  dtp::nn::Linear shared_expert_gate{nullptr};  // dim -> 1, no bias
   // Set by apply_expert_parallel: the experts are Shard(0) over this mesh
   // (1-D, "ep") and tokens travel to their experts' ranks.
   std::optional<DeviceMesh> ep_mesh;
