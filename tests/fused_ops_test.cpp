@@ -7,7 +7,7 @@
 #include "mesh_test.h"
 #include "parity.h"
 
-#include "comm/collective_tape.h"
+#include "comm/result_tape.h"
 #include "dtensor/sharding_prop.h"
 #include "dtp/explicit_redistribute.h"
 #include "dtp/fused_ops.h"
@@ -239,7 +239,7 @@ TEST_P(FusedOps, OtherShapesAndTapesDecompose) {
     {
       // Selective activation checkpointing's first pass runs without a graph
       // but records for a recomputation that has one: the same ops both times.
-      dtp::detail::CollectiveTape tape;
+      dtp::detail::ResultTape tape;
       dtp::detail::TapeScope scope(&tape, dtp::detail::TapeKind::SavedOps);
       EXPECT_GT(dtensorOps([&] { out = at::matmul(dx, dm); }), 1);
     }
@@ -313,7 +313,7 @@ TEST_P(FusedOps, RmsNormNormalizesEachRanksRows) {
     at::NoGradGuard no_grad;
     const at::Tensor dx = distribute_tensor(x, mesh, on(mesh, Shard(0)));
     {
-      dtp::detail::CollectiveTape tape;  // activation checkpointing's first pass
+      dtp::detail::ResultTape tape;  // activation checkpointing's first pass
       dtp::detail::TapeScope scope(&tape, dtp::detail::TapeKind::Collectives);
       EXPECT_EQ(dtensorOps([&] { (void)nn::rms_norm(dx, dw, 1e-6); }), 6);
     }

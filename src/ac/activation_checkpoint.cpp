@@ -1,7 +1,7 @@
 // checkpoint and checkpoint_wrapper: activation checkpointing.
 #include "dtp/ac/activation_checkpoint.h"
 
-#include "comm/collective_tape.h"
+#include "comm/result_tape.h"
 #include "dtensor/grad_reduction.h"
 #include "dtensor/random_state.h"
 #include "nn/applied.h"
@@ -30,7 +30,7 @@ using torch::autograd::variable_list;
 //   any backward; NOTE: [Buckets of a nested backward]), and the inputs'
 //   gradients are returned.
 // Selective mode records the first pass's collectives and DTensor matrix
-// products on tapes (NOTE: [Collective tape]) and replays them in the
+// products on tapes (NOTE: [Result tape]) and replays them in the
 // recomputation, which then communicates nothing and multiplies no
 // DTensor matrices; it keeps those outputs alive until backward.
 struct CheckpointBackward : torch::autograd::Node {
@@ -39,7 +39,7 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<int64_t> versions;
   std::vector<bool> needs_grad;
   detail::RandomState random;
-  std::shared_ptr<detail::CollectiveTape> collectives, products;
+  std::shared_ptr<detail::ResultTape> collectives, products;
 
   std::string name() const override { return "dtp::CheckpointBackward"; }
 
@@ -110,8 +110,8 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
     node->needs_grad.push_back(t.requires_grad());
   }
   if (mode == ACMode::Selective) {
-    node->collectives = std::make_shared<detail::CollectiveTape>();
-    node->products = std::make_shared<detail::CollectiveTape>(save_ops);
+    node->collectives = std::make_shared<detail::ResultTape>();
+    node->products = std::make_shared<detail::ResultTape>(save_ops);
   }
   std::vector<at::Tensor> outs;
   {

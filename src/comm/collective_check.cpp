@@ -20,7 +20,7 @@ at::Tensor allGatherRows(const ProcessGroup::Impl& g, const WireContract& c, con
   std::vector<std::vector<at::Tensor>> outs(1);
   for (int r = 0; r < g.size; ++r) outs[0].push_back(out[r]);
   std::vector<at::Tensor> ins{mine};
-  auto work = issue(g, mine, [&](compat::Backend& b) { return b.allgather(outs, ins); });
+  auto work = issue_on_backend(g, mine, [&](compat::Backend& b) { return b.allgather(outs, ins); });
   try {
     work->wait();
   } catch (const std::exception& e) {

@@ -1,5 +1,5 @@
 // Point-to-point: send, recv, isend, irecv, batch_isend_irecv.
-#include "comm/collective_tape.h"
+#include "comm/result_tape.h"
 #include "comm/process_group_impl.h"
 #include "comm/trace_span.h"
 #include "dtp/comm_counter.h"
@@ -63,7 +63,7 @@ Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
   }
   at::Tensor buf = op.tensor.is_contiguous() ? op.tensor : op.tensor.contiguous();
   std::vector<at::Tensor> bufs{buf};
-  c10::intrusive_ptr<c10d::Work> work = issue(g, buf, [&](compat::Backend& b) {
+  c10::intrusive_ptr<c10d::Work> work = issue_on_backend(g, buf, [&](compat::Backend& b) {
     return send ? b.send(bufs, dst, tag) : b.recv(bufs, src, tag);
   });
   at::Tensor target = op.tensor;

@@ -14,6 +14,7 @@
 namespace dtp {
 
 namespace detail {
+class LocalPath;
 class TwoLevel;
 }
 
@@ -23,6 +24,7 @@ struct ProcessGroup::Impl {
   bool nccl = false;                                 // NOTE: [Backends per device]
   std::shared_ptr<detail::ShmGroup> shm;             // small CPU collectives on one host; null: Gloo only
   std::shared_ptr<detail::TwoLevel> two_level;       // across hosts: NOTE: [Two-level collectives]; null: Gloo only
+  detail::LocalPath* local_path = nullptr;           // shm or two_level, whichever is set; null: c10d only
   c10::intrusive_ptr<c10d::Store> root_store;
   std::string prefix;  // store prefix of this group, unique in the job
   int rank = 0;
@@ -57,11 +59,21 @@ std::mutex& gloo_issue_mutex();
 // Issues `call(backend)` on the backend that carries `t`, under
 // gloo_issue_mutex() for Gloo; without a tensor (barrier), on Gloo.
 template <class Call>
-auto issue(const ProcessGroup::Impl& g, const at::Tensor& t, Call&& call) {
+auto issue_on_backend(const ProcessGroup::Impl& g, const at::Tensor& t, Call&& call) {
   compat::Backend& backend = t.defined() ? backend_for(g, t) : *g.backend;
   if (t.defined() && t.is_cuda()) return call(backend);
   std::lock_guard<std::mutex> lock(gloo_issue_mutex());
   return call(backend);
+}
+
+// `t` as a dtype Gloo carries. Gloo has no bool type, and libtorch 1.13's
+// Gloo no bfloat16: such tensors travel as their bytes (bool: one byte, 0 or
+// 1; bfloat16: two, as Half, which Gloo only copies), which every collective
+// that only moves data keeps valid. Sums of bfloat16 are widened first.
+inline at::Tensor as_gloo_dtype(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
+  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
+  return t;
 }
 
 // Throws the one-line error of a failed collective: `what` #n (the group's

@@ -3,6 +3,7 @@
 // over loopback TCP. See NOTE: [Shared-memory collectives] in shm_group.cpp.
 #pragma once
 
+#include "comm/local_path.h"
 #include "dtp/process_group.h"
 
 #include <ATen/core/Tensor.h>
@@ -43,7 +44,7 @@ class HostKeyOverride {
 
 struct ShmRankLine;
 
-class ShmGroup {
+class ShmGroup final : public LocalPath {
  public:
   // Every member calls it (through `store`, the group's own prefix): the
   // segment, or null on every member where they are not all on one host
@@ -51,25 +52,25 @@ class ShmGroup {
   // DTP_SHM=0, or the segment cannot be made (said on stderr).
   static std::shared_ptr<ShmGroup> connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                            std::chrono::milliseconds timeout);
-  ~ShmGroup();
+  ~ShmGroup() override;
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
-  int64_t max_bytes() const { return slot_bytes_; }
+  int64_t max_bytes() const override { return slot_bytes_; }
 
   // In place on `flat` (contiguous, 1-D, a dtype ATen reduces), every rank's
   // reduced in rank order 0, 1, ... on every rank: identical bits everywhere.
   // Avg divides the sum by the group size.
-  void all_reduce(at::Tensor& flat, ReduceOp op);
+  void all_reduce(at::Tensor& flat, ReduceOp op) override;
   // Rank r's `flat` (numels[r] elements, contiguous) into out[r]: out is
   // 1-D with sum(numels) elements.
-  void all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out);
+  void all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out) override;
   // `flat` is split into pieces of `numels`; returns the reduction of every
   // rank's piece `rank` (rank order).
-  at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op);
+  at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op) override;
   // In place from `src`.
-  void broadcast(at::Tensor& flat, int src);
-  void barrier();
+  void broadcast(at::Tensor& flat, int src) override;
+  void barrier() override;
 
   // Marks this rank failed in the segment: every member waiting for it, now
   // or later, throws at once instead of waiting until the timeout for a rank

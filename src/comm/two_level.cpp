@@ -78,14 +78,6 @@ c10d::ReduceOp glooOp(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// As process_group.cpp's: 1.13's Gloo has no bool or bfloat16, which it only
-// moves (sums arrive here widened to float32).
-at::Tensor wire(const at::Tensor& t) {
-  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
-  if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
-  return t;
-}
-
 // Avg is a sum until the leaders divide.
 ReduceOp summing(ReduceOp op) { return op == ReduceOp::Avg ? ReduceOp::Sum : op; }
 
@@ -194,7 +186,7 @@ void TwoLevel::all_reduce(at::Tensor& flat, ReduceOp op) {
   if (local_) local_->reduce(flat, summing(op), 0);
   if (leader()) {
     onLeaders([&](c10d::ProcessGroupGloo& b) {
-      std::vector<at::Tensor> bufs{wire(flat)};
+      std::vector<at::Tensor> bufs{as_gloo_dtype(flat)};
       c10d::AllreduceOptions opts;
       opts.reduceOp = glooOp(op);
       return b.allreduce(bufs, opts);
@@ -221,8 +213,8 @@ void TwoLevel::all_gather(const at::Tensor& flat, const std::vector<int64_t>& nu
     at::Tensor all = at::empty({H, widest}, flat.options());
     onLeaders([&](c10d::ProcessGroupGloo& b) {
       std::vector<std::vector<at::Tensor>> outs(1);
-      for (int h = 0; h < H; ++h) outs[0].push_back(wire(all[h]));
-      std::vector<at::Tensor> ins{wire(mine)};
+      for (int h = 0; h < H; ++h) outs[0].push_back(as_gloo_dtype(all[h]));
+      std::vector<at::Tensor> ins{as_gloo_dtype(mine)};
       return b.allgather(outs, ins);
     });
     // Into group-rank order: rank r is piece local_of_[r] of host host_of_[r].
@@ -258,7 +250,7 @@ at::Tensor TwoLevel::reduce_scatter(const at::Tensor& flat, const std::vector<in
     if (empty_host) {
       // Gloo fails on empty buffers (NOTE: [Zero-size collectives]): all hosts' sums whole, then this host's pieces.
       onLeaders([&](c10d::ProcessGroupGloo& b) {
-        std::vector<at::Tensor> bufs{wire(acc)};
+        std::vector<at::Tensor> bufs{as_gloo_dtype(acc)};
         c10d::AllreduceOptions opts;
         opts.reduceOp = glooOp(op);
         return b.allreduce(bufs, opts);
@@ -275,7 +267,7 @@ at::Tensor TwoLevel::reduce_scatter(const at::Tensor& flat, const std::vector<in
       at::Tensor in = at::cat(send);
       at::Tensor recv = at::empty({H * blob[host_]}, flat.options());
       onLeaders([&](c10d::ProcessGroupGloo& b) {
-        at::Tensor recv_wire = wire(recv), in_wire = wire(in);
+        at::Tensor recv_wire = as_gloo_dtype(recv), in_wire = as_gloo_dtype(in);
         return b.alltoall_base(recv_wire, in_wire, out_counts, in_counts);
       });
       // The hosts' sums in host order 0, 1, ...
@@ -304,7 +296,7 @@ void TwoLevel::broadcast(at::Tensor& flat, int src) {
   if (host_ == from && local_) local_->broadcast(flat, local_of_[src]);  // the source's host, its leader included
   if (leader())
     onLeaders([&](c10d::ProcessGroupGloo& b) {
-      std::vector<at::Tensor> bufs{wire(flat)};
+      std::vector<at::Tensor> bufs{as_gloo_dtype(flat)};
       c10d::BroadcastOptions opts;
       opts.rootRank = from;
       return b.broadcast(bufs, opts);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "comm/compat.h"
+#include "comm/local_path.h"
 #include "comm/shm_group.h"
 
 #include <ATen/core/Tensor.h>
@@ -26,7 +27,7 @@ namespace dtp::detail {
 bool two_level_enabled();
 bool two_level_announced();
 
-class TwoLevel {
+class TwoLevel final : public LocalPath {
  public:
   // Every member calls it (through `store`, the group's own prefix), after
   // ShmGroup::connect said the members are not all on one host. Null on
@@ -48,14 +49,14 @@ class TwoLevel {
   // The largest message the path takes, as ShmGroup::max_bytes(): bytes each
   // rank puts in (all_reduce, reduce_scatter: its whole input; all_gather:
   // the largest piece; broadcast: the tensor).
-  int64_t max_bytes() const { return slot_bytes_; }
+  int64_t max_bytes() const override { return slot_bytes_; }
 
   // As ShmGroup's, over the whole group (group ranks).
-  void all_reduce(at::Tensor& flat, ReduceOp op);
-  void all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out);
-  at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op);
-  void broadcast(at::Tensor& flat, int src);
-  void barrier();
+  void all_reduce(at::Tensor& flat, ReduceOp op) override;
+  void all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out) override;
+  at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op) override;
+  void broadcast(at::Tensor& flat, int src) override;
+  void barrier() override;
 
  private:
   TwoLevel() = default;

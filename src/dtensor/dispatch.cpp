@@ -1,6 +1,6 @@
 #include "dtensor/dispatch.h"
 
-#include "comm/collective_tape.h"
+#include "comm/result_tape.h"
 #include "comm/trace_span.h"
 #include "dtensor/explicit_redistribute.h"
 #include "dtensor/mix_hint.h"
@@ -184,10 +184,10 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = opInfo(op);
   if (info.handler != nullptr && info.handler(op, stack)) return;
   const size_t nargs = schema.arguments().size();
-  // NOTE: [Collective tape]: selective activation checkpointing keeps the
+  // NOTE: [Result tape]: selective activation checkpointing keeps the
   // outputs of the ops its save list names from the first pass and hands
   // them back in the recomputation.
-  detail::CollectiveTape* tape = info.single_output ? detail::active_tape(detail::TapeKind::SavedOps) : nullptr;
+  detail::ResultTape* tape = info.single_output ? detail::active_tape(detail::TapeKind::SavedOps) : nullptr;
   if (tape != nullptr && !tape->keeps(schema.name())) tape = nullptr;
   if (tape != nullptr && tape->replaying()) {
     torch::jit::drop(*stack, nargs);

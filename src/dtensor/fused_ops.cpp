@@ -30,7 +30,7 @@
 #include "dtensor/explicit_redistribute.h"
 #include "dtensor/redistribute.h"
 
-#include "comm/collective_tape.h"
+#include "comm/result_tape.h"
 #include "comm/trace_span.h"
 
 #include <ATen/ATen.h>

@@ -7,7 +7,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
-#include "comm/collective_tape.h"
+#include "comm/result_tape.h"
 #include "dtensor/random_state.h"
 #include "dtensor/rules_agree.h"
 #include "fsdp/data_parallel.h"

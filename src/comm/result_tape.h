@@ -1,8 +1,9 @@
-// NOTE: [Collective tape] A recording of the results of this thread's
-// collectives (or, for the DTensor dispatcher, of the ops a save list names:
-// selective AC's matrix products), in order, that can stand in for them later: while a tape records, every
-// collective runs (synchronously) and its result is kept; while it replays,
-// every collective returns the next kept result and communicates nothing.
+// NOTE: [Result tape] A recording of the results (output tensors) of this
+// thread's collectives (or, for the DTensor dispatcher, of the ops a save list
+// names: selective AC's matrix products), in order, that can stand in for them
+// later: while a tape records, every collective runs (synchronously) and its
+// result is kept; while it replays, every collective returns the next kept
+// result and communicates nothing.
 // Selective activation checkpointing records the first pass of a
 // checkpointed function and replays its recomputation, which issues the
 // same collectives in the same order. TapeBypass lets collectives through
@@ -20,12 +21,12 @@
 
 namespace dtp::detail {
 
-class CollectiveTape {
+class ResultTape {
  public:
-  CollectiveTape() = default;
+  ResultTape() = default;
   // A tape of DTensor op results (TapeKind::SavedOps) keeping the ops named
   // in `ops` ("aten::mm", ...).
-  explicit CollectiveTape(std::vector<std::string> ops) : ops_(std::move(ops)) {}
+  explicit ResultTape(std::vector<std::string> ops) : ops_(std::move(ops)) {}
   bool keeps(const std::string& op) const { return std::find(ops_.begin(), ops_.end(), op) != ops_.end(); }
   bool replaying() const { return replaying_; }
   void start_replay() {
@@ -47,22 +48,22 @@ class CollectiveTape {
 enum class TapeKind : uint8_t { Collectives, SavedOps };
 
 // The tape of this thread for `kind`, or null.
-CollectiveTape* active_tape(TapeKind kind = TapeKind::Collectives);
+ResultTape* active_tape(TapeKind kind = TapeKind::Collectives);
 
 // Makes `tape` this thread's tape of `kind` (null: none) for the scope's lifetime.
 class TapeScope {
  public:
-  explicit TapeScope(CollectiveTape* tape, TapeKind kind = TapeKind::Collectives);
+  explicit TapeScope(ResultTape* tape, TapeKind kind = TapeKind::Collectives);
   ~TapeScope();
   TapeScope(const TapeScope&) = delete;
   TapeScope& operator=(const TapeScope&) = delete;
 
  private:
   TapeKind kind_;
-  CollectiveTape* prev_;
+  ResultTape* prev_;
 };
 
-// No collective tape inside this scope.
+// No result tape of collectives inside this scope.
 class TapeBypass : public TapeScope {
  public:
   TapeBypass() : TapeScope(nullptr) {}
