@@ -25,7 +25,7 @@
 //   GPipe, one sequence per microbatch, computes the mean cross-entropy
 //   against the tokens shifted by one (input_ids.roll(-1, 1)): loss_f64 in
 //   OUT, written by the last stage's tp rank 0. No export.
-// - Exports the float32 model with save_hf to EXPORT_DIR in the dtype of
+// - Exports the float32 model (every layout but --pp) with save_hf to EXPORT_DIR in the dtype of
 //   MODEL_DIR's files, split over several files, with MODEL_DIR as
 //   source_dir, for compare_export.py. bf16, f16 and f32 weights are exact
 //   in float32, so the export must reproduce them bit for bit.
@@ -199,6 +199,25 @@ at::Tensor greedyAt(const Args& a, const std::optional<DeviceMesh>& mesh, const 
   return tokens;
 }
 
+// save_hf of the float32 model to EXPORT_DIR, in the folder's dtype.
+void exportAt(const Args& a, Llama& f32, const ProcessGroup& world, const std::string& layout) {
+  // 20000 bytes: a few tensors per file, so the index and the split are
+  // exercised as save_pretrained would split a large model.
+  HFSaveOptions options;
+  options.dtype = folderDtype(a.model_dir);
+  options.max_shard_bytes = 20000;
+  options.source_dir = a.model_dir;
+  save_hf(f32, a.export_dir, options);
+  if (world.rank() == 0) {
+    int files = 0;
+    for (const auto& entry : fs::directory_iterator(a.export_dir))
+      files += entry.path().extension() == ".safetensors";
+    std::printf("hf_check: %s: exported in %s to %s (%d files)\n", layout.c_str(), c10::toString(*options.dtype),
+                a.export_dir.c_str(), files);
+    std::fflush(stdout);
+  }
+}
+
 // --ep: the experts spread over ep; every data-parallel rank (ep, or dp x ep)
 // its own sequence, tp ranks the same one.
 int runExpertParallel(const Args& a, ProcessGroup& world) {
@@ -235,6 +254,7 @@ int runExpertParallel(const Args& a, ProcessGroup& world) {
     const at::Tensor all = world.all_gather(mine.contiguous(), 0, ones).wait();
     out.emplace_back(dtype == at::kDouble ? "logits_f64" : "logits_f32",
                      all.index_select(0, at::tensor(first, at::kLong)).contiguous());
+    if (dtype == at::kFloat) exportAt(a, model, world, mesh.str());
   }
   if (world.rank() == 0) {
     io::save_safetensors(a.out, out);
@@ -277,21 +297,7 @@ int run(const Args& a) {
     std::fflush(stdout);
   }
 
-  // 20000 bytes: a few tensors per file, so the index and the split are
-  // exercised as save_pretrained would split a large model.
-  HFSaveOptions options;
-  options.dtype = folderDtype(a.model_dir);
-  options.max_shard_bytes = 20000;
-  options.source_dir = a.model_dir;
-  save_hf(f32, a.export_dir, options);
-  if (root) {
-    int files = 0;
-    for (const auto& entry : fs::directory_iterator(a.export_dir))
-      files += entry.path().extension() == ".safetensors";
-    std::printf("hf_check: dp=%lld tp=%lld: exported in %s to %s (%d files)\n", static_cast<long long>(dp),
-                static_cast<long long>(tp), c10::toString(*options.dtype), a.export_dir.c_str(), files);
-    std::fflush(stdout);
-  }
+  exportAt(a, f32, world, c10::str("dp=", dp, " tp=", tp));
   return 0;
 }
 

@@ -141,7 +141,7 @@ def attention(cfg, w, p, x, cos, sin):
 
 
 def sparse_moe(cfg, w, x, router_logits):
-    """MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock.forward on x [b, s, d]."""
+    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock.forward on x [b, s, d]."""
     b, s, d = x.shape
     mixtral = cfg["model_type"] == "mixtral"
     p = "block_sparse_moe." if mixtral else "mlp."
@@ -167,6 +167,11 @@ def sparse_moe(cfg, w, x, router_logits):
         y = F.linear(F.silu(F.linear(cur, w[q + names[0] + ".weight"])) * F.linear(cur, w[q + names[1] + ".weight"]),
                      w[q + names[2] + ".weight"])
         out.index_add_(0, top_x, y * routing_weights[top_x, idx, None])
+    if cfg["model_type"] == "qwen2_moe":  # the shared expert, gated by a sigmoid
+        q = p + "shared_expert."
+        shared = F.linear(F.silu(F.linear(h, w[q + "gate_proj.weight"])) * F.linear(h, w[q + "up_proj.weight"]),
+                          w[q + "down_proj.weight"])
+        out = out + torch.sigmoid(F.linear(h, w[p + "shared_expert_gate.weight"])) * shared
     return out.view(b, s, d)
 
 
@@ -195,7 +200,7 @@ def forward(cfg, weights, input_ids, dtype, router_logits=None):
         x = rms_norm(h, w[p + "input_layernorm.weight"], eps)
         h = h + attention(cfg, w, p + "self_attn.", x, cos, sin)
         x = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
-        if cfg["model_type"] in ("mixtral", "qwen3_moe"):
+        if cfg["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe"):
             lw = {k[len(p):]: t for k, t in w.items() if k.startswith(p)}
             h = h + sparse_moe(cfg, lw, x, router_logits if router_logits is not None else [])
             continue
@@ -236,7 +241,7 @@ def main():
             "logits_f64": forward(cfg, weights, input_ids, torch.float64),
             "logits_f32": forward(cfg, weights, input_ids, torch.float32),
         }
-        if cfg["model_type"] in ("mixtral", "qwen3_moe"):
+        if cfg["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe"):
             router_logits = []
             forward(cfg, weights, input_ids, torch.float64, router_logits)
             out["aux_f64"] = load_balancing_loss(cfg, router_logits) * cfg["router_aux_loss_coef"]

@@ -4,7 +4,8 @@
 with --attention-bias and --rope-llama3 for Llama 3.1's rope_scaling),
 mistral (--sliding-window), qwen2 (Qwen 2.5: q/k/v biases), qwen3 (q_norm
 and k_norm per head; --head-dim apart from hidden / heads), or the mixtures
-of experts mixtral (mistral's attention) and qwen3_moe (qwen3's), with
+of experts mixtral (mistral's attention), qwen2_moe (qwen2's, plus a gated
+shared expert of --shared-intermediate) and qwen3_moe (qwen3's), with
 --experts, --top-k and --moe-intermediate.
 
 The folder looks like what transformers' save_pretrained writes: config.json
@@ -41,8 +42,12 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+
+QWEN_MOE = ("qwen2_moe", "qwen3_moe")
+MOE = ("mixtral",) + QWEN_MOE
 
 
 def head_dim_of(a):
@@ -50,11 +55,11 @@ def head_dim_of(a):
 
 
 def qkv_bias(a):
-    return a.family == "qwen2" or a.attention_bias
+    return a.family in ("qwen2", "qwen2_moe") or a.attention_bias
 
 
 def o_bias(a):
-    return a.family != "qwen2" and a.attention_bias
+    return a.family not in ("qwen2", "qwen2_moe") and a.attention_bias
 
 
 def make_config(a):
@@ -87,7 +92,7 @@ def make_config(a):
         c.update({"attention_bias": a.attention_bias, "mlp_bias": False, "pretraining_tp": 1})
     if a.family in ("qwen3", "qwen3_moe"):
         c["attention_bias"] = a.attention_bias
-    if a.family in ("qwen2", "qwen3", "qwen3_moe"):
+    if a.family in ("qwen2", "qwen3") + QWEN_MOE:
         c.update({"max_window_layers": a.layers, "sliding_window": None, "use_sliding_window": False})
     if a.family in ("mistral", "mixtral"):
         c["sliding_window"] = a.sliding_window or None
@@ -95,11 +100,13 @@ def make_config(a):
         c.update({"num_local_experts": a.experts, "num_experts_per_tok": a.top_k,
                   "intermediate_size": a.moe_intermediate, "router_aux_loss_coef": 0.02,
                   "output_router_logits": False})
-    if a.family == "qwen3_moe":
+    if a.family in QWEN_MOE:
         c.update({"num_experts": a.experts, "num_experts_per_tok": a.top_k,
                   "moe_intermediate_size": a.moe_intermediate, "norm_topk_prob": a.norm_topk_prob,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "router_aux_loss_coef": 0.001,
                   "output_router_logits": False})
+    if a.family == "qwen2_moe":
+        c.update({"shared_expert_intermediate_size": a.shared_intermediate, "qkv_bias": True})
     if a.rope_llama3:
         factor, low, high, original = a.rope_llama3.split(",")
         c["rope_scaling"] = {"factor": float(factor), "low_freq_factor": float(low),
@@ -136,10 +143,11 @@ def make_weights(a):
         if a.family in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = norm(head_dim)
             w[p + "self_attn.k_norm.weight"] = norm(head_dim)
-        if a.family in ("mixtral", "qwen3_moe"):
+        if a.family in MOE:
             # MixtralSparseMoeBlock (block_sparse_moe: experts.N.w1/w2/w3) or
-            # Qwen3MoeSparseMoeBlock (mlp: experts.N.{gate,up,down}_proj), in
-            # state_dict order: a router, then each expert's matrices.
+            # Qwen2Moe/Qwen3MoeSparseMoeBlock (mlp: experts.N.{gate,up,down}_proj),
+            # in state_dict order: a router, then each expert's matrices, then
+            # Qwen2-MoE's shared expert and its gate.
             mixtral = a.family == "mixtral"
             m = p + ("block_sparse_moe." if mixtral else "mlp.")
             up = (a.moe_intermediate, a.hidden)
@@ -150,6 +158,12 @@ def make_weights(a):
             for e in range(a.experts):
                 for name, (rows, cols) in shapes:
                     w[m + f"experts.{e}.{name}.weight"] = matrix(rows, cols)
+            if a.family == "qwen2_moe":
+                for name, (rows, cols) in (("gate_proj", (a.shared_intermediate, a.hidden)),
+                                           ("up_proj", (a.shared_intermediate, a.hidden)),
+                                           ("down_proj", (a.hidden, a.shared_intermediate))):
+                    w[m + f"shared_expert.{name}.weight"] = matrix(rows, cols)
+                w[m + "shared_expert_gate.weight"] = matrix(1, a.hidden)
         else:
             w[p + "mlp.gate_proj.weight"] = matrix(a.intermediate, a.hidden)
             w[p + "mlp.up_proj.weight"] = matrix(a.intermediate, a.hidden)
@@ -212,10 +226,11 @@ def main():
     ap.add_argument("--sliding-window", type=int, default=0, help="mistral; 0: none")
     ap.add_argument("--rope-llama3", default="", metavar="FACTOR,LOW,HIGH,ORIGINAL",
                     help="rope_scaling of rope_type llama3")
-    ap.add_argument("--experts", type=int, default=4, help="mixtral, qwen3_moe")
-    ap.add_argument("--top-k", type=int, default=2, help="mixtral, qwen3_moe: experts per token")
-    ap.add_argument("--moe-intermediate", type=int, default=48, help="mixtral, qwen3_moe: each expert's width")
-    ap.add_argument("--norm-topk-prob", action="store_true", help="qwen3_moe: renormalize the top-k weights")
+    ap.add_argument("--experts", type=int, default=4, help="mixtral, qwen2_moe, qwen3_moe")
+    ap.add_argument("--top-k", type=int, default=2, help="mixtral, qwen*_moe: experts per token")
+    ap.add_argument("--moe-intermediate", type=int, default=48, help="mixtral, qwen*_moe: each expert's width")
+    ap.add_argument("--shared-intermediate", type=int, default=40, help="qwen2_moe: the shared expert's width")
+    ap.add_argument("--norm-topk-prob", action="store_true", help="qwen*_moe: renormalize the top-k weights")
     a = ap.parse_args()
     if (not a.head_dim and a.hidden % a.heads) or a.heads % a.kv_heads or head_dim_of(a) % 2:
         ap.error(f"got hidden {a.hidden}, heads {a.heads}, kv-heads "
