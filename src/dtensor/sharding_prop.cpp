@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -156,147 +157,241 @@ OutputMeta runOnMeta(const OpCall& call) {
   return r;
 }
 
+// Ops whose meta kernel threw once go to their rule's shape function from
+// then on: a c10::Error records a backtrace (about a millisecond), and an
+// embedding misses the cache at every new prompt length.
+class NoMetaKernel {
+ public:
+  bool contains(const c10::FunctionSchema& schema) const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return schemas_.count(&schema) > 0;
+  }
+  void insert(const c10::FunctionSchema& schema) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    schemas_.insert(&schema);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_set<const c10::FunctionSchema*> schemas_;
+};
+
+// The op's rule, or an error naming the ways around a missing one.
+std::shared_ptr<const Rule> ruleOf(const OpCall& call) {
+  std::shared_ptr<const Rule> rule = RuleRegistry::get().find(call.op.operator_name());
+  TORCH_CHECK(rule != nullptr, "dtp: no sharding rule for ", op_name(call.op), " (inputs: ",
+              describeInputs(call),
+              "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
+              "enable dtp::ReplicateFallbackGuard to do that automatically.");
+  return rule;
+}
+
+// Whether every return is an argument the op writes (add_, out= variants):
+// its outputs are then those arguments, shapes and placements alike.
+bool returnsWrittenArgs(const c10::FunctionSchema& schema) {
+  const auto& returns = schema.returns();
+  bool all = !returns.empty();
+  for (const auto& r : returns) all &= r.alias_info() != nullptr && r.alias_info()->isWrite();
+  return all;
+}
+
+// Global shapes and dtypes of a functional op's outputs: from its meta
+// kernel, or from its rule's shape function where that kernel throws.
+OutputMeta outputMeta(const OpCall& call, const Rule& rule) {
+  static NoMetaKernel no_meta;
+  bool meta_failed = rule.shape && no_meta.contains(call.op.schema());
+  OutputMeta meta;
+  try {
+    if (!meta_failed) meta = runOnMeta(call);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(rule.shape, "dtp: cannot infer the output shape of ", op_name(call.op),
+                " on meta tensors (inputs: ", describeInputs(call),
+                "): ", e.what_without_backtrace(), "\nRegister a Meta kernel for the op, or give its rule a "
+                "shape function (dtp::RegisterShardingOptions::shape).");
+    no_meta.insert(call.op.schema());
+    meta_failed = true;
+  }
+  if (meta_failed) {
+    meta = rule.shape(call);
+    TORCH_INTERNAL_ASSERT(!meta.shapes.empty() && meta.shapes.size() == meta.dtypes.size(), "the shape function of ",
+                          op_name(call.op), "'s rule returned ", meta.shapes.size(), " shapes and ", meta.dtypes.size(),
+                          " dtypes");
+  }
+  return meta;
+}
+
+// The call as the rule's strategy sees it: with its output count and global
+// output shapes (an op returning written arguments: its first argument's
+// shape, once per return).
+OpCall withOutputs(const OpCall& call, const OutputMeta& meta, bool returns_written) {
+  OpCall sized = call;
+  const size_t returns = call.op.schema().returns().size();
+  sized.num_outputs = static_cast<int64_t>(returns_written ? returns : meta.shapes.size());
+  if (returns_written) sized.out_shapes.assign(returns, call.spec(0).shape);
+  else sized.out_shapes = meta.shapes;
+  return sized;
+}
+
 bool isWrittenSlot(const OpCall& call, size_t slot) {
   const auto& a = call.op.schema().arguments()[call.slot_arg[slot]];
   return a.alias_info() != nullptr && a.alias_info()->isWrite();
 }
 
-Decision compute(const OpCall& call) {
-  const std::shared_ptr<const Rule> rule = RuleRegistry::get().find(call.op.operator_name());
-  TORCH_CHECK(rule != nullptr, "dtp: no sharding rule for ", op_name(call.op), " (inputs: ",
-              describeInputs(call),
-              "). Redistribute the inputs to Replicate and call it on to_local() tensors, or "
-              "enable dtp::ReplicateFallbackGuard to do that automatically.");
-  // Shapes first: list-returning ops (split, unbind) tell their output count.
-  OutputMeta meta;
+// An in-place or out= op returns the argument it writes, whose placement
+// stays: a row giving that output another one (mul_ of an R self by a
+// P(sum) other -> P(sum)) would leave a partial value under R. Per return,
+// the slot it writes (-1: none, or a functional op).
+std::vector<int> writtenSlotOfReturns(const OpCall& call, bool returns_written) {
   const auto& returns = call.op.schema().returns();
-  bool all_inplace = !returns.empty();
-  for (const auto& r : returns)
-    all_inplace &= r.alias_info() != nullptr && r.alias_info()->isWrite();
-  if (!all_inplace) {
-    // An op whose meta kernel threw once goes to its rule's shape function
-    // from then on: a c10::Error records a backtrace (about a millisecond),
-    // and an embedding misses the cache at every new prompt length.
-    static std::mutex no_meta_mutex;
-    static std::unordered_set<const c10::FunctionSchema*> no_meta;
-    bool meta_failed = false;
-    if (rule->shape) {
-      const std::lock_guard<std::mutex> lock(no_meta_mutex);
-      meta_failed = no_meta.count(&call.op.schema()) > 0;
-    }
-    try {
-      if (!meta_failed) meta = runOnMeta(call);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(rule->shape, "dtp: cannot infer the output shape of ", op_name(call.op),
-                  " on meta tensors (inputs: ", describeInputs(call),
-                  "): ", e.what_without_backtrace(), "\nRegister a Meta kernel for the op, or give its rule a "
-                  "shape function (dtp::RegisterShardingOptions::shape).");
-      const std::lock_guard<std::mutex> lock(no_meta_mutex);
-      no_meta.insert(&call.op.schema());
-      meta_failed = true;
-    }
-    if (meta_failed) {
-      meta = rule->shape(call);
-      TORCH_INTERNAL_ASSERT(!meta.shapes.empty() && meta.shapes.size() == meta.dtypes.size(), "the shape function of ",
-                            op_name(call.op), "'s rule returned ", meta.shapes.size(), " shapes and ", meta.dtypes.size(),
-                            " dtypes");
-    }
-  }
-  OpCall sized = call;
-  sized.num_outputs = static_cast<int64_t>(all_inplace ? returns.size() : meta.shapes.size());
-  sized.out_shapes = meta.shapes;
-  if (all_inplace) {
-    for (const auto& r : returns) {
-      (void)r;
-      sized.out_shapes.push_back(call.spec(0).shape);
-    }
-  }
-
-  // An in-place or out= op returns the argument it writes, whose placement
-  // stays: a row giving that output another one (mul_ of an R self by a
-  // P(sum) other -> P(sum)) would leave a partial value under R.
-  std::vector<int> written_slot(all_inplace ? returns.size() : 0, -1);
+  std::vector<int> written_slot(returns_written ? returns.size() : 0, -1);
   for (size_t r = 0; r < written_slot.size(); ++r) {
     const int arg = written_arg(call.op.schema(), returns[r]);
     if (arg >= 0) written_slot[r] = call.slot_of_arg(arg);
   }
+  return written_slot;
+}
+
+// What redistributing the inputs to `row` costs on mesh dim m; infinite for
+// a row that changes the placement of an argument the op writes (as an
+// input, or as the output that returns it).
+double rowCost(const OpCall& call, const Row& row, int64_t m, const std::vector<int>& written_slot) {
+  constexpr double kForbidden = std::numeric_limits<double>::infinity();
+  double cost = 0;
+  for (size_t s = 0; s < row.in.size(); ++s) {
+    const auto& cur = call.spec(s).placements[m];
+    if (isWrittenSlot(call, s) && cur != row.in[s]) return kForbidden;
+    // Global sizes, never local ones: every rank must pick the same row
+    // (an empty shard would otherwise make all rows free on one rank).
+    cost += transition_cost(cur, row.in[s], static_cast<double>(call.spec(s).numel()), call.mesh().size(m));
+  }
+  for (size_t o = 0; o < written_slot.size(); ++o)
+    if (written_slot[o] >= 0 && row.out[o] != call.spec(written_slot[o]).placements[m]) return kForbidden;
+  return cost;
+}
+
+// The cheapest of the rule's rows for mesh dim m (the first among equals),
+// or an error when every row is forbidden or there is none.
+const Row& cheapestRow(const OpCall& sized, const std::vector<Row>& rows, int64_t m,
+                       const std::vector<int>& written_slot) {
+  const Row* best = nullptr;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (const auto& row : rows) {
+    TORCH_INTERNAL_ASSERT(row.in.size() == sized.specs.size() &&
+                              static_cast<int64_t>(row.out.size()) == sized.num_outputs,
+                          "rule for ", op_name(sized.op), " produced a malformed row");
+    const double cost = rowCost(sized, row, m, written_slot);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = &row;
+    }
+  }
+  TORCH_CHECK(best != nullptr, "dtp: no valid sharding for ", op_name(sized.op), " (inputs: ",
+              describeInputs(sized), ") on mesh dim ", m,
+              rows.empty() ? "." : ": it writes an argument whose placement would have to "
+                                   "change. Redistribute that argument first.",
+              RuleRegistry::get().hint(sized.op.operator_name()));
+  return *best;
+}
+
+// Placements per input slot and per output: mesh dim by mesh dim, the
+// cheapest row the rule offers.
+struct Choice {
+  std::vector<Placements> in, out;
+};
+Choice choosePlacements(const OpCall& sized, const Rule& rule, bool returns_written) {
+  const std::vector<int> written_slot = writtenSlotOfReturns(sized, returns_written);
+  const int64_t ndim = sized.mesh().ndim();
+  Choice c{std::vector<Placements>(sized.specs.size(), Placements(ndim)),
+           std::vector<Placements>(sized.num_outputs, Placements(ndim))};
+  for (int64_t m = 0; m < ndim; ++m) {
+    const auto rows = rule.strategy(sized, m);
+    const Row& best = cheapestRow(sized, rows, m, written_slot);
+    for (size_t s = 0; s < best.in.size(); ++s) c.in[s][m] = best.in[s];
+    for (int64_t o = 0; o < sized.num_outputs; ++o) c.out[o][m] = best.out[o];
+  }
+  return c;
+}
+
+// The outputs' specs: null for a returned written argument (the argument's
+// own) and for an undefined output (an Undefined dtype in `meta`).
+std::vector<SpecPtr> outputSpecs(const OpCall& call, const std::vector<Placements>& out, const OutputMeta& meta,
+                                 bool returns_written) {
+  std::vector<SpecPtr> specs;
+  for (size_t o = 0; o < out.size(); ++o) {
+    const auto dtype = returns_written ? c10::ScalarType::Undefined : meta.dtypes[o];
+    specs.push_back(dtype == c10::ScalarType::Undefined ? nullptr
+                                                        : make_spec(call.mesh(), out[o], meta.shapes[o], dtype));
+  }
+  return specs;
+}
+
+// NOTE: [Empty shards run no kernel]
+// Where every output of a functional op is empty on this rank (uneven
+// sharding left it no rows), the rank makes them with at::empty and runs
+// no kernel: libtorch 2.x kernels divide by an empty dim's size (the CPU
+// flash attention with no heads raises SIGFPE, pytorch#141219), and
+// nothing is lost. Ops that alias or write an argument, return a list, or
+// compute their outputs themselves (a rule's LocalFn) run as usual.
+bool runsNoKernel(const c10::FunctionSchema& schema, const Decision& d, bool returns_written) {
+  const auto& returns = schema.returns();
+  return !returns_written && d.local == nullptr && !d.out.empty() &&
+         std::all_of(returns.begin(), returns.end(), [](const c10::Argument& r) {
+           return r.alias_info() == nullptr && r.type()->kind() == c10::TypeKind::TensorType;
+         }) &&
+         std::all_of(d.out.begin(), d.out.end(), [](const SpecPtr& o) {
+           return o != nullptr && std::find(o->local_sizes.begin(), o->local_sizes.end(), 0) != o->local_sizes.end();
+         });
+}
+
+// The decision for a call the cache has not seen:
+//  - Find the op's rule; none is an error naming the replicate fallback.
+//  - Output shapes first, as list-returning ops (split, unbind) tell their
+//    output count only so: run the op on meta tensors of the global shapes,
+//    or the rule's shape function where the meta kernel throws. An op that
+//    returns only arguments it writes needs neither: those are its outputs.
+//  - Per mesh dim, ask the rule for its rows and keep the cheapest
+//    redistribution of the inputs (transition_cost); rows that would change
+//    the placement of an argument the op writes are excluded.
+//  - Make the specs of the inputs as redistributed and of the outputs.
+//  - Mark a call whose outputs are all empty on this rank (NOTE: [Empty
+//    shards run no kernel]).
+Decision compute(const OpCall& call) {
+  const std::shared_ptr<const Rule> rule = ruleOf(call);
+  const bool returns_written = returnsWrittenArgs(call.op.schema());
+  const OutputMeta meta = returns_written ? OutputMeta{} : outputMeta(call, *rule);
+  const OpCall sized = withOutputs(call, meta, returns_written);
+  Choice chosen = choosePlacements(sized, *rule, returns_written);
 
   Decision d;
   d.local = rule->local;
-  const int64_t ndim = call.mesh().ndim();
-  d.in.assign(call.specs.size(), Placements(ndim));
-  std::vector<Placements> out(sized.num_outputs, Placements(ndim));
-  for (int64_t m = 0; m < ndim; ++m) {
-    const auto rows = rule->strategy(sized, m);
-    const Row* best = nullptr;
-    double best_cost = std::numeric_limits<double>::infinity();
-    for (const auto& row : rows) {
-      TORCH_INTERNAL_ASSERT(row.in.size() == call.specs.size() &&
-                                static_cast<int64_t>(row.out.size()) == sized.num_outputs,
-                            "rule for ", op_name(call.op), " produced a malformed row");
-      double cost = 0;
-      for (size_t s = 0; s < row.in.size(); ++s) {
-        const auto& cur = call.spec(s).placements[m];
-        if (isWrittenSlot(call, s) && cur != row.in[s]) {
-          cost = std::numeric_limits<double>::infinity();
-          break;
-        }
-        // Global sizes, never local ones: every rank must pick the same row
-        // (an empty shard would otherwise make all rows free on one rank).
-        cost += transition_cost(cur, row.in[s], static_cast<double>(call.spec(s).numel()),
-                                call.mesh().size(m));
-      }
-      for (size_t o = 0; o < written_slot.size(); ++o)
-        if (written_slot[o] >= 0 && row.out[o] != call.spec(written_slot[o]).placements[m])
-          cost = std::numeric_limits<double>::infinity();
-      if (cost < best_cost) {
-        best_cost = cost;
-        best = &row;
-      }
-    }
-    TORCH_CHECK(best != nullptr, "dtp: no valid sharding for ", op_name(call.op), " (inputs: ",
-                describeInputs(call), ") on mesh dim ", m,
-                rows.empty() ? "." : ": it writes an argument whose placement would have to "
-                                     "change. Redistribute that argument first.",
-                RuleRegistry::get().hint(call.op.operator_name()));
-    for (size_t s = 0; s < best->in.size(); ++s) d.in[s][m] = best->in[s];
-    for (int64_t o = 0; o < sized.num_outputs; ++o) out[o][m] = best->out[o];
-  }
-  for (size_t s = 0; s < d.in.size(); ++s)
-    d.in_specs.push_back(make_spec(call.mesh(), d.in[s], call.spec(s).shape, call.spec(s).dtype));
-  for (int64_t o = 0; o < sized.num_outputs; ++o) {
-    if (all_inplace) {
-      d.out.push_back(nullptr);
-    } else {
-      const auto dtype = meta.dtypes[o];
-      d.out.push_back(dtype == c10::ScalarType::Undefined
-                          ? nullptr
-                          : make_spec(call.mesh(), out[o], meta.shapes[o], dtype));
-    }
-  }
-  // NOTE: [Empty shards run no kernel]
-  // Where every output of a functional op is empty on this rank (uneven
-  // sharding left it no rows), the rank makes them with at::empty and runs
-  // no kernel: libtorch 2.x kernels divide by an empty dim's size (the CPU
-  // flash attention with no heads raises SIGFPE, pytorch#141219), and
-  // nothing is lost. Ops that alias or write an argument, return a list, or
-  // compute their outputs themselves (a rule's LocalFn) run as usual.
-  d.empty_outputs = !all_inplace && d.local == nullptr && !d.out.empty() &&
-                    std::all_of(returns.begin(), returns.end(), [](const c10::Argument& r) {
-                      return r.alias_info() == nullptr && r.type()->kind() == c10::TypeKind::TensorType;
-                    }) &&
-                    std::all_of(d.out.begin(), d.out.end(), [](const SpecPtr& o) {
-                      return o != nullptr && std::find(o->local_sizes.begin(), o->local_sizes.end(), 0) !=
-                                                 o->local_sizes.end();
-                    });
+  for (size_t s = 0; s < chosen.in.size(); ++s)
+    d.in_specs.push_back(make_spec(call.mesh(), chosen.in[s], call.spec(s).shape, call.spec(s).dtype));
+  d.in = std::move(chosen.in);
+  d.out = outputSpecs(call, chosen.out, meta, returns_written);
+  d.empty_outputs = runsNoKernel(call.op.schema(), d, returns_written);
   return d;
 }
 
-}  // namespace
+// The cache key: the op and everything about its arguments that can change
+// a decision (specs, shapes, dtypes, non-tensor values).
+void encodeCall(Signature& sig, const OpCall& call) {
+  const auto& schema = call.op.schema();
+  sig.push_back(reinterpret_cast<intptr_t>(&schema));
+  for (size_t i = 0; i < call.args.size(); ++i) {
+    // Scalar operands (AdamW's bias corrections change every step) never
+    // change shapes, and placements only by being zero (masked_fill with 0
+    // keeps a Partial): their kind and zero-ness are enough.
+    if (schema.arguments()[i].type()->kind() == c10::TypeKind::NumberType)
+      sig.push_back(call.args[i].isScalar() && call.args[i].toScalar().equal(0) ? 15 : 14);
+    else encodeValue(sig, call.args[i]);
+  }
+}
 
 // Per thread: ranks may run as threads, and no lock sits on the hot path.
 thread_local std::unordered_map<Signature, Decision, SignatureHash> cache;
 thread_local PropagationCacheStats stats;
+
+}  // namespace
 
 void clear_propagation_cache() { cache.clear(); }
 
@@ -314,16 +409,7 @@ const Decision& propagate(const OpCall& call) {
   }
   thread_local Signature sig;
   sig.clear();
-  const auto& schema = call.op.schema();
-  sig.push_back(reinterpret_cast<intptr_t>(&schema));
-  for (size_t i = 0; i < call.args.size(); ++i) {
-    // Scalar operands (AdamW's bias corrections change every step) never
-    // change shapes, and placements only by being zero (masked_fill with 0
-    // keeps a Partial): their kind and zero-ness are enough.
-    if (schema.arguments()[i].type()->kind() == c10::TypeKind::NumberType)
-      sig.push_back(call.args[i].isScalar() && call.args[i].toScalar().equal(0) ? 15 : 14);
-    else encodeValue(sig, call.args[i]);
-  }
+  encodeCall(sig, call);
   auto it = cache.find(sig);
   if (it != cache.end()) {
     ++stats.hits;
