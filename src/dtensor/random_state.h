@@ -1,6 +1,8 @@
 // What random ops on DTensors draw from, for the techniques that must steer
 // or replay it: data parallelism (the batch split over dp) and activation
 // checkpointing (the first pass's state, restored for the recomputation).
+// The state lives in random_state.cpp; the random-op handlers that draw from
+// it are rules (rules/random.cpp).
 #pragma once
 
 #include "dtp/process_group.h"
@@ -13,6 +15,10 @@
 #include <utility>
 #include <vector>
 
+namespace dtp {
+class DeviceMesh;
+}
+
 namespace dtp::detail {
 
 // Until called again with an invalid group, random ops on DTensors on this
@@ -23,6 +29,11 @@ namespace dtp::detail {
 // NOTE: [Random ops under data parallelism] in rules/random.cpp.
 void set_data_parallel_batch(ProcessGroup dp);
 ProcessGroup data_parallel_batch();  // invalid: none set
+
+// The generator random ops on `mesh` draw from on `device` (dtp::random_generator),
+// given the mesh's first rank's state (and the dp batch's first rank's, under
+// set_data_parallel_batch) once per seed epoch: NOTE: [Generator sync].
+at::Generator synced_generator(const DeviceMesh& mesh, c10::Device device);
 
 // A generator given the state of a mesh's (or the dp batch's, who ==
 // nullptr) first rank in seed epoch `epoch` (NOTE: [Generator sync]).

@@ -1,79 +1,37 @@
-// Random-op handlers: draw the global tensor, keep the shard. See dtp/random.h.
-#include "dtp/random.h"
+// Random-op handlers: draw the global tensor, keep the shard. See dtp/random.h;
+// the generators they draw from are random_state.cpp's.
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/random_state.h"
-
 #include "dtensor/redistribute.h"
 #include "dtensor/rule_registry.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
-#include <algorithm>
-#include <functional>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 namespace dtp {
 namespace {
-
-thread_local std::optional<uint64_t> thread_seed;      // set by manual_seed on this thread
-thread_local std::vector<at::Generator> thread_generators;  // one per device, seeded thread_seed
-thread_local ProcessGroup batch_group;  // NOTE: [Random ops under data parallelism]
-
-// NOTE: [Generator sync] Every rank must draw from the same generator state,
-// or a replicated random op silently differs between ranks (ranks seeded
-// differently, or one that drew extra numbers). As PyTorch's RNG tracker
-// does, the first random op on a mesh after each dtp::manual_seed (and the
-// first ever) gives every rank the state of the mesh's first rank: one
-// broadcast per mesh dim, per device's generator. The decision depends only
-// on calls every rank makes alike (manual_seed, random ops on the mesh), so
-// ranks agree on it. A generator's state is a CPU tensor (CUDA's is its seed
-// and Philox offset), so the broadcast goes through Gloo on any device.
-thread_local uint64_t seed_epoch = 0;
-thread_local std::vector<detail::GeneratorSync> synced;
-
-// Gives `gen` the state `broadcast` brings (the first rank's), once per
-// (who: a mesh, or the dp batch; gen's device; seed epoch).
-void syncOnce(at::Generator& gen, const void* who, const std::function<void(at::Tensor&)>& broadcast) {
-  const detail::GeneratorSync key{who, gen.device(), seed_epoch};
-  if (std::find(synced.begin(), synced.end(), key) != synced.end()) return;
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  at::Tensor state = gen.get_state();
-  broadcast(state);
-  gen.set_state(state);
-  if (synced.size() >= 64) synced.clear();  // meshes made and dropped in a loop
-  synced.push_back(key);
-}
-
-at::Generator syncedGenerator(const DeviceMesh& mesh, c10::Device device) {
-  at::Generator gen = random_generator(device);
-  if (batch_group.valid() && batch_group.size() > 1)
-    syncOnce(gen, nullptr, [](at::Tensor& state) { batch_group.broadcast(state, 0); });
-  syncOnce(gen, mesh.id(), [&mesh](at::Tensor& state) {
-    for (int64_t m = 0; m < mesh.ndim(); ++m)
-      if (mesh.size(m) > 1) mesh.get_group(m).broadcast(state, 0);
-  });
-  return gen;
-}
 
 // NOTE: [Random ops under data parallelism] Inside the forward of a module
 // under fully_shard or replicate, each dp rank holds its equal part of the
 // batch (dim 0). One device would draw for the whole batch, so each rank
 // draws a tensor dp times as long along dim 0 (the whole batch) and keeps its
 // own rows: data-parallel ranks get one device's dropout masks, not dp copies
-// of one mask. The generator is also synced over dp, as over the mesh.
+// of one mask. The generator is also synced over dp, as over the mesh
+// (detail::synced_generator).
 std::vector<int64_t> drawShape(const DTensorSpec& spec) {
   auto shape = spec.shape;
-  if (batch_group.valid() && !shape.empty()) shape[0] *= batch_group.size();
+  const ProcessGroup batch = detail::data_parallel_batch();
+  if (batch.valid() && !shape.empty()) shape[0] *= batch.size();
   return shape;
 }
 
 // This rank's shard of a full tensor drawn in drawShape(spec).
 at::Tensor shardOf(const at::Tensor& drawn, const DTensorSpec& spec) {
   at::Tensor t = drawn;
-  if (t.dim() > 0 && t.size(0) != spec.shape[0]) t = t.narrow(0, batch_group.rank() * spec.shape[0], spec.shape[0]);
+  if (t.dim() > 0 && t.size(0) != spec.shape[0])  // drawn for the dp batch
+    t = t.narrow(0, detail::data_parallel_batch().rank() * spec.shape[0], spec.shape[0]);
   const auto off = spec.local_offset();
   for (int64_t d = 0; d < spec.ndim(); ++d) {
     if (spec.local_sizes[d] != spec.shape[d]) t = t.narrow(d, off[d], spec.local_sizes[d]);
@@ -113,7 +71,7 @@ bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                 op.schema().name(), " with DTensor parameters is NYI; pass scalars.");
   }
   const size_t g = generatorArg(op.schema());
-  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh, self.device());
+  if (args[g].isNone()) args[g] = detail::synced_generator(spec.mesh, self.device());
   args[0] = at::empty(drawShape(spec), impl->local().options());
   op.callBoxed(stack);
   at::Tensor full = torch::jit::pop(*stack).toTensor();
@@ -173,7 +131,7 @@ bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
   at::Tensor mask_full = dropoutMask(drawShape(spec), input.strides(), p1m, local.options(),
-                                       syncedGenerator(spec.mesh, local.device()));
+                                       detail::synced_generator(spec.mesh, local.device()));
   at::Tensor mask = shardOf(mask_full, spec).contiguous();
   // Dropout is linear in its input: a Partial input stays Partial.
   stack->emplace_back(makeDTensor(local.mul(mask).mul_(scale), impl->spec_ptr()));
@@ -191,10 +149,11 @@ bool onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto* impl = unsafeGetDTensorImpl(input);
   const auto& spec = impl->spec();
   args[0] = redistribute_local(impl->local(), spec, Placements(spec.placements.size(), Replicate()));
-  if (batch_group.valid() && spec.ndim() > 0)  // the whole batch's input
-    args[0] = batch_group.all_gather(args[0].toTensor(), 0, std::vector<int64_t>(batch_group.size(), spec.shape[0])).wait();
+  const ProcessGroup batch = detail::data_parallel_batch();
+  if (batch.valid() && spec.ndim() > 0)  // the whole batch's input
+    args[0] = batch.all_gather(args[0].toTensor(), 0, std::vector<int64_t>(batch.size(), spec.shape[0])).wait();
   const size_t g = generatorArg(op.schema());
-  if (args[g].isNone()) args[g] = syncedGenerator(spec.mesh, input.device());
+  if (args[g].isNone()) args[g] = detail::synced_generator(spec.mesh, input.device());
   op.callBoxed(stack);
   at::Tensor full = torch::jit::pop(*stack).toTensor();
   auto out_spec = withoutPartial(spec, full.scalar_type());
@@ -213,7 +172,7 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto* impl = unsafeGetDTensorImpl(self);
   const auto& spec = impl->spec();
   at::Tensor full = at::empty(drawShape(spec), impl->local().options().dtype(dtype.value_or(spec.dtype)));
-  at::Generator gen = syncedGenerator(spec.mesh, self.device());
+  at::Generator gen = detail::synced_generator(spec.mesh, self.device());
   if (Normal) full.normal_(0, 1, gen);
   else full.uniform_(0, 1, gen);
   torch::jit::drop(*stack, nargs);
@@ -223,58 +182,6 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
-
-void manual_seed(uint64_t seed) {
-  thread_seed = seed;
-  thread_generators.clear();  // made again, seeded `seed`, on first use per device
-  ++seed_epoch;  // the next random op on each mesh syncs (NOTE: [Generator sync])
-}
-
-at::Generator random_generator(c10::Device device) {
-  at::Generator device_default = at::globalContext().defaultGenerator(device);
-  if (!thread_seed) return device_default;
-  for (const auto& g : thread_generators)
-    if (g.device() == device_default.device()) return g;
-  at::Generator g;
-  if (device.is_cpu()) {
-    g = at::make_generator<at::CPUGeneratorImpl>(*thread_seed);
-  } else {  // a generator of the device's kind (CUDA: Philox), seeded
-    g = device_default.clone();
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_current_seed(*thread_seed);
-  }
-  thread_generators.push_back(g);
-  return g;
-}
-
-void detail::set_data_parallel_batch(ProcessGroup dp) { batch_group = std::move(dp); }
-ProcessGroup detail::data_parallel_batch() { return batch_group; }
-
-detail::RandomState detail::get_random_state() {
-  // ATen's defaults, and this thread's own where manual_seed made them (for
-  // the current GPU made now, so that a restore finds it).
-  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
-  if (at::hasCUDA()) gens.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA)));
-  if (thread_seed) {
-    gens.push_back(random_generator(c10::kCPU));
-    if (at::hasCUDA()) gens.push_back(random_generator(c10::Device(c10::kCUDA)));
-  }
-  RandomState state{{}, synced, batch_group};
-  for (auto& g : gens) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    state.generators.emplace_back(g, g.get_state());
-  }
-  return state;
-}
-
-void detail::set_random_state(const RandomState& state) {
-  for (auto [g, s] : state.generators) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_state(s);
-  }
-  synced = state.synced;
-  batch_group = state.batch;
-}
 
 void registerRandomRules(RuleRegistry& r) {
   for (const char* op : {"aten::uniform_", "aten::normal_", "aten::bernoulli_.float"})
