@@ -15,7 +15,8 @@
 //     communication (-weight[target] * grad_out), so that case moves nothing;
 //     any other gradient (label smoothing adds one) all-reduces its row sums.
 // loss_parallel_cross_entropy on 2-D logits does the same in one autograd
-// node (CrossEntropyBackward), without the dispatcher round trips.
+// node (src/tp/loss_parallel.cpp), from the pieces loss_parallel.h shares.
+// See NOTE: [loss_parallel's switch] for who turns the forward handlers on.
 #include "dtensor/rules/loss_parallel.h"
 
 #include "dtensor/dtensor_impl.h"
@@ -23,15 +24,22 @@
 #include "dtensor/rule_registry.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
 
+#include <atomic>
 #include <limits>
 
-namespace dtp {
+namespace dtp::detail {
 namespace {
 
-thread_local bool loss_parallel_on = false;
+// See NOTE: [loss_parallel's switch]. Null until the first guard is made.
+std::atomic<LossParallelSwitch> loss_parallel_switch{nullptr};
+
+bool lossParallelOn() {
+  const LossParallelSwitch on = loss_parallel_switch.load(std::memory_order_relaxed);
+  return on != nullptr && on();
+}
+
+enum Reduction { kNone = 0, kMean = 1, kSum = 2 };  // at::Reduction's
 
 // The row sums of the last gradient nll_loss_backward produced on this thread,
 // recognised by its local shard (alive, same data, unmodified; views of it
@@ -49,14 +57,6 @@ struct NllGradRowSums {
   }
 };
 thread_local NllGradRowSums last_nll_grad;
-
-enum Reduction { kNone = 0, kMean = 1, kSum = 2 };
-
-// Mesh dims sharding the class dim and (for 2-D logits) the batch dim.
-struct ClassSharding {
-  std::vector<size_t> class_dims, batch_dims;
-  Placements rows;  // per-row tensors (targets, losses): Shard(0) on batch dims
-};
 
 // A mesh dim of one rank shards nothing: the class dim is whole there, and
 // the op's own fused kernel (under its ordinary rule) serves it.
@@ -95,21 +95,7 @@ at::Tensor wrap(at::Tensor local, const DTensorSpec& like, Placements placements
   return makeDTensor(std::move(local), make_spec(like.mesh, std::move(placements), std::move(shape), dtype));
 }
 
-// What nll_loss(2d) forward and backward share: class-sharded logits ([C],
-// [N, C] or [N, C, H, W]) as rows [rows, local classes], this rank's targets,
-// and per row where the target's column lives and its weight. Nothing when
-// the logits are not class-sharded (the ordinary rules take the call).
-struct NllCall {
-  const DTensorImpl* impl;
-  int64_t class_dim;
-  ClassSharding cs;
-  at::Tensor lp;                      // [rows, local classes]
-  at::Tensor target;                  // this rank's targets, in their shape
-  std::vector<int64_t> target_shape;  // global
-  at::Tensor index;                   // [rows, 1] local column of the target (clamped)
-  at::Tensor here;                    // [rows] the target's column is on this rank
-  at::Tensor weight;                  // [rows] weight of the target, 0 where ignored
-};
+}  // namespace
 
 // `validate`: check the targets' range (forward; its backward sees the same
 // targets, and each check is a host sync on an accelerator).
@@ -195,6 +181,8 @@ at::Tensor rowCoeff(const NllCall& c, const DeviceMesh& mesh, const at::Tensor& 
   return coeff;
 }
 
+namespace {
+
 // sum(exp(x), dim), an eighth of the rows (dim 0) at a time: the logits sit
 // at the step's memory peak, where a logits-sized temporary is one logits'
 // worth more peak memory and, with glibc returning the freed top of the heap,
@@ -211,6 +199,8 @@ at::Tensor rowSumExp(const at::Tensor& x, int64_t dim) {
   }
   return sum;
 }
+
+}  // namespace
 
 // log_softmax of this rank's class columns `x` along `dim` over the whole
 // class dim (the mesh dims `class_dims` shard it): 2 all-reduces per dim.
@@ -231,9 +221,11 @@ at::Tensor localLogSoftmax(const at::Tensor& x, int64_t dim, const DTensorSpec& 
   return out.sub_(sumexp.log_());
 }
 
+namespace {
+
 bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 3);
-  if (!loss_parallel_on) return false;
+  if (!lossParallelOn()) return false;
   const at::Tensor self = args[0].toTensor();
   auto* impl = maybeGetDTensorImpl(self);
   if (impl == nullptr) return false;
@@ -277,7 +269,7 @@ bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 5);
-  if (!loss_parallel_on) return false;
+  if (!lossParallelOn()) return false;
   auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
   if (!c) return false;
   auto [out, total] = nllForward(*c, c->lp, args[3].toInt());
@@ -304,85 +296,27 @@ bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   return true;
 }
 
-// loss_parallel_cross_entropy on 2-D logits without label smoothing, fused:
-// the same all-reduces and arithmetic as log_softmax + nll_loss (so the same
-// values as one device's), without the dispatcher round trips, nll_loss's
-// zero-filled gradient and, unless the graph is retained, any new
-// logits-sized tensor in backward (the log-probabilities become the gradient).
-struct CrossEntropyBackward : torch::autograd::Node {
-  NllCall call;        // the targets' rows; its logits (impl, lp) dropped
-  SpecPtr spec;        // the logits'
-  at::Tensor logp;     // [rows, local classes]
-  at::Tensor total;    // the total weight (mean)
-  int64_t reduction = kMean;
-  bool reuse = false;  // backward may overwrite `logp`
-
-  std::string name() const override { return "dtp::CrossEntropyBackward"; }
-  void will_release_variables() override { reuse = true; }
-  void release_variables() override { logp.reset(); }
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    TORCH_CHECK(logp.defined(), "loss_parallel_cross_entropy: backward ran a second time through a "
-                "graph whose saved log-probabilities were freed. Pass retain_graph=true to the first backward.");
-    if (!grads[0].defined()) return {at::Tensor()};
-    const at::Tensor coeff = rowCoeff(call, spec->mesh, grads[0], total, reduction);
-    // log_softmax's backward of nll_loss's gradient: softmax * coeff, minus
-    // coeff at the target.
-    at::Tensor grad;
-    if (reuse) {
-      grad = std::move(logp);
-      grad.exp_();
-    } else {
-      grad = logp.exp();
-    }
-    grad.mul_(coeff.unsqueeze(1));
-    if (grad.size(1) > 0) grad.scatter_add_(1, call.index, (coeff * call.here).neg_().unsqueeze(1));
-    return {makeDTensor(std::move(grad), spec)};
-  }
-};
-
 }  // namespace
 
-at::Tensor fused_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& weight,
-                               int64_t reduction, int64_t ignore_index) {
-  auto* impl = maybeGetDTensorImpl(logits);
-  if (impl == nullptr || logits.dim() != 2) return {};
-  const c10::IValue args[] = {logits, target, weight.defined() ? c10::IValue(weight) : c10::IValue(),
-                              c10::IValue(reduction), c10::IValue(ignore_index)};
-  auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
-  if (!c) return {};
-  at::Tensor logp = localLogSoftmax(c->lp, 1, impl->spec(), c->cs.class_dims);
-  auto [out, total] = nllForward(*c, logp, reduction);
-  if (logits.requires_grad() && at::GradMode::is_enabled()) {
-    auto node = std::make_shared<CrossEntropyBackward>();
-    node->spec = impl->spec_ptr();
-    node->logp = std::move(logp);
-    node->total = std::move(total);
-    node->reduction = reduction;
-    node->call = std::move(*c);
-    node->call.impl = nullptr;
-    node->call.lp.reset();
-    node->set_next_edges(torch::autograd::collect_next_edges(logits));
-    torch::autograd::set_history(out, node);
-  }
-  return out;
-}
+void set_loss_parallel_switch(LossParallelSwitch on) { loss_parallel_switch.store(on, std::memory_order_relaxed); }
+
+}  // namespace dtp::detail
+
+namespace dtp {
 
 void registerLossParallelRules(RuleRegistry& r) {
-  r.add_handler("aten::_log_softmax", logSoftmax);
-  r.add_handler("aten::_log_softmax_backward_data", logSoftmaxBackward);
+  r.add_handler("aten::_log_softmax", detail::logSoftmax);
+  r.add_handler("aten::_log_softmax_backward_data", detail::logSoftmaxBackward);
   for (const char* op : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"}) {
-    r.add_handler(op, nllLossForward);
+    r.add_handler(op, detail::nllLossForward);
     r.add_hint(op, "For logits sharded on the class dim, compute the loss inside dtp::LossParallelGuard "
                    "or with dtp::loss_parallel_cross_entropy.");
   }
   for (const char* op : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"}) {
-    r.add_handler(op, nllLossBackward);
+    r.add_handler(op, detail::nllLossBackward);
     r.add_hint(op, "A loss computed under dtp::LossParallelGuard saves plain targets for backward: run "
                    "backward inside the guard too, or use dtp::loss_parallel_cross_entropy.");
   }
 }
-
-bool loss_parallel_enabled() { return loss_parallel_on; }
-void set_loss_parallel_enabled(bool on) { loss_parallel_on = on; }
 
 }  // namespace dtp
