@@ -28,6 +28,7 @@ void fill_slots(OpCall& call) {
   });
 }
 
+// One call per rule family: see NOTE: [Adding a sharding rule] (rule_registry.h).
 RuleRegistry& RuleRegistry::get() {
   static RuleRegistry* registry = [] {
     auto* r = new RuleRegistry();

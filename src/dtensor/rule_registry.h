@@ -7,6 +7,30 @@
 //   3. view dim-maps (rules/view.cpp),
 //   4. hand-written strategy functions (rules/*.cpp).
 // The propagator (sharding_prop.h) picks among a rule's rows.
+//
+// NOTE: [Adding a sharding rule]
+// 1. The rule: one line in its family's register*Rules(RuleRegistry&) under
+//    src/dtensor/rules/ (pointwise.cpp, matrix.cpp, view.cpp, ...; shared
+//    helpers in rules/common.h): r.add("aten::op.overload", strategy) with
+//    a shape function or LocalFn where needed, or r.add_handler for an op
+//    that takes the call whole (random ops). A misspelt op name fails at
+//    start-up. A new family file also declares its register*Rules below,
+//    is called from RuleRegistry::get (rule_registry.cpp) and is listed in
+//    CMakeLists.txt.
+// 2. An op-sweep sample, in the family's *Samples(Table&) of
+//    tests/op_sweep_samples.h: t.add("aten::op.overload", {T({5, 7}), ...}),
+//    arguments positional in schema order. OpSweep.EverySupportedOpHasSamples
+//    fails for a registered op without one; OpSweep.EveryCaseMatchesOneDevice-
+//    OrNamesItsOp runs each sample under every placement on meshes (2), (4)
+//    and (2,2) against one device in float64.
+// 3. A golden line in the family's ShardingRuleTest of
+//    tests/sharding_rules_test.cpp (RuleGolden, tests/rule_golden.h):
+//      EXPECT_EQ(g.propagate("aten::mm", {g.t("f32[8,16](S(0))"), g.t("f32[16,4](R)")}),
+//                "S(0), R -> f32[8,4](S(0))");
+// 4. Run them:
+//      cmake --build build --target dtp_tests
+//      build/tests/dtp_tests --gtest_filter='ShardingRuleTest.*:OpSweep.*'
+//    and scripts/op-table.sh to refresh docs/dtensor.md's op table.
 #pragma once
 
 #include "dtensor/dtensor_impl.h"
