@@ -12,6 +12,7 @@
 #include "dtp/io/safetensors.h"
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 
 #include "dtp/optim/adamw.h"
 #include <unistd.h>

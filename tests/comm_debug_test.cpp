@@ -12,6 +12,7 @@
 #include "parity.h"
 
 #include "dtp/comm_counter.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/nn/modules.h"
 #include "dtp/tp/loss_parallel.h"
 #include "dtp/tp/parallelize.h"

@@ -10,6 +10,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/tp/legacy.h"
 #include "dtp/tp/parallelize.h"

@@ -6,6 +6,7 @@
 
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/random.h"
 

@@ -10,6 +10,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
+#include "dtp/models/parallelize.h"
 
 #include <limits>
 #include <mutex>

@@ -9,6 +9,7 @@
 #include "dtp/io/safetensors.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 
 #include <filesystem>
 #include <fstream>

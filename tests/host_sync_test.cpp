@@ -11,6 +11,7 @@
 
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/optim/clip_grad.h"
 #include "dtp/random.h"

@@ -9,6 +9,7 @@
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/random.h"
 
 #include "dtp/optim/adamw.h"

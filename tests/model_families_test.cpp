@@ -13,6 +13,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 
 #include <functional>

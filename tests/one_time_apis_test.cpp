@@ -17,6 +17,7 @@
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 
 #include <ATen/CPUGeneratorImpl.h>

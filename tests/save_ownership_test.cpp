@@ -13,6 +13,7 @@
 #include "dtp/io/safetensors.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 #include "io/staged_dir.h"
 

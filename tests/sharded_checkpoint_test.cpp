@@ -9,6 +9,7 @@
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/nn/modules.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/tp/parallelize.h"

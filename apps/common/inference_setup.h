@@ -13,6 +13,7 @@
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/models/tokenizer.h"
 
 #include <filesystem>

@@ -4,6 +4,7 @@
 #include "stats.h"
 
 #include "dtp/device_mesh.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 
 #include <ATen/ATen.h>

@@ -31,6 +31,7 @@
 #include "dtp/device_mesh.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 
 #include <ATen/ATen.h>

@@ -9,6 +9,7 @@
 #include "dtp/models/generate.h"
 #include "dtp/models/kv_cache.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 
 #include <ATen/ATen.h>

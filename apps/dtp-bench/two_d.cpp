@@ -5,6 +5,7 @@
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
 
 #include <ATen/ATen.h>

@@ -2,6 +2,7 @@
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
+#include "dtp/models/parallelize.h"
 #include "models/agree_on_mesh.h"
 
 #include <ATen/ATen.h>

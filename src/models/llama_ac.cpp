@@ -1,5 +1,6 @@
 // apply_ac: torchtitan's activation checkpointing of the reference Llama.
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "models/apply_on.h"
 
 namespace dtp::models {

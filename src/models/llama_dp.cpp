@@ -1,6 +1,7 @@
 // apply_fsdp, apply_ddp: torchtitan's data-parallel wrappings of the reference Llama.
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "models/apply_on.h"
 #include "nn/applied.h"
 

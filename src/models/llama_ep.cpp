@@ -1,6 +1,7 @@
 // apply_expert_parallel and the MoE load-balancing loss of a model.
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/tp/parallelize.h"
 #include "models/moe_layers.h"
 

@@ -3,6 +3,7 @@
 #include "dtp/distribute_module.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/tp/parallelize.h"
 
 #include <algorithm>

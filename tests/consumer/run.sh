@@ -12,8 +12,10 @@ rm -rf "$work"
 mkdir -p "$work/files"
 echo "== cmake --install $build --prefix $work/prefix"
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
-echo "== configure $source"
-cmake -S "$source" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" "$@"
+config=$(find "$work/prefix" -name dtpConfig.cmake -print -quit)
+[[ -n $config ]] || { echo "run.sh: cmake --install put no dtpConfig.cmake under $work/prefix" >&2; exit 1; }
+echo "== configure $source with dtp_DIR=${config%/*}"
+cmake -S "$source" -B "$work/build" -Ddtp_DIR="${config%/*}" "$@"
 echo "== build"
 cmake --build "$work/build" -j "${DTP_CONSUMER_JOBS:-2}"
 dtprun=$work/prefix/bin/dtprun

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "dtp/inference/sampling.h"
+#include "dtp/models/kv_cache.h"
 #include "dtp/models/llama.h"
 
 #include <cstdint>

@@ -2,24 +2,31 @@
 // apply_tensor_parallel can parallelize it the way torchtitan does:
 // token embedding, RMSNorm, rotary embeddings, grouped-query attention with a
 // causal mask, SwiGLU MLP, final norm, output head (optionally tied).
+// Parallelizing it (apply_tensor_parallel, apply_ac, apply_fsdp, apply_ddp,
+// apply_expert_parallel, parallelize_llama): dtp/models/parallelize.h.
 #pragma once
 
-#include "dtp/dcp/state_dict.h"
-#include "dtp/device_mesh.h"
-#include "dtp/models/kv_cache.h"
 #include "dtp/models/moe.h"
 #include "dtp/nn/modules.h"
-#include "dtp/ac/activation_checkpoint.h"
-#include "dtp/fsdp/fully_shard.h"
-#include "dtp/fsdp/replicate.h"
-#include "dtp/tp/parallelize.h"
+#include "dtp/process_group.h"
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+namespace dtp::dcp {
+struct StateDictOptions;  // dtp/dcp/state_dict.h
+}  // namespace dtp::dcp
 
 namespace dtp::models {
+
+class KVCache;  // dtp/models/kv_cache.h
 
 // Llama 3.1's rotary frequencies (Hugging Face's rope_type "llama3"):
 // wavelengths longer than original_max_position_embeddings / low_freq_factor
@@ -194,75 +201,6 @@ dcp::StateDictOptions llama_state_dict_options();
 // [batch, seq]; vocab-sharded DTensor logits go through loss_parallel.
 at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets);
 
-// The "tp" dimension of `mesh`, or nothing when it has none.
-std::optional<DeviceMesh> get_tp_mesh(const DeviceMesh& mesh);
-
-struct TensorParallelOptions {
-  bool sequence_parallel = true;
-  int64_t seq_len = 0;  // the training sequence length, checked under SP (0: unchecked)
-  // tp > n_kv_heads (tp a multiple of it): wk and wv stay replicated and
-  // rank r attends with KV head r / (tp / n_kv_heads), as vLLM does. Set by
-  // apply_tensor_parallel_for_inference; training with it is untested.
-  bool replicate_kv_heads = false;
-  // MoE layers: false, every tp rank computes every routed token's experts
-  // (replicated, no communication inside); true, ExpertTensorParallel on
-  // "layers.*.moe.experts": each expert's hidden units cut over tp and the
-  // layer's output reduced over tp as a RowwiseParallel's. Not with
-  // apply_expert_parallel.
-  bool shard_experts = false;
-  // A plan of the user's in place of llama_tp_plan's (FQNs of the whole
-  // model, e.g. "layers.*.attention.wq"). Whatever it leaves plain is
-  // replicated; the head-count checks still run.
-  std::optional<ParallelizePlan> plan;
-};
-
-// The family's tensor-parallel plan as data, torchtitan's for Llama, for
-// `c` and a tp degree of `tp` (NOTE: [Model families]):
-//   layers.*.attention              PrepareModuleInput (R, gradient boundary)
-//   layers.*.attention.w{q,k,v}     ColwiseParallel (a bias is Shard(0) with its weight)
-//   layers.*.attention.{q,k}_norm   PrepareModuleInputOutput S(2) -> S(2), local:
-//                                   this rank's heads, no communication (qk_norm)
-//   layers.*.attention.wo           RowwiseParallel, output S(1) under SP, else R
-//   layers.*.feed_forward           PrepareModuleInput (R, gradient boundary)
-//   layers.*.feed_forward.w{1,3}    ColwiseParallel
-//   layers.*.feed_forward.w2        RowwiseParallel
-//   layers.*.moe                    PrepareModuleInputOutput -> R -> residual (MoE: experts replicated)
-//   layers.*.{attention,ffn}_norm   SequenceParallel (SP)
-//   tok_embeddings                  RowwiseParallel, output S(1) under SP, else R
-//   norm                            SequenceParallel (SP)
-//   output                          ColwiseParallel, vocab-sharded logits S(-1)
-// A pipeline stage (no embedding or head) gets it without SP.
-ParallelizePlan llama_tp_plan(const LlamaConfig& c, int64_t tp, const TensorParallelOptions& options = {});
-
-// Parallelizes the model over mesh["tp"] with llama_tp_plan (or
-// options.plan). A mesh without "tp" leaves the model unchanged with a
-// warning. Validation happens before anything changes.
-void apply_tensor_parallel(Llama& model, const DeviceMesh& mesh, TensorParallelOptions options = {});
-
-// Activation checkpointing of the transformer blocks, as torchtitan's
-// apply_ac (after TP, before FSDP): every `every`-th block (1: all) in
-// `mode` (see ac/activation_checkpoint.h).
-struct ACOptions {
-  ACMode mode = ACMode::Full;
-  int64_t every = 1;
-  std::vector<std::string> save_ops = default_sac_save_ops();  // ACMode::Selective keeps these ops' outputs
-};
-void apply_ac(Llama& model, ACOptions options = {});
-
-// Data parallelism over mesh["dp"] after apply_tensor_parallel, as
-// torchtitan's apply_fsdp: each transformer block is a fully_shard unit, the
-// root (embedding, final norm, head) the last one. A 1-D mesh is dp alone.
-void apply_fsdp(Llama& model, const DeviceMesh& mesh, FullyShardOptions options = {});
-
-// Expert parallelism over mesh["ep"] (NOTE: [Expert parallelism] in
-// src/models/moe.cpp): every MoE layer's experts become Shard(0) over ep and
-// tokens travel to their experts' ranks by all-to-all. Each ep rank feeds
-// its own tokens; alone, the other parameters' gradients are this rank's
-// tokens' only. For training, parallelize_llama on a (dp, ep[, tp]) mesh
-// composes it with TP and FSDP or DDP (NOTE: [Expert parallelism with data
-// parallelism] in src/models/llama_parallelize.cpp).
-void apply_expert_parallel(Llama& model, const DeviceMesh& mesh);
-
 // The load-balancing loss of the last forward (Switch / Mixtral form, HF's
 // load_balancing_loss_func over all MoE layers at once):
 //   num_experts * sum_e (fraction of routed slots to e) * (mean router probability of e),
@@ -275,9 +213,5 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh);
 // returns dp times its tokens' share, so that the averaged gradient and the
 // averaged value are one device's on the whole batch.
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel = std::nullopt);
-
-// Data parallelism over mesh["dp"] after apply_tensor_parallel, as
-// torchtitan's apply_ddp: replicate() on the whole model.
-void apply_ddp(Llama& model, const DeviceMesh& mesh, ReplicateOptions options = {});
 
 }  // namespace dtp::models
