@@ -600,8 +600,6 @@ int main(int argc, char** argv) {
                 "Add --experts N (a multiple of ", ep, "), or drop --ep.");
     TORCH_CHECK(!o.shard_experts || (moe.num_experts > 0 && ep == 1), "--shard-experts cuts the experts of MoE "
                 "layers over --tp: it needs --experts N and no --ep (one or the other).");
-    TORCH_CHECK(ep == 1 || pp == 1, "--ep with --pp: expert parallelism inside pipeline stages is NYI. Train with "
-                "--ep or with --pp.");
     TORCH_CHECK(ep == 1 || o.batch % (dp * ep) == 0, "--batch ", o.batch, " is not divisible by --dp ", dp, " x --ep ",
                 ep, ": each of the dp x ep ranks trains batch/(dp x ep) sequences. Use a multiple of ", dp * ep, ".");
     TORCH_CHECK(pp == 1 || moe.num_experts == 0 || moe.aux_loss_coef == 0, "--pp with --experts: the MoE "
@@ -610,9 +608,10 @@ int main(int argc, char** argv) {
                 "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "
                 "--resume folders move between pp layouts.");
     const int64_t microbatches = o.microbatches > 0 ? o.microbatches : pp;  // pipeline_llama's default too
-    TORCH_CHECK(pp == 1 || (o.batch / dp) % microbatches == 0, "--batch ", o.batch, " over --dp ", dp, " gives ",
-                o.batch / std::max<int64_t>(dp, 1), " sequences per rank, not divisible by ", microbatches,
-                " microbatches. Choose --batch and --microbatches so that batch / dp is a multiple of the "
+    TORCH_CHECK(pp == 1 || (o.batch / (dp * ep)) % microbatches == 0, "--batch ", o.batch, " over --dp ", dp,
+                ep > 1 ? c10::str(" x --ep ", ep) : "", " gives ", o.batch / (dp * ep), " sequences per rank, not "
+                "divisible by ", microbatches,
+                " microbatches. Choose --batch and --microbatches so that batch / (dp x ep) is a multiple of the "
                 "microbatches.");
     TORCH_CHECK(o.batch % dp == 0, "--batch ", o.batch, " is not divisible by --dp ", dp,
                 ": each data-parallel rank trains batch/dp sequences. Use a multiple of ", dp, ".");
@@ -635,7 +634,8 @@ int main(int argc, char** argv) {
     TORCH_CHECK(o.mixed_precision.empty() || o.model.dtype == "float32", "--mp ", o.mixed_precision,
                 " keeps float32 master weights: drop --dtype ", o.model.dtype, ".");
     const bool fsdp = (dp * ep > 1 && !o.ddp) || !o.mixed_precision.empty();
-    DeviceMesh mesh = pp > 1               ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
+    DeviceMesh mesh = pp > 1 && ep > 1     ? init_device_mesh(o.device, {pp, dp, ep, tp}, {"pp", "dp", "ep", "tp"})
+                      : pp > 1             ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
                       : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})
                       : dp > 1 || fsdp     ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
                                            : init_device_mesh(o.device, {tp}, {"tp"});
@@ -686,7 +686,9 @@ int main(int argc, char** argv) {
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, pipe ? &*pipe : nullptr, o, corpus, /*log=*/true, world,
-                    ep > 1 ? data_parallel_group(mesh) : dp > 1 ? mesh.get_group("dp") : ProcessGroup(),
+                    ep > 1 ? data_parallel_group(pp > 1 ? mesh[{"dp", "ep"}] : mesh)
+                    : dp > 1 ? mesh.get_group("dp")
+                             : ProcessGroup(),
                     pp > 1 ? mesh.get_group("pp") : ProcessGroup());
     if (o.check_parity && world.rank() == 0) return checkParity(o, corpus, run);
   } catch (const c10::Error& e) {
