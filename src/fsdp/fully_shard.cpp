@@ -92,10 +92,6 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // tp) and the one it replaced while its forward runs.
   std::shared_ptr<const std::string> mix_hint, outer_hint;
 
-  c10::ScalarType paramDtype(const ShardedParam& p) const {
-    return options.mp_policy.param_dtype.value_or(p.sharded.scalar_type());
-  }
-
   static bool freed(const Gathered* g) { return g != nullptr && !g->empty() && (*g)[0].storage().nbytes() == 0; }
   bool freed() const { return freed(gathered_.get()); }
   const std::shared_ptr<Gathered>& gathered() const { return gathered_; }
@@ -201,7 +197,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
     for (size_t i = 0; i < params.size(); ++i)
       if (partial[i]) sums.push_back(out[i].to(reduceDtype(params[i])));
     if (!sums.empty()) {
-      const std::vector<at::Tensor> summed = detail::sum_over_tp(sums, tp_group());
+      const std::vector<at::Tensor> summed = detail::sum_over_tp(sums, tpGroup());
       size_t k = 0;
       for (size_t i = 0; i < params.size(); ++i)
         if (partial[i]) out[i] = summed[k++].to(params[i].sharded.scalar_type());
@@ -211,9 +207,13 @@ class Unit : public std::enable_shared_from_this<Unit> {
   }
 
  private:
-  ProcessGroup tp_group() const {
+  ProcessGroup tpGroup() const {
     TORCH_INTERNAL_ASSERT(tp.has_value(), "fully_shard: a Partial gradient without a tp mesh");
     return tp->get_group(0);
+  }
+
+  c10::ScalarType paramDtype(const ShardedParam& p) const {
+    return options.mp_policy.param_dtype.value_or(p.sharded.scalar_type());
   }
 
   c10::ScalarType reduceDtype(const ShardedParam& p) const {
@@ -318,7 +318,7 @@ ShardedParam shardParam(const at::Tensor& param, const std::string& fqn, const d
   const int me = m.dp.rank();
   at::Tensor mine = local.narrow(0, p.row_start(me), p.rows[me]);
   // A meta parameter (deferred init) becomes this rank's shard, not yet
-  // initialized (NOTE: [Deferred initialization]).
+  // initialized (See NOTE: [Deferred initialization] in src/models/llama.cpp).
   mine = mine.is_meta() ? at::empty(mine.sizes(), mine.options().device(m.dp_inside_tp.device())) : mine.clone();
   Placements placements = p.tp_spec ? p.tp_spec->placements : Placements{};
   if (m.replicate) placements.push_back(Replicate());

@@ -64,7 +64,7 @@ std::string CheckpointIndex::to_json() const {
   }
   Json j = {{"format", kFormat}, {"metadata", metadata}, {"files", files}, {"tensors", tensorsJson}};
   const std::string body = j.dump(1);
-  j["checksum"] = crc32Of(body.data(), body.size());
+  j["checksum"] = crc32_of(body.data(), body.size());
   return j.dump(1);
 }
 
@@ -89,7 +89,7 @@ CheckpointIndex CheckpointIndex::from_json(const std::string& text, const std::s
       const std::string recorded = j.at("checksum").get<std::string>();
       j.erase("checksum");
       const std::string body = j.dump(1);
-      TORCH_CHECK(crc32Of(body.data(), body.size()) == recorded, "load_checkpoint: '", path,
+      TORCH_CHECK(crc32_of(body.data(), body.size()) == recorded, "load_checkpoint: '", path,
                   "' fails its checksum: the index was changed after it was written. The index is corrupt; load "
                   "the previous checkpoint.");
     }

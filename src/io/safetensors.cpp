@@ -107,7 +107,7 @@ SavedFile save_safetensors(
         "Convert it first, e.g. t.to(at::kFloat).");
     at::Tensor c = t.to(at::kCPU).contiguous();
     entries.push_back({name, c.scalar_type(), c.sizes().vec()});
-    sums.push_back(checksums ? crc32Of(c.data_ptr(), c.nbytes()) : std::string());
+    sums.push_back(checksums ? crc32_of(c.data_ptr(), c.nbytes()) : std::string());
     if (checksums) meta[kChecksumPrefix + name] = sums.back();
     data.push_back(std::move(c));
   }
@@ -158,7 +158,7 @@ Checkpoint load_safetensors(const std::string& path) {
     const uint64_t nbytes = e.end - e.begin;
     if (nbytes > 0) file.read(e.begin, t.data_ptr(), nbytes);
     if (!e.crc32.empty()) {
-      const std::string got = crc32Of(t.data_ptr(), nbytes);
+      const std::string got = crc32_of(t.data_ptr(), nbytes);
       TORCH_CHECK(got == e.crc32, "load_safetensors: '", path, "': tensor '", e.name,
           "' fails its checksum: its bytes have CRC-32 ", got, ", the file recorded ", e.crc32,
           " when it was written. The file is corrupted (disk or copy error); load the previous checkpoint.");

@@ -265,14 +265,14 @@ void SafetensorsFile::read(uint64_t offset, void* dst, uint64_t n) const {
 
 std::string SafetensorsFile::crc32(uint64_t begin, uint64_t end, uint64_t buffer_bytes) const {
   std::vector<char> buf(std::min(end - begin, std::max<uint64_t>(buffer_bytes, 1)));
-  uint32_t crc = crc32Update(0, nullptr, 0);
+  uint32_t crc = crc32_update(0, nullptr, 0);
   for (uint64_t pos = begin; pos < end;) {
     const uint64_t n = std::min<uint64_t>(buf.size(), end - pos);
     read(pos, buf.data(), n);
-    crc = crc32Update(crc, buf.data(), n);
+    crc = crc32_update(crc, buf.data(), n);
     pos += n;
   }
-  return crc32Hex(crc);
+  return crc32_hex(crc);
 }
 
 #undef LOAD_CHECK
