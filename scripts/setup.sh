@@ -9,7 +9,7 @@ build=${DTP_BUILD_DIR:-build}
 # The same package names serve Debian 12 (libtorch 1.13), Debian 13
 # (libtorch 2.6) and Ubuntu 24.04. libopenblas0-openmp matters: without it
 # Debian's libtorch runs matmul on the reference BLAS, ~25x slower
-# (shared/DESIGN.md, "Real components").
+# (docs/architecture.md, "Real components").
 # DTP_TORCH names another libtorch, for the script that then builds:
 # "wheel" (scripts/wheel.sh: a pip wheel's; the other packages only) or
 # "debian-cuda" (scripts/debian13-cuda.sh: Debian 13 contrib's CUDA libtorch

@@ -99,7 +99,13 @@ at::Tensor initialValue(const std::string& name, c10::IntArrayRef sizes, const L
   return at::normal(0.0, residual ? residual_std : std, sizes, gen);
 }
 
-// NOTE: [Deferred initialization] The same pass serves both inits: every
+// NOTE: [Deferred initialization] With LlamaConfig::deferred_init the model
+// is built on the meta device (no memory). Parallelizing it turns each meta
+// parameter into this rank's shard, allocated on the mesh's device and not
+// initialized: distribute_tensor of a meta tensor sends no values
+// (src/dtensor/api.cpp), fully_shard's dp shard likewise
+// (src/fsdp/fully_shard.cpp). init_weights then runs this pass, and a forward
+// before it is an error. The same pass serves both inits: every
 // registered entry, in order, draws its full value; a plain parameter takes
 // it, a meta one is replaced by it, a DTensor keeps its shard of it (copy_
 // from a replicated value: no communication). A tied parameter's second

@@ -77,14 +77,15 @@ struct LlamaConfig {
   bool with_head = true;
   uint64_t seed = 0;  // deterministic init
   // Parameters, buffers and activations. float64 is how "equal to one
-  // device" is checked exactly (shared/DESIGN.md, "Exactness"); the same
+  // device" is checked exactly (docs/architecture.md, "Exactness"); the same
   // float32 draws initialize every dtype, so runs of two dtypes start alike.
   c10::ScalarType dtype = c10::ScalarType::Float;
   // Where parameters and buffers live: the CPU, or a GPU (e.g. the mesh's
   // device(), cuda:LOCAL_RANK). Init draws on the CPU generator, so every
   // device starts from the same weights.
   c10::Device device = c10::kCPU;
-  // Deferred initialization (NOTE: [Deferred initialization]): parameters
+  // Deferred initialization (NOTE: [Deferred initialization] in
+  // src/models/llama.cpp): parameters
   // start on the meta device (no memory); parallelizing gives each rank its
   // uninitialized shards; init_weights(model) then fills them with exactly
   // the values of a one-device init. Forward before init_weights is an error.
