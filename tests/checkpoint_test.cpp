@@ -3,6 +3,7 @@
 // uninterrupted 4-step run, which takes the restored AdamW state; a truncated,
 // other-sized or missing file is an error naming the path that changes
 // nothing; a failed save leaves the previous file byte-for-byte.
+#include "close.h"
 #include "dist.h"
 #include "files.h"
 #include "llama_util.h"
@@ -64,7 +65,7 @@ void expectResumedLikeReference(const std::vector<double>& losses,
     EXPECT_NEAR(losses[i], want.losses[kSaveAfter + i], kTol) << "step " << kSaveAfter + i;
   ASSERT_EQ(params.size(), want.params.size());
   for (size_t i = 0; i < params.size(); ++i)
-    EXPECT_TRUE(params[i].second.allclose(want.params[i].second, kTol, kTol))
+    EXPECT_CLOSE(params[i].second, want.params[i].second, kTol, kTol)
         << params[i].first << " differs by " << (params[i].second - want.params[i].second).abs().max();
 }
 

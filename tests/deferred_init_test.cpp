@@ -1,6 +1,7 @@
 // Deferred initialization: the reference Llama built on the meta device,
 // parallelized (TP, AC, FSDP or DDP), then init_weights: every parameter
 // equals a one-device init bit for bit, and training matches one device.
+#include "close.h"
 #include "dist.h"
 #include "llama_util.h"
 
@@ -88,7 +89,7 @@ TEST(DeferredInit, ParallelizedEqualsOneDeviceAndTrainsLikeIt) {
         for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], want_losses[i], 1e-12);
         const auto got = dtp::test::full_named_params(model);
         for (size_t i = 0; i < got.size(); ++i)
-          EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), 3e-11) << got[i].first;
+          EXPECT_CLOSE(got[i].second, want[i].second, 0.0, 3e-11) << got[i].first;
       }
     });
   }

@@ -1,5 +1,6 @@
 // Every rule family against a single device, forward and backward, on 1-D
 // meshes of 2 and 4 ranks and a (2,2) mesh, with even and uneven shapes.
+#include "close.h"
 #include "mesh_test.h"
 #include "parity.h"
 
@@ -52,9 +53,9 @@ TEST_P(OpsTest, PartialInputsStayPartialThroughLinearOps) {
     at::Tensor full = full_tensor(q);
     EXPECT_EQ(comm.count(CollectiveType::AllReduce), 1);
     at::Tensor ref = at::mm(k1, k2);
-    EXPECT_TRUE(full.allclose(ref * 0.75));
+    EXPECT_CLOSE(full, ref * 0.75, 1e-5, 1e-8);
     // A nonlinear op must reduce first.
-    EXPECT_TRUE(full_tensor(at::exp(p)).allclose(at::exp(ref)));
+    EXPECT_CLOSE(full_tensor(at::exp(p)), at::exp(ref), 1e-5, 1e-8);
     (void)a;
     (void)b;
   });
@@ -82,7 +83,7 @@ TEST_P(OpsTest, MaskingOpsKeepPartialsOnlyWhereLinear) {
         at::Tensor f = p.masked_fill(dmask, value);
         EXPECT_EQ(placements(f).back().is_partial(), value == 0.0) << to_string(placements(f));
         EXPECT_EQ(comm.total_count(), value == 0.0 ? 0 : 1) << comm.str();
-        EXPECT_TRUE(full_tensor(f).allclose(ref.masked_fill(mask, value), 1e-12, 1e-12));
+        EXPECT_CLOSE(full_tensor(f), ref.masked_fill(mask, value), 1e-12, 1e-12);
       }
     }
     at::Tensor p = at::mm(m1, m2);
@@ -90,7 +91,7 @@ TEST_P(OpsTest, MaskingOpsKeepPartialsOnlyWhereLinear) {
     at::Tensor sel = at::masked_select(p, dmask);
     EXPECT_EQ(placements(sel).back(), Partial());
     EXPECT_EQ(comm.total_count(), 0) << comm.str();
-    EXPECT_TRUE(full_tensor(sel).allclose(ref.masked_select(mask), 1e-12, 1e-12));
+    EXPECT_CLOSE(full_tensor(sel), ref.masked_select(mask), 1e-12, 1e-12);
     at::Tensor x = data({5, 3}, 3.0);
     expect_parity(mesh, {x, mask}, {on(mesh, Replicate()), on(mesh, Replicate())},
                   [](const V& v) { return at::masked_select(v[0], v[1]) * 2; });
@@ -240,13 +241,13 @@ TEST_P(OpsTest, InPlaceAndOutOpsReturnTheDTensor) {
     at::Tensor& r = x.mul_(3).add_(y);
     EXPECT_TRUE(r.is_same(x));
     EXPECT_EQ(placements(x), on(mesh, Shard(0)));
-    EXPECT_TRUE(full_tensor(x).allclose(full * 5));
+    EXPECT_CLOSE(full_tensor(x), full * 5, 1e-5, 1e-8);
     at::Tensor z = at::zeros_like(x);
     at::mul_out(z, x, y);
-    EXPECT_TRUE(full_tensor(z).allclose(full * full * 10));
+    EXPECT_CLOSE(full_tensor(z), full * full * 10, 1e-5, 1e-8);
     z.copy_(y);
     EXPECT_EQ(placements(z), on(mesh, Shard(0)));
-    EXPECT_TRUE(full_tensor(z).allclose(full * 2));
+    EXPECT_CLOSE(full_tensor(z), full * 2, 1e-5, 1e-8);
     EXPECT_NEAR(x.sum().item<double>(), (full * 5).sum().item<double>(), 1e-9);
   });
 }
@@ -266,8 +267,8 @@ TEST(OpsOneRankDimTest, PlacementsStay) {
       EXPECT_EQ(placements(c), pl);
       a.mul_(b);
       EXPECT_EQ(comm.total_count(), 0) << comm.str();
-      EXPECT_TRUE(full_tensor(c).allclose(full * 3));
-      EXPECT_TRUE(full_tensor(a).allclose(full * full * 2));
+      EXPECT_CLOSE(full_tensor(c), full * 3, 1e-5, 1e-8);
+      EXPECT_CLOSE(full_tensor(a), full * full * 2, 1e-5, 1e-8);
     }
   });
 }

@@ -1,5 +1,6 @@
 // DTensor core: specs, redistribute plans (golden, no communication), every
 // transition forward and backward with exact collective counts, and the API.
+#include "close.h"
 #include "dist.h"
 #include "dtensor/redistribute.h"
 #include "dtp/comm_counter.h"
@@ -110,7 +111,7 @@ TEST_P(RedistributeTest, EveryTransitionUnevenForwardAndBackward) {
         EXPECT_EQ(comm.count(c.coll), c.count);
         EXPECT_EQ(comm.total_count(), c.count);
         EXPECT_EQ(placements(y), Placements{c.to});
-        EXPECT_TRUE(full_tensor(y).allclose(full));
+        EXPECT_CLOSE(full_tensor(y), full, 1e-5, 1e-8);
 
         // Backward: d/dx sum(full(y) * g) = g, whatever the placements (a
         // Partial source gets the whole gradient, replicated).
@@ -121,7 +122,7 @@ TEST_P(RedistributeTest, EveryTransitionUnevenForwardAndBackward) {
         ASSERT_TRUE(leaf.grad().defined());
         EXPECT_EQ(placements(leaf.grad()),
                   Placements{c.from.is_partial() ? Replicate() : c.from});
-        EXPECT_TRUE(full_tensor(leaf.grad()).allclose(g))
+        EXPECT_CLOSE(full_tensor(leaf.grad()), g, 1e-5, 1e-8)
             << "grad placements " << to_string(placements(leaf.grad()));
       }
     }
@@ -143,7 +144,7 @@ TEST(RedistributeTest2D, AllPlacementPairsOnTwoByTwo) {
             SCOPED_TRACE(a.str() + b.str() + "->" + c.str() + d.str());
             at::Tensor x = makeWith(full, mesh, {a, b});
             at::Tensor y = redistribute(x, mesh, {c, d});
-            EXPECT_TRUE(full_tensor(y).allclose(full));
+            EXPECT_CLOSE(full_tensor(y), full, 1e-5, 1e-8);
           }
   });
 }

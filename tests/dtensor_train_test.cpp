@@ -1,6 +1,7 @@
 // torch::nn modules with DTensor parameters train exactly like on one device:
 // a Linear and a 2-layer MLP, 5 AdamW steps, on 2 and 4 ranks; and
 // dtp::optim::AdamW against torch::optim::AdamW.
+#include "close.h"
 #include "comm/compat.h"
 #include "dist.h"
 #include "parity.h"
@@ -85,7 +86,7 @@ void trainAndCompare(int w, int64_t hidden, Placement w1, Placement b1, Placemen
       EXPECT_NEAR(l.item<double>(), ref_losses[step], 1e-5) << "step " << step;
       auto params = model.parameters();
       for (size_t i = 0; i < params.size(); ++i) {
-        EXPECT_TRUE(full_tensor(params[i]).allclose(ref_params[step][i], 1e-5, 1e-5))
+        EXPECT_CLOSE(full_tensor(params[i]), ref_params[step][i], 1e-5, 1e-5)
             << "step " << step << " param " << i;
       }
     }

@@ -4,6 +4,7 @@
 // float64, on meshes (2), (4) and (2,2); the decomposition wherever a graph is
 // recorded, a checkpoint tape is active or the shapes are not the rule's.
 // (The op sweep checks the values under every placement.)
+#include "close.h"
 #include "mesh_test.h"
 #include "parity.h"
 
@@ -61,8 +62,8 @@ TEST_P(FusedOps, OneDTensorOpWithoutAGraph) {
         const int64_t ops = dtensorOps([&] { decomposed_matmul = at::matmul(gx, dwt); });
         if (planned) EXPECT_EQ(ops, 0);
         else EXPECT_GT(ops, 1);
-        EXPECT_TRUE(full_tensor(fused_linear).allclose(ref_linear, 1e-12, 1e-12));
-        EXPECT_TRUE(full_tensor(fused_matmul).allclose(ref_matmul, 1e-12, 1e-12));
+        EXPECT_CLOSE(full_tensor(fused_linear), ref_linear, 1e-12, 1e-12);
+        EXPECT_CLOSE(full_tensor(fused_matmul), ref_matmul, 1e-12, 1e-12);
         // Where both keep the placements, the local ops are the same ones.
         if (placements(fused_matmul) == placements(decomposed_matmul))
           EXPECT_TRUE(to_local(fused_matmul).equal(to_local(decomposed_matmul).detach()));
@@ -105,10 +106,10 @@ TEST_P(FusedOps, ProductsUnderAutograd) {
           } else {
             EXPECT_GT(ops, 1);
           }
-          EXPECT_LE((full_tensor(fy) - ref).abs().max().item<double>(), 1e-12);
+          EXPECT_CLOSE(full_tensor(fy), ref, 0.0, 1e-12);
           (fy * dg).sum().backward();
-          EXPECT_LE((full_tensor(fx.grad()) - xr.grad()).abs().max().item<double>(), 1e-12);
-          EXPECT_LE((full_tensor(fw.grad()) - wr.grad()).abs().max().item<double>(), 1e-12);
+          EXPECT_CLOSE(full_tensor(fx.grad()), xr.grad(), 0.0, 1e-12);
+          EXPECT_CLOSE(full_tensor(fw.grad()), wr.grad(), 0.0, 1e-12);
           if (planned) {
             // The output is the no-graph path's (one DTensor op and its rule), bit for bit.
             at::NoGradGuard no_grad;
@@ -124,8 +125,8 @@ TEST_P(FusedOps, ProductsUnderAutograd) {
             ExplicitRedistributeGuard warn(ExplicitRedistributeMode::Warn);
             (product(hx, hw) * dg).sum().backward();
           }
-          EXPECT_LE((full_tensor(hx.grad()) - full_tensor(fx.grad())).abs().max().item<double>(), 1e-15);
-          EXPECT_LE((full_tensor(hw.grad()) - full_tensor(fw.grad())).abs().max().item<double>(), 1e-15);
+          EXPECT_CLOSE(full_tensor(hx.grad()), full_tensor(fx.grad()), 0.0, 1e-15);
+          EXPECT_CLOSE(full_tensor(hw.grad()), full_tensor(fw.grad()), 0.0, 1e-15);
         }
       }
     }
@@ -148,10 +149,10 @@ TEST_P(FusedOps, RetainedGraphSettlesPlacementsPerPass) {
     const at::Tensor replicated = distribute_tensor(g, mesh, on(mesh, Replicate()));
     const at::Tensor once = at::matmul(g, w.t());
     y.backward(partial, /*retain_graph=*/true);
-    EXPECT_LE((full_tensor(dx.grad()) - once).abs().max().item<double>(), 1e-14);
+    EXPECT_CLOSE(full_tensor(dx.grad()), once, 0.0, 1e-14);
     y.backward(replicated);
     EXPECT_EQ(placements(dx.grad()), placements(dx));
-    EXPECT_LE((full_tensor(dx.grad()) - 2 * once).abs().max().item<double>(), 1e-14);
+    EXPECT_CLOSE(full_tensor(dx.grad()), 2 * once, 0.0, 1e-14);
   });
 }
 
@@ -190,7 +191,7 @@ TEST_P(FusedOps, CreateGraphNeedsTheDecomposition) {
     EXPECT_FALSE(DecomposeFusedOpsGuard::enabled());
     const at::Tensor g = torch::autograd::grad({loss}, {dx}, {}, true, true)[0];
     g.pow(2).sum().backward();
-    EXPECT_LE((full_tensor(dw.grad()) - wr.grad()).abs().max().item<double>(), 1e-12);
+    EXPECT_CLOSE(full_tensor(dw.grad()), wr.grad(), 0.0, 1e-12);
   });
 }
 
@@ -211,13 +212,13 @@ TEST_P(FusedOps, ModulesAndInferenceMode) {
       EXPECT_EQ(dtensorOps([&] { stock_out = stock(dx); }), 2);
     }
     EXPECT_EQ(placements(out), on(mesh, Shard(2)));
-    EXPECT_TRUE(full_tensor(out).allclose(ref, 1e-12, 1e-12));
+    EXPECT_CLOSE(full_tensor(out), ref, 1e-12, 1e-12);
     EXPECT_TRUE(at::equal(full_tensor(out), full_tensor(stock_out)));
     {
       c10::InferenceMode inference;  // no autograd keys: straight to the DTensor kernel
       EXPECT_EQ(dtensorOps([&] { out = lin(dx); }), 1);
       EXPECT_EQ(dtensorOps([&] { stock_out = stock(dx); }), 2);
-      EXPECT_TRUE(full_tensor(out).allclose(ref, 1e-12, 1e-12));
+      EXPECT_CLOSE(full_tensor(out), ref, 1e-12, 1e-12);
     }
   });
 }
@@ -233,9 +234,9 @@ TEST_P(FusedOps, OtherShapesAndTapesDecompose) {
     at::Tensor out;
     // A batched right operand or a vector weight: not the rule's shapes, ATen's decomposition.
     EXPECT_GT(dtensorOps([&] { out = at::matmul(dx, dy); }), 1);
-    EXPECT_TRUE(full_tensor(out).allclose(at::matmul(x, y), 1e-12, 1e-12));
+    EXPECT_CLOSE(full_tensor(out), at::matmul(x, y), 1e-12, 1e-12);
     EXPECT_GT(dtensorOps([&] { out = at::linear(dx, dv); }), 1);
-    EXPECT_TRUE(full_tensor(out).allclose(at::linear(x, v), 1e-12, 1e-12));
+    EXPECT_CLOSE(full_tensor(out), at::linear(x, v), 1e-12, 1e-12);
     {
       // Selective activation checkpointing's first pass runs without a graph
       // but records for a recomputation that has one: the same ops both times.
@@ -276,7 +277,7 @@ TEST_P(FusedOps, RmsNormNormalizesEachRanksRows) {
       EXPECT_EQ(dtensorOps([&] { graphed = nn::rms_norm(gx, gw, 1e-6); }), whole_rows ? 0 : 6);
       EXPECT_EQ(placements(fused), placements(graphed));
       EXPECT_TRUE(to_local(fused).equal(to_local(graphed).detach()));
-      EXPECT_LE((full_tensor(fused) - ref).abs().max().item<double>(), 1e-15);
+      EXPECT_CLOSE(full_tensor(fused), ref, 0.0, 1e-15);
       const at::Tensor y = at::matmul(graphed, dm);
       const at::Tensor ones = at::ones_like(y);  // a DTensor like y
       int64_t backward_ops = dtensorOps([&] { y.backward(ones); });
@@ -289,8 +290,8 @@ TEST_P(FusedOps, RmsNormNormalizesEachRanksRows) {
       at::matmul(xr * at::rsqrt(xr.pow(2).mean({-1}, true) + 1e-6) * wr, m).sum().backward();
       EXPECT_EQ(placements(gx.grad()), placements(gx));
       EXPECT_EQ(placements(gw.grad()), placements(gw));
-      EXPECT_LE((full_tensor(gx.grad()) - xr.grad()).abs().max().item<double>(), 1e-14);
-      EXPECT_LE((full_tensor(gw.grad()) - wr.grad()).abs().max().item<double>(), 1e-14);
+      EXPECT_CLOSE(full_tensor(gx.grad()), xr.grad(), 0.0, 1e-14);
+      EXPECT_CLOSE(full_tensor(gw.grad()), wr.grad(), 0.0, 1e-14);
       // The decomposition (explicit-redistribution mode turns the fused path
       // off) gives the same gradients, bit for bit where the output's
       // gradient needs no redistribution (a replicated x keeps it Partial);
@@ -320,10 +321,10 @@ TEST_P(FusedOps, RmsNormNormalizesEachRanksRows) {
     const at::Tensor partial = from_local(x / static_cast<double>(ranks), mesh, on(mesh, Partial()), false, x.sizes().vec());
     at::Tensor out;
     EXPECT_GT(dtensorOps([&] { out = nn::rms_norm(partial, dw, 1e-6); }), 0);
-    EXPECT_LE((full_tensor(out) - ref).abs().max().item<double>(), 1e-14);
+    EXPECT_CLOSE(full_tensor(out), ref, 0.0, 1e-14);
     const at::Tensor sharded_w = distribute_tensor(w, mesh, on(mesh, Shard(0)));
     EXPECT_GT(dtensorOps([&] { out = nn::rms_norm(dx, sharded_w, 1e-6); }), 0);
-    EXPECT_LE((full_tensor(out) - ref).abs().max().item<double>(), 1e-15);
+    EXPECT_CLOSE(full_tensor(out), ref, 0.0, 1e-15);
   });
 }
 

@@ -1,6 +1,7 @@
 // Replicated parameters with Partial gradients are reduced in one bucket per
 // dtype at the end of backward (NOTE: [Bucketed gradient reduction]), and
 // .grad ends up equal to one device's however AccumulateGrad stores it.
+#include "close.h"
 #include "dist.h"
 #include "parity.h"
 
@@ -66,7 +67,7 @@ struct Case {
     for (size_t i = 0; i < grads.size(); ++i) {
       ASSERT_TRUE(grads[i].defined()) << what << ": no gradient for parameter " << i;
       EXPECT_EQ(placements(grads[i]), Placements{Replicate()}) << what;
-      EXPECT_TRUE(to_local(grads[i]).allclose(want[i].grad() * scale, 1e-5, 1e-6))
+      EXPECT_CLOSE(to_local(grads[i]), want[i].grad() * scale, 1e-5, 1e-6)
           << what << ": parameter " << i << " got " << to_local(grads[i]) << " want "
           << want[i].grad() * scale;
     }
@@ -114,8 +115,8 @@ TEST_P(GradReductionTest, AutogradGradReturnsReducedAndLeavesGradAlone) {
     // libtorch 1.13 captures before tensor hooks run: the Partial gradient
     // comes back as is; 2.x runs the hook and returns the reduced one.
     const auto want = c.ref.all();
-    EXPECT_TRUE(full_tensor(grads[0]).allclose(want[0].grad(), 1e-5, 1e-6));
-    EXPECT_TRUE(full_tensor(grads[1]).allclose(want[2].grad(), 1e-10, 1e-10));
+    EXPECT_CLOSE(full_tensor(grads[0]), want[0].grad(), 1e-5, 1e-6);
+    EXPECT_CLOSE(full_tensor(grads[1]), want[2].grad(), 1e-10, 1e-10);
     for (const auto& p : c.dist.all()) EXPECT_FALSE(p.grad().defined());
   });
 }
@@ -148,9 +149,9 @@ TEST_P(GradReductionTest, LeafGradientKeepsItsHistoryUnderCreateGraph) {
     const at::Tensor dv = distribute_tensor(v.clone().requires_grad_(), mesh, {Shard(1)});
     DecomposeFusedOpsGuard decompose;  // create_graph through a fused matmul is refused by name
     const at::Tensor g = torch::autograd::grad({at::matmul(dx, dv).pow(2).sum()}, {dx}, {}, true, true)[0];
-    EXPECT_TRUE(full_tensor(g).allclose(gr, 1e-12, 1e-12));
+    EXPECT_CLOSE(full_tensor(g), gr, 1e-12, 1e-12);
     g.pow(2).sum().backward();
-    EXPECT_LE((full_tensor(dv.grad()) - vr.grad()).abs().max().item<double>(), 1e-12);
+    EXPECT_CLOSE(full_tensor(dv.grad()), vr.grad(), 0.0, 1e-12);
   });
 }
 

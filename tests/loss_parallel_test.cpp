@@ -2,6 +2,7 @@
 // test_math_ops.py::test_loss_parallel (3 all-reduces forward, none backward,
 // values equal to one device) plus what PyTorch leaves out: uneven and empty
 // class shards, batch sharding, 2-D meshes, ignore_index, label smoothing.
+#include "close.h"
 #include "dist.h"
 #include "parity.h"
 
@@ -64,13 +65,13 @@ void checkCrossEntropy(const DeviceMesh& mesh, const at::Tensor& x, const at::Te
     ASSERT_TRUE(is_dtensor(dy));
     at::Tensor full_y = full_tensor(dy);
     ASSERT_EQ(full_y.sizes(), y.sizes());
-    EXPECT_TRUE(full_y.allclose(y, 1e-6, 1e-6)) << full_y << y;
+    EXPECT_CLOSE(full_y, y, 1e-6, 1e-6) << full_y << y;
     CommCounter bwd;
     (opts.reduction().index() == 0 ? dy.sum() : dy).backward();
     if (bwd_total >= 0) EXPECT_EQ(bwd.total_count(), bwd_total) << bwd.str();
     ASSERT_TRUE(dx.grad().defined());
     EXPECT_EQ(placements(dx.grad()), pls);
-    EXPECT_TRUE(full_tensor(dx.grad()).allclose(ref_x.grad(), 1e-6, 1e-6));
+    EXPECT_CLOSE(full_tensor(dx.grad()), ref_x.grad(), 1e-6, 1e-6);
   }
 }
 
@@ -177,9 +178,8 @@ TEST(LossParallelMeshTest, DirectFunctionNeedsNoGuard) {
         loss.backward();
         EXPECT_EQ(comm.total_count(), p.is_shard() && w > 1 ? 3 : 0) << comm.str();
         EXPECT_FALSE(LossParallelGuard::enabled());
-        EXPECT_TRUE(full_tensor(loss).allclose(F::cross_entropy(x, t, F::CrossEntropyFuncOptions().weight(weight)),
-                                               1e-6, 1e-6));
-        EXPECT_TRUE(full_tensor(dx.grad()).allclose(rx.grad(), 1e-6, 1e-6));
+        EXPECT_CLOSE(full_tensor(loss), F::cross_entropy(x, t, F::CrossEntropyFuncOptions().weight(weight)), 1e-6, 1e-6);
+        EXPECT_CLOSE(full_tensor(dx.grad()), rx.grad(), 1e-6, 1e-6);
       }
     });
   }
@@ -229,7 +229,7 @@ TEST(LossParallelMeshTest, FusedBackwardWithRetainedGraph) {
     loss.backward({}, /*retain_graph=*/true);
     loss.backward({}, /*retain_graph=*/true);
     loss.backward();
-    EXPECT_TRUE(full_tensor(dx.grad()).allclose(rx.grad() * 3, 1e-6, 1e-6));
+    EXPECT_CLOSE(full_tensor(dx.grad()), rx.grad() * 3, 1e-6, 1e-6);
     dtp::test::expect_error([&] { loss.backward(); }, {"retain_graph=true"});
   });
 }

@@ -2,6 +2,7 @@
 // distributed with the given placements; compare outputs and input gradients.
 #pragma once
 
+#include "close.h"
 #include "dtp/dtensor.h"
 
 #include <ATen/ATen.h>
@@ -34,7 +35,7 @@ inline void expect_parity(const DeviceMesh& mesh, const std::vector<at::Tensor>&
   ASSERT_TRUE(is_dtensor(out)) << "output is not a DTensor";
   at::Tensor full = full_tensor(out);
   ASSERT_EQ(full.sizes(), ref.sizes());
-  EXPECT_TRUE(full.allclose(ref, tol, tol)) << "forward differs; placements out "
+  EXPECT_CLOSE(full, ref, tol, tol) << "forward differs; placements out "
                                             << to_string(placements(out));
   if (!backward || !ref.requires_grad()) return;
   at::Tensor g = data(ref.sizes().vec(), 0.5).to(ref.scalar_type());
@@ -44,7 +45,7 @@ inline void expect_parity(const DeviceMesh& mesh, const std::vector<at::Tensor>&
     if (!ref_in[i].requires_grad()) continue;
     ASSERT_TRUE(dist_in[i].grad().defined()) << "input " << i << " got no gradient";
     EXPECT_EQ(placements(dist_in[i].grad()), pls[i]) << "input " << i;
-    EXPECT_TRUE(full_tensor(dist_in[i].grad()).allclose(ref_in[i].grad(), tol, tol))
+    EXPECT_CLOSE(full_tensor(dist_in[i].grad()), ref_in[i].grad(), tol, tol)
         << "gradient of input " << i << " differs";
   }
 }

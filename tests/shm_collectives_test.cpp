@@ -4,6 +4,7 @@
 // (DTP_SHM=0): exact where no rounding happens, else within the bound of two
 // summation orders. Slots are 4 KiB here (DTP_SHM_MAX_BYTES), so the same
 // cases cover sizes below the limit (shared memory) and above it (Gloo).
+#include "close.h"
 #include "dist.h"
 
 #include "comm/shm_group.h"
@@ -216,7 +217,7 @@ TEST_P(ShmCollectives, ReduceScatterUneven) {
       if (c.op == ReduceOp::Max || c.op == ReduceOp::Min || c.dtype == at::kLong)
         EXPECT_TRUE(at::equal(shm[me][i], gloo[me][i])) << name(c, w) << ", rank " << me;
       else
-        EXPECT_TRUE(at::allclose(shm[me][i].to(at::kDouble), gloo[me][i].to(at::kDouble), widen ? 1e-2 : 1e-6, 1e-6))
+        EXPECT_CLOSE(shm[me][i].to(at::kDouble), gloo[me][i].to(at::kDouble), widen ? 1e-2 : 1e-6, 1e-6)
             << name(c, w) << ", rank " << me;
       offset += sizes[me];
     }

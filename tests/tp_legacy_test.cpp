@@ -1,5 +1,6 @@
 // The 2023 API (PairwiseParallel, make_input_*/make_output_*) against one
 // device, as in PyTorch's older test_tp_examples / test_parallelize_api.
+#include "close.h"
 #include "dist.h"
 #include "parity.h"
 
@@ -45,11 +46,11 @@ TEST(TpLegacyTest, PairwiseParallelIsColwiseThenRowwise) {
       EXPECT_EQ(fwd.count(CollectiveType::AllReduce), 1) << fwd.str();
       EXPECT_EQ(fwd.total_count(), 1) << fwd.str();
       at::Tensor ry = ref(x);
-      EXPECT_TRUE(y.allclose(ry, 1e-5, 1e-5));
+      EXPECT_CLOSE(y, ry, 1e-5, 1e-5);
       y.sum().backward();
       ry.sum().backward();
       for (const auto& p : ref->named_parameters())
-        EXPECT_TRUE(full_tensor(m->named_parameters()[p.key()].grad()).allclose(p.value().grad(), 1e-5, 1e-5))
+        EXPECT_CLOSE(full_tensor(m->named_parameters()[p.key()].grad()), p.value().grad(), 1e-5, 1e-5)
             << p.key();
     });
   }
@@ -156,18 +157,18 @@ TEST(TpLegacyTest, PairwiseParallelSplitsMultiheadAttentionHeads) {
         EXPECT_EQ(fwd.count(CollectiveType::Broadcast), sync) << fwd.str();
         EXPECT_EQ(fwd.total_count(), 1 + weight_ar + weight_ag + sync) << fwd.str();
         EXPECT_FALSE(is_dtensor(std::get<0>(got)));
-        EXPECT_TRUE(std::get<0>(got).allclose(std::get<0>(want), 1e-5, 1e-5));
-        if (c.need_weights) EXPECT_TRUE(std::get<1>(got).allclose(std::get<1>(want), 1e-5, 1e-5));
+        EXPECT_CLOSE(std::get<0>(got), std::get<0>(want), 1e-5, 1e-5);
+        if (c.need_weights) EXPECT_CLOSE(std::get<1>(got), std::get<1>(want), 1e-5, 1e-5);
         else EXPECT_FALSE(std::get<1>(got).defined());
         CommCounter bwd;
         lossOf(got).backward();
         EXPECT_EQ(bwd.count(CollectiveType::AllReduce), c.separate_kv ? 2 : 1) << bwd.str();
         EXPECT_EQ(bwd.total_count(), c.separate_kv ? 2 : 1) << bwd.str();
-        EXPECT_TRUE(tx.grad().allclose(rx.grad(), 1e-5, 1e-5));
-        if (c.separate_kv) EXPECT_TRUE(tkv.grad().allclose(rkv.grad(), 1e-5, 1e-5));
+        EXPECT_CLOSE(tx.grad(), rx.grad(), 1e-5, 1e-5);
+        if (c.separate_kv) EXPECT_CLOSE(tkv.grad(), rkv.grad(), 1e-5, 1e-5);
         for (const auto& p : ref->named_parameters()) {
           const at::Tensor grad = full_tensor(m->named_parameters()[p.key()].grad()).reshape(p.value().sizes());
-          EXPECT_TRUE(grad.allclose(p.value().grad(), 1e-5, 1e-5)) << p.key();
+          EXPECT_CLOSE(grad, p.value().grad(), 1e-5, 1e-5) << p.key();
         }
         if (!c.separate_kv) EXPECT_TRUE(full_tensor(m->in_proj_weight).flatten(0, 1).equal(ref->in_proj_weight));
       });

@@ -1,6 +1,7 @@
 // Tensor-parallel styles on single modules, ported from PyTorch's
 // test_tp_style.py: outputs, input and parameter gradients against one
 // device, and the exact collectives forward and backward.
+#include "close.h"
 #include "dist.h"
 #include "parity.h"
 
@@ -55,16 +56,16 @@ void checkLinear(M& m, M& ref, const at::Tensor& in, const at::Tensor& full_in,
     EXPECT_EQ(fwd.total_count(), c.fwd_total) << fwd.str();
     EXPECT_EQ(fwd.count(c.fwd_type), c.fwd_coll) << fwd.str();
     at::Tensor ry = ref(fx);
-    EXPECT_TRUE(gather_out(y).allclose(ry, 1e-5, 1e-5));
+    EXPECT_CLOSE(gather_out(y), ry, 1e-5, 1e-5);
     at::Tensor g = data(ry.sizes().vec(), 3.0).to(at::kFloat);
     (gather_out(y) * g).sum().backward();
     (ry * g).sum().backward();
-    EXPECT_TRUE(gather_in_grad(x.grad()).allclose(fx.grad(), 1e-5, 1e-5));
+    EXPECT_CLOSE(gather_in_grad(x.grad()), fx.grad(), 1e-5, 1e-5);
     for (const auto& p : ref->named_parameters()) {
       at::Tensor mine = m->named_parameters()[p.key()];
       ASSERT_TRUE(mine.grad().defined()) << p.key();
       EXPECT_EQ(placements(mine.grad()), placements(mine)) << p.key();
-      EXPECT_TRUE(full_tensor(mine.grad()).allclose(p.value().grad(), 1e-5, 1e-5)) << p.key();
+      EXPECT_CLOSE(full_tensor(mine.grad()), p.value().grad(), 1e-5, 1e-5) << p.key();
     }
     expectContiguousGrads(*m);
   }
@@ -85,7 +86,7 @@ TEST(TpStyleTest, ColwiseLinearNoForwardCommOneBackwardAllReduce) {
         EXPECT_EQ(fwd.total_count(), 0) << fwd.str();
         EXPECT_FALSE(is_dtensor(y));
         at::Tensor ry = ref(x.detach());
-        EXPECT_TRUE(y.allclose(chunk(ry, 1, w, mesh.get_local_rank()), 1e-5, 1e-5));
+        EXPECT_CLOSE(y, chunk(ry, 1, w, mesh.get_local_rank()), 1e-5, 1e-5);
         CommCounter bwd;
         y.sum().backward();
         // The replicated input's gradient is Partial: one all_reduce.
@@ -93,9 +94,9 @@ TEST(TpStyleTest, ColwiseLinearNoForwardCommOneBackwardAllReduce) {
         EXPECT_EQ(bwd.total_count(), 1) << bwd.str();
         at::Tensor rx = data({5, 6}).to(at::kFloat).requires_grad_(true);
         ref(rx).sum().backward();
-        EXPECT_TRUE(x.grad().allclose(rx.grad(), 1e-5, 1e-5));
-        EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
-        EXPECT_TRUE(full_tensor(m->bias.grad()).allclose(ref->bias.grad(), 1e-5, 1e-5));
+        EXPECT_CLOSE(x.grad(), rx.grad(), 1e-5, 1e-5);
+        EXPECT_CLOSE(full_tensor(m->weight.grad()), ref->weight.grad(), 1e-5, 1e-5);
+        EXPECT_CLOSE(full_tensor(m->bias.grad()), ref->bias.grad(), 1e-5, 1e-5);
         expectContiguousGrads(*m);
       }
     });
@@ -119,15 +120,15 @@ TEST(TpStyleTest, RowwiseLinearOneForwardAllReduceNoBackwardComm) {
         EXPECT_EQ(fwd.total_count(), 1) << fwd.str();
         at::Tensor rx = full.clone().requires_grad_(true);
         at::Tensor ry = ref(rx);
-        EXPECT_TRUE(y.allclose(ry, 1e-5, 1e-5));
+        EXPECT_CLOSE(y, ry, 1e-5, 1e-5);
         at::Tensor g = data(ry.sizes().vec(), 2.0).to(at::kFloat);
         CommCounter bwd;
         (y * g).sum().backward();
         EXPECT_EQ(bwd.total_count(), 0) << bwd.str();
         (ry * g).sum().backward();
-        EXPECT_TRUE(x.grad().allclose(chunk(rx.grad(), 1, w, rank), 1e-5, 1e-5));
-        EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
-        EXPECT_TRUE(full_tensor(m->bias.grad()).allclose(ref->bias.grad(), 1e-5, 1e-5));
+        EXPECT_CLOSE(x.grad(), chunk(rx.grad(), 1, w, rank), 1e-5, 1e-5);
+        EXPECT_CLOSE(full_tensor(m->weight.grad()), ref->weight.grad(), 1e-5, 1e-5);
+        EXPECT_CLOSE(full_tensor(m->bias.grad()), ref->bias.grad(), 1e-5, 1e-5);
         expectContiguousGrads(*m);
       }
     });
@@ -146,7 +147,7 @@ TEST(TpStyleTest, RowwiseLinearToShardOneReduceScatter) {
     at::Tensor y = m(chunk(full, 1, 2, rank));
     EXPECT_EQ(fwd.count(CollectiveType::ReduceScatter), 1) << fwd.str();
     EXPECT_EQ(fwd.total_count(), 1);
-    EXPECT_TRUE(y.allclose(chunk(ref(full), 0, 2, rank), 1e-5, 1e-5));
+    EXPECT_CLOSE(y, chunk(ref(full), 0, 2, rank), 1e-5, 1e-5);
   });
 }
 
@@ -164,7 +165,7 @@ TEST(TpStyleTest, EmbeddingColwiseAndRowwise) {
         at::Tensor y = m(ids);
         EXPECT_EQ(fwd.total_count(), 0);
         ASSERT_EQ(y.sizes(), chunk(ref(ids), 2, w, rank).sizes());
-        EXPECT_TRUE(y.allclose(chunk(ref(ids), 2, w, rank)));
+        EXPECT_CLOSE(y, chunk(ref(ids), 2, w, rank), 1e-5, 1e-8);
       }
       {
         dtp::nn::Embedding m(4 * w + 1, 6), ref(4 * w + 1, 6);  // uneven vocab
@@ -177,11 +178,11 @@ TEST(TpStyleTest, EmbeddingColwiseAndRowwise) {
         at::Tensor y = m(ids);
         EXPECT_EQ(fwd.count(CollectiveType::AllReduce), 1) << fwd.str();
         EXPECT_EQ(fwd.total_count(), 1) << fwd.str();
-        EXPECT_TRUE(y.allclose(ref(ids)));
+        EXPECT_CLOSE(y, ref(ids), 1e-5, 1e-8);
         y.pow(2).sum().backward();
         ref(ids).pow(2).sum().backward();
         EXPECT_EQ(placements(m->weight.grad()), Placements{Shard(0)});
-        EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
+        EXPECT_CLOSE(full_tensor(m->weight.grad()), ref->weight.grad(), 1e-5, 1e-5);
       }
     });
   }
@@ -205,7 +206,7 @@ TEST(TpStyleTest, RowwiseEmbeddingBackwardComputesLocalRows) {
       (m(ids) * g).sum().backward();
       (ref(ids) * g).sum().backward();
       EXPECT_EQ(placements(m->weight.grad()), Placements{Shard(0)});
-      EXPECT_TRUE(full_tensor(m->weight.grad()).allclose(ref->weight.grad(), 1e-5, 1e-5));
+      EXPECT_CLOSE(full_tensor(m->weight.grad()), ref->weight.grad(), 1e-5, 1e-5);
 
       // The op itself: a replicated gradient and the lookup's indices give
       // the weight's rows directly, Shard(0), without communication.
@@ -218,7 +219,7 @@ TEST(TpStyleTest, RowwiseEmbeddingBackwardComputesLocalRows) {
       at::Tensor dw = at::embedding_dense_backward(dg, dids, vocab, 5, true);
       EXPECT_EQ(comm.total_count(), 0) << comm.str();
       EXPECT_EQ(placements(dw), Placements{Shard(0)});
-      EXPECT_TRUE(full_tensor(dw).allclose(at::embedding_dense_backward(g, ids, vocab, 5, true), 1e-6, 1e-6));
+      EXPECT_CLOSE(full_tensor(dw), at::embedding_dense_backward(g, ids, vocab, 5, true), 1e-6, 1e-6);
     });
   }
 }
@@ -240,15 +241,15 @@ TEST(TpStyleTest, SequenceParallelLayerNormAndRMSNorm) {
     EXPECT_EQ(fwd.total_count(), 0) << fwd.str();
     EXPECT_EQ(placements(y), Placements{Shard(1)});
     at::Tensor ry = ref_rms(ref_ln(full));
-    EXPECT_TRUE(full_tensor(y).allclose(ry, 1e-5, 1e-5));
+    EXPECT_CLOSE(full_tensor(y), ry, 1e-5, 1e-5);
     CommCounter bwd;
     to_local(y).sum().backward();
     // The three replicated weights' Partial gradients share one all-reduce.
     EXPECT_EQ(bwd.count(CollectiveType::AllReduce), 1) << bwd.str();
     EXPECT_EQ(bwd.bytes(CollectiveType::AllReduce), 3 * 6 * 4) << bwd.str();
     ry.sum().backward();
-    EXPECT_TRUE(full_tensor(ln->weight.grad()).allclose(ref_ln->weight.grad(), 1e-5, 1e-5));
-    EXPECT_TRUE(full_tensor(rms->weight.grad()).allclose(ref_rms->weight.grad(), 1e-5, 1e-5));
+    EXPECT_CLOSE(full_tensor(ln->weight.grad()), ref_ln->weight.grad(), 1e-5, 1e-5);
+    EXPECT_CLOSE(full_tensor(rms->weight.grad()), ref_rms->weight.grad(), 1e-5, 1e-5);
   });
 }
 
@@ -269,7 +270,7 @@ TEST(TpStyleTest, PrepareModuleInputAndOutput) {
     at::Tensor y = m(chunk(full, 0, 2, rank));
     EXPECT_EQ(fwd.count(CollectiveType::AllGather), 1) << fwd.str();
     EXPECT_FALSE(is_dtensor(y));
-    EXPECT_TRUE(y.allclose(chunk(at::linear(full, w, b), 0, 2, rank), 1e-5, 1e-5));
+    EXPECT_CLOSE(y, chunk(at::linear(full, w, b), 0, 2, rank), 1e-5, 1e-5);
   });
 }
 
@@ -310,7 +311,7 @@ TEST(TpStyleTest, PrepareModuleInputGradientBoundary) {
       EXPECT_EQ(bwd.count(CollectiveType::AllReduce), 1) << bwd.str();  // at the boundary, or for the leaf
       at::Tensor fx = full.clone().requires_grad_(true);
       ref(fx * 2).sum().backward();
-      EXPECT_TRUE(full_tensor(leaf.grad()).allclose(fx.grad(), 1e-5, 1e-5));
+      EXPECT_CLOSE(full_tensor(leaf.grad()), fx.grad(), 1e-5, 1e-5);
     }
   });
 }
