@@ -3,6 +3,7 @@
 // one device (float64, dropout included); full mode repeats exactly the
 // forward's collectives of the checkpointed blocks, selective mode none;
 // composition with fully_shard and replicate; the save list; the errors.
+#include "close.h"
 #include "dist.h"
 #include "llama_util.h"
 
@@ -30,30 +31,15 @@ namespace {
 
 constexpr int kSteps = 3;
 
-struct Trace {
-  std::vector<double> losses;
-  std::vector<std::pair<std::string, at::Tensor>> params;
-};
+using dtp::test::Trace;
 
-Trace train(Llama& model) {
-  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-  Trace t{dtp::test::train_llama(model, opt, 0, kSteps), {}};
-  t.params = dtp::test::full_named_params(model);
-  return t;
-}
+Trace train(Llama& model) { return dtp::test::train_trace(model, kSteps); }
 
 // As NOTE: [Float64 parity tolerance] in llama_test.cpp: 1e-12 on losses,
 // steps * 1e-11 on weights. Against the same parallel run without AC the
 // recomputation repeats the same ops in the same order: equal up to the
 // order parameter gradients are summed in (a few float64 ulps).
-void expectSame(const Trace& got, const Trace& want) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], 1e-12) << "step " << i;
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < got.params.size(); ++i)
-    EXPECT_LE((got.params[i].second - want.params[i].second).abs().max().item<double>(), kSteps * 1e-11)
-        << got.params[i].first;
-}
+void expectSame(const Trace& got, const Trace& want) { dtp::test::expect_same_trace(got, want, 1e-12, kSteps * 1e-11); }
 
 struct Variant {
   const char* name;
@@ -174,7 +160,7 @@ TwoSteps twoSteps(Llama model, const at::Tensor& batch, const std::function<std:
 void expectSameAsWithoutAc(const TwoSteps& on, const TwoSteps& off) {
   for (size_t i = 0; i < off.losses.size(); ++i) EXPECT_NEAR(on.losses[i], off.losses[i], 1e-12);
   for (size_t i = 0; i < off.params.size(); ++i)
-    EXPECT_LE((on.params[i].second - off.params[i].second).abs().max().item<double>(), 2e-11) << off.params[i].first;
+    EXPECT_CLOSE(on.params[i].second, off.params[i].second, 0.0, 2e-11) << off.params[i].first;
 }
 
 // Data parallelism after AC, as torchtitan orders them, on (dp, tp) = (2, 2)

@@ -1,6 +1,7 @@
 // 2-D parallelism: the reference Llama with TP on "tp" and fully_shard on
 // "dp" of a (dp, tp) mesh, against the same model on one device training the
 // whole batch; collectives per step against their closed form; the errors.
+#include "close.h"
 #include "dist.h"
 #include "mesh/flatten.h"
 #include "files.h"
@@ -31,10 +32,7 @@ namespace {
 
 constexpr int kSteps = 20;
 
-struct Trace {
-  std::vector<double> losses;
-  std::vector<std::pair<std::string, at::Tensor>> params;  // full
-};
+using dtp::test::Trace;
 
 // 4 sequences per step, so that dp = 1, 2 and 4 split it evenly.
 at::Tensor globalBatch(int64_t vocab, int step) {
@@ -59,10 +57,9 @@ std::vector<double> trainSteps(Llama& model, torch::optim::AdamW& opt, const Pro
 }
 
 Trace train(Llama& model, const ProcessGroup* dp) {
-  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-  Trace t{trainSteps(model, opt, dp, 0, kSteps), {}};
-  t.params = dtp::test::full_named_params(model);
-  return t;
+  return dtp::test::train_trace(model, kSteps, [dp](Llama& m, torch::optim::AdamW& opt, int from, int to) {
+    return trainSteps(m, opt, dp, from, to);
+  });
 }
 
 // NOTE: [Data-parallel parity tolerance] As NOTE: [Float64 parity
@@ -73,14 +70,7 @@ Trace train(Llama& model, const ProcessGroup* dp) {
 // weights' change times its gradient's L1 norm (< 10 here): 2e-9.
 void expectSame(const Trace& got, const Trace& want) {
   constexpr double param_tol = kSteps * 1e-11, loss_tol = 10 * param_tol;
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], loss_tol) << "step " << i;
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < got.params.size(); ++i) {
-    EXPECT_EQ(got.params[i].first, want.params[i].first);
-    const double diff = (got.params[i].second - want.params[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, param_tol) << got.params[i].first;
-  }
+  dtp::test::expect_same_trace(got, want, loss_tol, param_tol);
 }
 
 struct Layout {
@@ -491,7 +481,7 @@ TEST(DataParallel2023Api, PairwiseParallelWithFullyShardTrainsLikeOneDevice) {
     const ProcessGroup dp = mesh.get_group("dp");
     const auto got = train(m, x, &dp);
     ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-14) << i;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_CLOSE(got[i], want[i], 0.0, 1e-14) << i;
   });
 }
 
@@ -511,7 +501,7 @@ TEST_F(DataParallelCheckpointTest, SavedAtTwoByTwoResumesInEveryLayout) {
   auto expectEnd = [&](const std::vector<double>& losses, const std::vector<std::pair<std::string, at::Tensor>>& got) {
     for (int i = kSave; i < kEnd; ++i) EXPECT_NEAR(losses[i - kSave], want_losses[i], 1e-12) << "step " << i;
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), kEnd * 1e-11) << want[i].first;
+      EXPECT_CLOSE(got[i].second, want[i].second, 0.0, kEnd * 1e-11) << want[i].first;
   };
   const std::string path = file("dp2tp2.safetensors");
   run_ranks(4, [&](int) {

@@ -3,6 +3,7 @@
 // with dropout: 3 AdamW steps equal in float64, float32 gradients as exact as
 // one device's; exact forward collective counts; a pipeline stage; and every
 // validation error.
+#include "close.h"
 #include "dist.h"
 #include "llama_util.h"
 
@@ -34,20 +35,11 @@ LlamaConfig smallConfig(int tp, const Variant& v) {
   return c;
 }
 
-struct Trace {
-  std::vector<double> losses;
-  std::vector<std::pair<std::string, at::Tensor>> params;  // full
-};
+using dtp::test::Trace;
 
 constexpr int kSteps = 3;
 
-Trace train(Llama& model) {
-  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-  Trace t;
-  t.losses = dtp::test::train_llama(model, opt, 0, kSteps);
-  t.params = dtp::test::full_named_params(model);
-  return t;
-}
+Trace train(Llama& model) { return dtp::test::train_trace(model, kSteps); }
 
 // Dropout masks come from at::'s default generator on one device and from
 // dtp's generator for DTensors: seeded alike right before training.
@@ -66,16 +58,8 @@ Trace reference(const LlamaConfig& c) {
 // gradient. 3 steps: 3e-11 bound for the weights; losses see 1e-14.
 void expectSame(const Trace& got, const Trace& want) {
   constexpr double loss_tol = 1e-12, param_tol = 3e-11;
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], want.losses[i], loss_tol) << "step " << i;
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < got.params.size(); ++i) {
-    EXPECT_EQ(got.params[i].first, want.params[i].first);
-    EXPECT_EQ(got.params[i].second.scalar_type(), at::kDouble);
-    const double diff = (got.params[i].second - want.params[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, param_tol) << got.params[i].first;
-  }
+  dtp::test::expect_same_trace(got, want, loss_tol, param_tol);
+  for (const auto& [name, p] : got.params) EXPECT_EQ(p.scalar_type(), at::kDouble) << name;
 }
 
 class LlamaTpTest : public ::testing::TestWithParam<int> {};
@@ -241,7 +225,7 @@ TEST(LlamaTpStageTest, PipelineStageGetsTpWithoutSp) {
     at::Tensor y = model(x);
     EXPECT_FALSE(is_dtensor(y));
     EXPECT_EQ(comm.count(CollectiveType::AllReduce), 2 * c.n_layers) << comm.str();
-    EXPECT_TRUE(y.allclose(want, 1e-5, 1e-5));
+    EXPECT_CLOSE(y, want, 1e-5, 1e-5);
   });
 }
 

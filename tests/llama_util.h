@@ -1,12 +1,18 @@
 // The small reference Llama that the model and checkpoint tests train: one
-// config, the batch of each step, and a plain training loop.
+// config, the batch of each step, a plain training loop, and a run's trace
+// (losses, final weights) compared against one device's.
 #pragma once
+
+#include "close.h"
 
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
+#include "dtp/optim/adamw.h"
 
 #include <torch/optim/adamw.h>
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,11 +41,14 @@ inline at::Tensor llama_batch(int64_t vocab, int64_t step) {
   return at::remainder(at::arange(kBatch * (kSeq + 1), at::kLong) * 13 + step * 5, vocab).view({kBatch, kSeq + 1});
 }
 
-// Trains steps [from, to) and returns their losses.
-inline std::vector<double> train_llama(models::Llama& model, torch::optim::AdamW& opt, int from, int to) {
+// Trains steps [from, to) and returns their losses. With dp > 1 each step
+// trains rank dp_rank's rows of the batch, and the loss is that rank's.
+inline std::vector<double> train_llama(models::Llama& model, torch::optim::AdamW& opt, int from, int to,
+                                       int64_t dp = 1, int64_t dp_rank = 0) {
   std::vector<double> losses;
   for (int step = from; step < to; ++step) {
     at::Tensor batch = llama_batch(model->config.vocab_size, step).to(model->config.device);
+    batch = batch.narrow(0, dp_rank * (batch.size(0) / dp), batch.size(0) / dp);
     at::Tensor loss = models::llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
     opt.zero_grad();
     loss.backward();
@@ -55,6 +64,40 @@ inline std::vector<std::pair<std::string, at::Tensor>> full_named_params(models:
   for (auto& [name, p] : model->unique_named_parameters())
     out.emplace_back(name, is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
   return out;
+}
+
+// A training run: the loss of each step and the full parameters after the last.
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, at::Tensor>> params;  // full
+};
+
+// A loop that trains steps [from, to) and returns their losses, as train_llama.
+using TrainLoop = std::function<std::vector<double>(models::Llama&, torch::optim::AdamW&, int from, int to)>;
+
+// `steps` AdamW steps (lr 1e-2) of `loop` (none: train_llama on the whole batch).
+inline Trace train_trace(models::Llama& model, int steps, const TrainLoop& loop = {}) {
+  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+  Trace t;
+  t.losses = loop ? loop(model, opt, 0, steps) : train_llama(model, opt, 0, steps);
+  t.params = full_named_params(model);
+  return t;
+}
+
+// `got` trained like `want`: each loss within loss_tol (nullopt: losses not
+// compared), the same parameter names in the same order, each parameter
+// within param_tol of want's everywhere. The tolerances are the callers' (see
+// NOTE: [Float64 parity tolerance] in llama_test.cpp).
+inline void expect_same_trace(const Trace& got, const Trace& want, std::optional<double> loss_tol, double param_tol) {
+  if (loss_tol) {
+    ASSERT_EQ(got.losses.size(), want.losses.size());
+    for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], *loss_tol) << "step " << i;
+  }
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < got.params.size(); ++i) {
+    EXPECT_EQ(got.params[i].first, want.params[i].first);
+    EXPECT_CLOSE(got.params[i].second, want.params[i].second, 0.0, param_tol) << got.params[i].first;
+  }
 }
 
 }  // namespace dtp::test

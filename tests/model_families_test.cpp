@@ -53,7 +53,6 @@ const std::vector<Family>& families() {
          c.qkv_bias = true;
          c.tie_embeddings = true;
        }},
-      {"qwen3_head_dim12", [](LlamaConfig& c) {
       {"qwen2_moe_shared_expert", [](LlamaConfig& c) {
          c.family = "qwen2_moe";
          c.qkv_bias = true;
@@ -63,6 +62,7 @@ const std::vector<Family>& families() {
          c.moe.norm_topk_prob = false;
          c.moe.shared_hidden = 20;
        }},
+      {"qwen3_head_dim12", [](LlamaConfig& c) {
          c.family = "qwen3";
          c.qk_norm = true;
          c.explicit_head_dim = 12;
@@ -78,42 +78,21 @@ LlamaConfig familyConfig(const Family& f, int tp) {
   return c;
 }
 
-struct Trace {
-  std::vector<double> losses;
-  std::vector<std::pair<std::string, at::Tensor>> params;  // full
-};
+using dtp::test::Trace;
 
 // 3 AdamW steps of the whole batch (dp > 1: this dp rank's half, the loss
 // averaged over dp by the data-parallel gradient reduction; the printed
 // losses are then each rank's half and are not compared).
 Trace train(Llama& model, int64_t dp = 1, int64_t dp_rank = 0) {
-  dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
-  Trace t;
-  for (int step = 0; step < 3; ++step) {
-    at::Tensor batch = dtp::test::llama_batch(model->config.vocab_size, step);
-    batch = batch.narrow(0, dp_rank * (batch.size(0) / dp), batch.size(0) / dp);
-    at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-    t.losses.push_back(loss.item<double>());
-  }
-  t.params = dtp::test::full_named_params(model);
-  return t;
+  return dtp::test::train_trace(model, 3, [dp, dp_rank](Llama& m, torch::optim::AdamW& opt, int from, int to) {
+    return dtp::test::train_llama(m, opt, from, to, dp, dp_rank);
+  });
 }
 
 // See NOTE: [Float64 parity tolerance] in llama_test.cpp: 3 steps of lr 1e-2
 // move a weight by at most 3e-11 for rounding-level gradient differences.
 void expectSame(const Trace& got, const Trace& want, bool losses) {
-  if (losses) {
-    for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], 1e-12) << "step " << i;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < want.params.size(); ++i) {
-    EXPECT_EQ(got.params[i].first, want.params[i].first);
-    const double diff = (got.params[i].second - want.params[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, 3e-11) << got.params[i].first;
-  }
+  dtp::test::expect_same_trace(got, want, losses ? std::optional<double>(1e-12) : std::nullopt, 3e-11);
 }
 
 TEST(ModelFamilyTest, TrainsLikeOneDeviceInFloat64UnderTpSpFsdpAndDdp) {
