@@ -101,13 +101,13 @@ ParallelizePlan llama_tp_plan(const LlamaConfig& c, int64_t tp, const TensorPara
                                                                 .desired_output_layouts(residual)
                                                                 .use_local_output(false)));
     if (options.shard_experts) layer_plan.emplace_back("moe.experts", ExpertTensorParallel());
-  } else {
     if (c.moe.shared_hidden > 0) {  // the shared expert is cut as the dense MLP, on the gathered input
       layer_plan.emplace_back("moe.shared_expert.w1", ColwiseParallel());
       layer_plan.emplace_back("moe.shared_expert.w3", ColwiseParallel());
       layer_plan.emplace_back("moe.shared_expert.w2",
                               RowwiseParallel(RowwiseParallelOptions().output_layouts(Replicate()).use_local_output(false)));
     }
+  } else {
     layer_plan.emplace_back("feed_forward", gather_input);
     layer_plan.emplace_back("feed_forward.w1", ColwiseParallel());
     layer_plan.emplace_back("feed_forward.w2", rowwise_out);

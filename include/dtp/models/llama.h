@@ -48,6 +48,8 @@ struct RopeScaling {
 //   qwen2    qkv_bias (not o), tie_embeddings in the small sizes
 //   qwen3    qk_norm, head_dim apart from dim / n_heads
 //   mixtral  mistral + moe (num_experts, top_k; norm_topk_prob always)
+//   qwen2_moe qwen2 (qkv_bias as configured) + moe + a gated shared expert
+//            (moe.shared_hidden)
 //   qwen3_moe qwen3 + moe (norm_topk_prob as configured)
 struct LlamaConfig {
   int64_t vocab_size = 256;  // byte-level tokens
@@ -55,8 +57,6 @@ struct LlamaConfig {
   int64_t n_layers = 2;
   int64_t n_heads = 4;
   int64_t n_kv_heads = 2;
-//   qwen2_moe qwen2 (qkv_bias as configured) + moe + a gated shared expert
-//            (moe.shared_hidden)
   int64_t ffn_hidden = 0;  // 0: the SwiGLU default, 2/3 of 4*dim rounded up to 32
   int64_t max_seq_len = 256;
   double norm_eps = 1e-5;
