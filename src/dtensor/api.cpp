@@ -88,9 +88,9 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
               dtensor_spec(tensor).str(), ". Use dtp::redistribute to change its placements.");
   auto spec = make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
   if (tensor.is_meta()) {
-    // NOTE: [Deferred initialization] A meta tensor has no values to send:
-    // the result is this rank's shard, allocated on the mesh's device and
-    // not initialized, for an init pass afterwards (models::init_weights).
+    // A meta tensor has no values to send: the result is this rank's shard,
+    // allocated on the mesh's device and not initialized, for an init pass
+    // afterwards (NOTE: [Deferred initialization] in src/models/llama.cpp).
     at::Tensor out = makeDTensor(at::empty(spec->local_sizes, tensor.options().device(mesh.device())), spec);
     if (tensor.requires_grad()) {
       out.set_requires_grad(true);

@@ -1,6 +1,6 @@
 // DTensorImpl: a storage-less TensorImpl holding this rank's shard (a plain
-// at::Tensor) and the spec of the whole. See shared/DESIGN.md, "DTensor as an
-// at::Tensor", for why each piece below is there.
+// at::Tensor) and the spec of the whole. See docs/architecture.md, "DTensor as
+// an at::Tensor", for why each piece below is there.
 #pragma once
 
 #include "dtp/dtensor_spec.h"

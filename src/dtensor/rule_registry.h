@@ -1,7 +1,7 @@
 // The sharding-rule registry: what a rule sees of a call (OpCall), what it
 // answers (Rows per mesh dimension), and the registry that maps operator
 // names to rules, handlers and error hints. Rules come in four kinds,
-// cheapest first (shared/DESIGN.md, "Sharding propagation"):
+// cheapest first (docs/architecture.md, "Sharding propagation"):
 //   1. pointwise tables for one mesh dimension (rules/pointwise.cpp),
 //   2. einsum-style specs for matrix ops (rules/matrix.cpp),
 //   3. view dim-maps (rules/view.cpp),

@@ -53,7 +53,7 @@ class HFFolder {
     return out;
   }
   bool has(const std::string& name) const { return where_.count(name) > 0; }
-  const io::SafetensorsFile& fileOf(const std::string& name) { return file(where_.at(name)); }
+  const io::SafetensorsFile& file_of(const std::string& name) { return file(where_.at(name)); }
 
  private:
   const io::SafetensorsFile& file(const std::string& name) {
@@ -105,12 +105,12 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
   // Shapes and dtypes, before anything changes.
   std::vector<const io::StoredTensor*> stored;
   for (const auto& t : tensors) {
-    const io::StoredTensor& s = folder.fileOf(t.hf).at(t.hf);
+    const io::StoredTensor& s = folder.file_of(t.hf).at(t.hf);
     const auto shape = hf_shape(t);
-    TORCH_CHECK(s.shape == shape, "load_hf_weights: '", t.hf, "' in '", folder.fileOf(t.hf).path(), "' has shape ",
+    TORCH_CHECK(s.shape == shape, "load_hf_weights: '", t.hf, "' in '", folder.file_of(t.hf).path(), "' has shape ",
                 c10::IntArrayRef(s.shape), ", the model built from the config expects ", c10::IntArrayRef(shape),
                 " (", t.fqn, "). config.json does not match the weights; fix it or rebuild the model from it.");
-    TORCH_CHECK(isFloat(s.dtype), "load_hf_weights: '", t.hf, "' in '", folder.fileOf(t.hf).path(), "' has dtype ",
+    TORCH_CHECK(isFloat(s.dtype), "load_hf_weights: '", t.hf, "' in '", folder.file_of(t.hf).path(), "' has dtype ",
                 s.dtype, ". Supported: bfloat16, float16, float32, float64 (quantized weights are NYI).");
     stored.push_back(&s);
   }
@@ -127,7 +127,7 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
     std::vector<int64_t> start = box.offsets;
     for (const RowRun& run : row_runs(box.offsets[0], box.local.size(0), tensors[i].rope_head_dim)) {
       start[0] = run.hf_first;
-      io::read_box(folder.fileOf(tensors[i].hf), *stored[i], start, run_rows(box.local, run), options.buffer_bytes);
+      io::read_box(folder.file_of(tensors[i].hf), *stored[i], start, run_rows(box.local, run), options.buffer_bytes);
     }
   }
 }
