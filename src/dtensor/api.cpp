@@ -188,7 +188,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   TORCH_CHECK(local.sizes() == c10::IntArrayRef(spec->local_sizes), "from_local: local shard ",
               local.sizes(), " does not match ", spec->str(), ", which puts ",
               c10::IntArrayRef(spec->local_sizes), " on this rank. Pass the global shape=.");
-  at::Tensor out = makeDTensor(detachedAlias(local), spec);
+  at::Tensor out = makeDTensor(detached_alias(local), spec);
   return connect(out, local, [&] {
     auto node = std::make_shared<RedistributeBackward>();
     node->src = spec;
@@ -199,7 +199,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
 
 at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placements) {
   const auto& impl = checkedDTensorImpl(t, "to_local");
-  at::Tensor out = detachedAlias(impl.local());
+  at::Tensor out = detached_alias(impl.local());
   // Built even without a graph: a wrong grad_placements is an error at the call.
   SpecPtr grad_spec = grad_placements
                           ? make_spec(impl.spec().mesh, *grad_placements, impl.spec().shape, impl.spec().dtype)

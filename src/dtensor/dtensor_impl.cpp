@@ -95,7 +95,7 @@ const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn) {
   return *impl;
 }
 
-at::Tensor detachedAlias(const at::Tensor& t) {
+at::Tensor detached_alias(const at::Tensor& t) {
   auto* impl = t.unsafeGetTensorImpl();
   return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), /*allow_tensor_metadata_change=*/true));
 }

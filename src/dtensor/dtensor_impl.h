@@ -57,7 +57,7 @@ std::vector<int64_t> dense_strides_like(c10::IntArrayRef sizes, c10::IntArrayRef
 // A tensor sharing `t`'s memory and version counter, without autograd history:
 // detach() without a dispatch (to_local and from_local run once per module
 // and step).
-at::Tensor detachedAlias(const at::Tensor& t);
+at::Tensor detached_alias(const at::Tensor& t);
 // Wraps `local` (this rank's shard of `spec`); checks the shard's shape.
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec);
 // Whether `t` is a DTensor that nothing else can observe: no other handle on

@@ -183,7 +183,7 @@ struct FusedInBackward : torch::autograd::Node {
 std::pair<at::Tensor, at::Tensor> enterLocal(const at::Tensor& x, const at::Tensor& weight,
                                              const std::shared_ptr<FusedGradPlacements>& decided) {
   const DTensorImpl &xi = *unsafeGetDTensorImpl(x), &wi = *unsafeGetDTensorImpl(weight);
-  std::pair<at::Tensor, at::Tensor> local{detachedAlias(xi.local()), detachedAlias(wi.local())};
+  std::pair<at::Tensor, at::Tensor> local{detached_alias(xi.local()), detached_alias(wi.local())};
   if (!x.requires_grad() && !weight.requires_grad()) return local;
   auto node = std::make_shared<FusedInBackward>();
   node->x_spec = xi.spec_ptr();
@@ -220,7 +220,7 @@ at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& w
   node->plan = std::move(plan);
   node->decided = std::move(decided);
   node->set_next_edges({torch::autograd::impl::gradient_edge(lout)});
-  at::Tensor result = makeDTensor(detachedAlias(lout), std::move(spec));
+  at::Tensor result = makeDTensor(detached_alias(lout), std::move(spec));
   torch::autograd::set_history(result, node);
   return result;
 }

@@ -99,7 +99,7 @@ class State : public std::enable_shared_from_this<State> {
         inputs.push_back(p);
         needs_grad = needs_grad || p.requires_grad();
         auto* pi = maybeGetDTensorImpl(p);
-        aliases.push_back(pi ? makeDTensor(detachedAlias(pi->local()), pi->spec_ptr()) : detachedAlias(p));
+        aliases.push_back(pi ? makeDTensor(detached_alias(pi->local()), pi->spec_ptr()) : detached_alias(p));
       }
       if (!grad || !needs_grad) aliases = inputs;
       if (grad && needs_grad) {

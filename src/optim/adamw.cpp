@@ -51,7 +51,7 @@ torch::Tensor AdamW::step(LossClosure closure) {
             (s.max_exp_avg_sq().defined() && !local_state->max_exp_avg_sq().defined()))
           continue;
       }
-      Swapped sw{&p, p, detachedAlias(impl->local()), local_state != nullptr};
+      Swapped sw{&p, p, detached_alias(impl->local()), local_state != nullptr};
       sw.alias.mutable_grad() = grad;
       if (local_state) states[compat::optimizer_state_key(sw.alias)] = std::move(local_state);
       p = sw.alias;

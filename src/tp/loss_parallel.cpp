@@ -41,7 +41,7 @@ struct CrossEntropyBackward : torch::autograd::Node {
     TORCH_CHECK(logp.defined(), "loss_parallel_cross_entropy: backward ran a second time through a "
                 "graph whose saved log-probabilities were freed. Pass retain_graph=true to the first backward.");
     if (!grads[0].defined()) return {at::Tensor()};
-    const at::Tensor coeff = detail::rowCoeff(call, spec->mesh, grads[0], total, reduction);
+    const at::Tensor coeff = detail::row_coeff(call, spec->mesh, grads[0], total, reduction);
     // log_softmax's backward of nll_loss's gradient: softmax * coeff, minus
     // coeff at the target.
     at::Tensor grad;
@@ -67,10 +67,10 @@ at::Tensor fusedCrossEntropy(const at::Tensor& logits, const at::Tensor& target,
   if (impl == nullptr || logits.dim() != 2) return {};
   const c10::IValue args[] = {logits, target, weight.defined() ? c10::IValue(weight) : c10::IValue(),
                               c10::IValue(reduction), c10::IValue(ignore_index)};
-  auto c = detail::nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
+  auto c = detail::nll_call(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
   if (!c) return {};
-  at::Tensor logp = detail::localLogSoftmax(c->lp, 1, impl->spec(), c->cs.class_dims);
-  auto [out, total] = detail::nllForward(*c, logp, reduction);
+  at::Tensor logp = detail::local_log_softmax(c->lp, 1, impl->spec(), c->cs.class_dims);
+  auto [out, total] = detail::nll_forward(*c, logp, reduction);
   if (logits.requires_grad() && at::GradMode::is_enabled()) {
     auto node = std::make_shared<CrossEntropyBackward>();
     node->spec = impl->spec_ptr();

@@ -14,7 +14,7 @@
 namespace dtp {
 namespace {
 
-using rules::replicateRow;
+using rules::replicate_row;
 
 #if DTP_HAS_SDPA
 
@@ -22,7 +22,7 @@ using rules::replicateRow;
 // shards with the others; the mask (the argument named attn_mask, if a
 // DTensor) shards along when it has that dim in full.
 std::vector<Row> attentionRows(const OpCall& call, int64_t) {
-  std::vector<Row> rows{replicateRow(call)};
+  std::vector<Row> rows{replicate_row(call)};
   int mask = -1;
   const auto& args = call.op.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i)

@@ -17,7 +17,7 @@
 namespace dtp {
 namespace {
 
-using rules::replicateRow;
+using rules::replicate_row;
 
 // Whether channels may shard: not transposed, one group (the arguments'
 // positions differ between the two ops).
@@ -34,7 +34,7 @@ std::vector<Row> convolutionRows(const OpCall& call, int64_t) {
     if (bias) r.in.push_back(b);
     return r;
   };
-  std::vector<Row> rows{replicateRow(call), row(Shard(0), Replicate(), Replicate(), Shard(0))};
+  std::vector<Row> rows{replicate_row(call), row(Shard(0), Replicate(), Replicate(), Shard(0))};
   if (channelShardable(call, 6, 8)) {
     rows.push_back(row(Shard(1), Shard(1), Partial(), Partial()));
     rows.push_back(row(Replicate(), Shard(0), Shard(0), Shard(1)));
@@ -46,7 +46,7 @@ std::vector<Row> convolutionRows(const OpCall& call, int64_t) {
 // padding, dilation, transposed, output_padding, groups, output_mask)
 // -> (grad_input, grad_weight, grad_bias)
 std::vector<Row> convolutionBackwardRows(const OpCall& call, int64_t) {
-  std::vector<Row> rows{replicateRow(call), {{Shard(0), Shard(0), Replicate()}, {Shard(0), Partial(), Partial()}}};
+  std::vector<Row> rows{replicate_row(call), {{Shard(0), Shard(0), Replicate()}, {Shard(0), Partial(), Partial()}}};
   if (channelShardable(call, 7, 9)) {
     rows.push_back({{Replicate(), Shard(1), Shard(1)}, {Shard(1), Shard(1), Replicate()}});
     rows.push_back({{Shard(1), Replicate(), Shard(0)}, {Partial(), Shard(0), Shard(0)}});

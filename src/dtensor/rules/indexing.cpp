@@ -15,9 +15,9 @@ namespace {
 // is linear in (self, source) with a replicated mask:
 // (a0+a1) scattered with (s0+s1) = a0 scattered with s0 + a1 with s1.
 std::vector<Row> maskedScatterRows(const OpCall& c, int64_t m) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   if (c.specs.size() == 3) {
-    const Placement p = rules::linearPartial(c, m);
+    const Placement p = rules::linear_partial(c, m);
     rows.push_back(Row{{p, Replicate(), p}, {p}});
   }
   return rows;
@@ -28,7 +28,7 @@ std::vector<Row> maskedScatterRows(const OpCall& c, int64_t m) {
 // be sharded along `dim` itself (other dims would pair a local index column
 // with self's global one).
 std::vector<Row> gatherRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   if (c.specs.size() == 2 && c.slot_of_arg(0) == 0) {
     const int64_t dim = c10::maybe_wrap_dim(c.arg_int(1), c.spec(1).ndim());
     rows.push_back(Row{{Replicate(), Shard(dim)}, {Shard(dim)}});
@@ -41,10 +41,10 @@ std::vector<Row> gatherRows(const OpCall& c, int64_t) {
 // along `dim` add disjoint parts, so self must be a Partial (the replicated
 // zeros of a backward become P(sum) locally, without communication).
 std::vector<Row> scatterAddRows(const OpCall& c, int64_t m) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   if (c.specs.size() == 3) {
     const int64_t dim = c10::maybe_wrap_dim(c.arg_int(1), c.spec(0).ndim());
-    const Placement p = rules::linearPartial(c, m);
+    const Placement p = rules::linear_partial(c, m);
     rows.push_back(Row{{p, Shard(dim), Shard(dim)}, {p}});
     rows.push_back(Row{{p, Replicate(), p}, {p}});
   }
@@ -56,7 +56,7 @@ std::vector<Row> scatterAddRows(const OpCall& c, int64_t m) {
 // stays; with self replicated, an index sharded along its one dim picks each
 // rank's chunk of the output along `dim`.
 std::vector<Row> indexSelectRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   if (c.specs.size() == 2 && c.slot_of_arg(0) == 0) {
     const int64_t nd = c.spec(0).ndim(), dim = c10::maybe_wrap_dim(c.arg_int(1), nd);
     for (int64_t d = 0; d < nd; ++d)
@@ -76,12 +76,12 @@ OutputMeta indexSelectShape(const OpCall& c) {
 // (self, source): shards on another dim stay, partial sums stay partial, and
 // an index sharded with source's rows adds disjoint parts into a Partial.
 std::vector<Row> indexAddRows(const OpCall& c, int64_t m) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   if (c.specs.size() == 3) {
     const int64_t nd = c.spec(0).ndim(), dim = c10::maybe_wrap_dim(c.arg_int(1), nd);
     for (int64_t d = 0; d < nd; ++d)
       if (d != dim) rows.push_back(Row{{Shard(d), Replicate(), Shard(d)}, {Shard(d)}});
-    const Placement p = rules::linearPartial(c, m);
+    const Placement p = rules::linear_partial(c, m);
     rows.push_back(Row{{p, Replicate(), p}, {p}});
     rows.push_back(Row{{p, Shard(0), Shard(dim)}, {p}});
   }
@@ -158,14 +158,14 @@ void registerIndexingRules(RuleRegistry& r) {
   r.add_handler("aten::index_put_", indexPutScalar);
   r.add_handler("aten::index_put", indexPutScalar);
   r.add_handler("aten::masked_select", maskedSelectReplicatedMask);
-  r.add("aten::masked_scatter_", maskedScatterRows, rules::selfShape);
-  r.add("aten::masked_scatter", maskedScatterRows, rules::selfShape);
+  r.add("aten::masked_scatter_", maskedScatterRows, rules::self_shape);
+  r.add("aten::masked_scatter", maskedScatterRows, rules::self_shape);
   r.add("aten::gather", gatherRows);
   r.add("aten::scatter_add", scatterAddRows);
   r.add("aten::scatter_add_", scatterAddRows);
   r.add("aten::index_select", indexSelectRows, indexSelectShape);
-  r.add("aten::index_add", indexAddRows, rules::selfShape);
-  r.add("aten::index_add_", indexAddRows, rules::selfShape);
+  r.add("aten::index_add", indexAddRows, rules::self_shape);
+  r.add("aten::index_add_", indexAddRows, rules::self_shape);
 }
 
 }  // namespace dtp

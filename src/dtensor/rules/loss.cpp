@@ -76,7 +76,7 @@ enum Reduction { kNone = 0, kMean = 1, kSum = 2 };
 // (none) or sum to P(sum); a mean needs the global total weight, so it
 // gathers. Class-sharded logits are loss_parallel's business.
 std::vector<Row> nllLossRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   const int64_t reduction = c.arg_int(3);
   if (c.spec(0).ndim() == 2 && reduction != kMean) {
     Placements out = reduction == kNone ? Placements{Shard(0), Replicate()}
@@ -90,7 +90,7 @@ std::vector<Row> nllLossRows(const OpCall& c, int64_t) {
 // total_weight): with the global total weight replicated, each rank's rows of
 // the gradient only need its own samples.
 std::vector<Row> nllLossBackwardRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   if (c.spec(1).ndim() == 2) {
     const Placement g = c.arg_int(4) == kNone ? Shard(0) : Replicate();
     rows.push_back(byArg(c, {{0, g}, {1, Shard(0)}, {2, Shard(0)}}, {Shard(0)}));

@@ -99,7 +99,7 @@ at::Tensor wrap(at::Tensor local, const DTensorSpec& like, Placements placements
 
 // `validate`: check the targets' range (forward; its backward sees the same
 // targets, and each check is a host sync on an accelerator).
-std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, size_t target, size_t weight,
+std::optional<NllCall> nll_call(c10::ArrayRef<c10::IValue> args, size_t self, size_t target, size_t weight,
                                size_t ignore_index, bool validate) {
   auto* impl = maybeGetDTensorImpl(args[self].toTensor());
   if (impl == nullptr) return std::nullopt;
@@ -143,7 +143,7 @@ std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, siz
 // nll_loss_forward on the log-probabilities `logp` [rows, local classes]: the
 // loss (per row for reduction none) and the total weight. Per-row losses follow
 // the rows; sums are partial over batch-sharded dims.
-std::pair<at::Tensor, at::Tensor> nllForward(const NllCall& c, const at::Tensor& logp, int64_t reduction) {
+std::pair<at::Tensor, at::Tensor> nll_forward(const NllCall& c, const at::Tensor& logp, int64_t reduction) {
   const DTensorSpec& s = c.impl->spec();
   at::Tensor picked = logp.size(1) == 0 ? at::zeros({logp.size(0)}, logp.options())
                                         : logp.gather(1, c.index).squeeze(1) * c.here;
@@ -171,7 +171,7 @@ std::pair<at::Tensor, at::Tensor> nllForward(const NllCall& c, const at::Tensor&
 }
 
 // d loss / d (row's loss term) from the output's gradient: per row, weighted.
-at::Tensor rowCoeff(const NllCall& c, const DeviceMesh& mesh, const at::Tensor& grad_out, const at::Tensor& total,
+at::Tensor row_coeff(const NllCall& c, const DeviceMesh& mesh, const at::Tensor& grad_out, const at::Tensor& total,
                     int64_t reduction) {
   const auto dtype = c.weight.scalar_type();
   const Placements replicated(mesh.ndim(), Replicate());
@@ -204,7 +204,7 @@ at::Tensor rowSumExp(const at::Tensor& x, int64_t dim) {
 
 // log_softmax of this rank's class columns `x` along `dim` over the whole
 // class dim (the mesh dims `class_dims` shard it): 2 all-reduces per dim.
-at::Tensor localLogSoftmax(const at::Tensor& x, int64_t dim, const DTensorSpec& s,
+at::Tensor local_log_softmax(const at::Tensor& x, int64_t dim, const DTensorSpec& s,
                            const std::vector<size_t>& class_dims) {
   at::Tensor max;
   if (x.size(dim) == 0) {  // an empty shard (fewer classes than ranks)
@@ -234,7 +234,7 @@ bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (!cs) return false;
   const bool half_to_float = args[2].toBool();
   const DTensorSpec& s = impl->spec();
-  at::Tensor out = localLogSoftmax(half_to_float ? impl->local().to(at::kFloat) : impl->local(), dim, s, cs->class_dims);
+  at::Tensor out = local_log_softmax(half_to_float ? impl->local().to(at::kFloat) : impl->local(), dim, s, cs->class_dims);
   torch::jit::drop(*stack, 3);
   stack->emplace_back(wrap(std::move(out), s, s.placements, s.shape));
   return true;
@@ -270,9 +270,9 @@ bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 5);
   if (!lossParallelOn()) return false;
-  auto c = nllCall(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
+  auto c = nll_call(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
   if (!c) return false;
-  auto [out, total] = nllForward(*c, c->lp, args[3].toInt());
+  auto [out, total] = nll_forward(*c, c->lp, args[3].toInt());
   torch::jit::drop(*stack, 5);
   stack->emplace_back(std::move(out));
   stack->emplace_back(std::move(total));
@@ -281,11 +281,11 @@ bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 7);
-  auto c = nllCall(args, /*self=*/1, /*target=*/2, /*weight=*/3, /*ignore_index=*/5, /*validate=*/false);
+  auto c = nll_call(args, /*self=*/1, /*target=*/2, /*weight=*/3, /*ignore_index=*/5, /*validate=*/false);
   if (!c) return false;
   const DTensorSpec& s = c->impl->spec();
   const at::Tensor& lp = c->lp;
-  at::Tensor coeff = rowCoeff(*c, s.mesh, args[0].toTensor(), args[6].toTensor(), args[4].toInt()).neg_();
+  at::Tensor coeff = row_coeff(*c, s.mesh, args[0].toTensor(), args[6].toTensor(), args[4].toInt()).neg_();
   at::Tensor grad = at::zeros_like(lp);
   if (lp.size(1) > 0) grad.scatter_(1, c->index, (coeff * c->here).unsqueeze(1));
   grad = grad.reshape(c->impl->local().movedim(c->class_dim, -1).sizes()).movedim(-1, c->class_dim);

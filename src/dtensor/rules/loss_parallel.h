@@ -53,15 +53,15 @@ struct NllCall {
 
 // The NllCall of nll_loss's arguments `args` (their indices given);
 // `validate` checks the targets' range.
-std::optional<NllCall> nllCall(c10::ArrayRef<c10::IValue> args, size_t self, size_t target, size_t weight,
+std::optional<NllCall> nll_call(c10::ArrayRef<c10::IValue> args, size_t self, size_t target, size_t weight,
                                size_t ignore_index, bool validate);
 // log_softmax of class columns over the whole (sharded) class dim.
-at::Tensor localLogSoftmax(const at::Tensor& x, int64_t dim, const DTensorSpec& s,
+at::Tensor local_log_softmax(const at::Tensor& x, int64_t dim, const DTensorSpec& s,
                            const std::vector<size_t>& class_dims);
 // nll_loss_forward on the log-probabilities [rows, local classes]: (loss, total weight).
-std::pair<at::Tensor, at::Tensor> nllForward(const NllCall& c, const at::Tensor& logp, int64_t reduction);
+std::pair<at::Tensor, at::Tensor> nll_forward(const NllCall& c, const at::Tensor& logp, int64_t reduction);
 // d loss / d (row's loss term) from the output's gradient, per row.
-at::Tensor rowCoeff(const NllCall& c, const DeviceMesh& mesh, const at::Tensor& grad_out, const at::Tensor& total,
+at::Tensor row_coeff(const NllCall& c, const DeviceMesh& mesh, const at::Tensor& grad_out, const at::Tensor& total,
                     int64_t reduction);
 
 }  // namespace dtp::detail

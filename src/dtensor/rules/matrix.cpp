@@ -58,7 +58,7 @@ std::vector<Row> einsumRows(const Einsum& e, size_t nslots, size_t first_slot, c
 StrategyFn einsum(const std::string& spec) {
   Einsum e = parseEinsum(spec);
   return [e](const OpCall& call, int64_t m) {
-    return einsumRows(e, call.specs.size(), 0, rules::linearPartial(call, m));
+    return einsumRows(e, call.specs.size(), 0, rules::linear_partial(call, m));
   };
 }
 
@@ -68,7 +68,7 @@ StrategyFn einsum(const std::string& spec) {
 StrategyFn withBias(const std::string& spec) {
   Einsum e = parseEinsum(spec);
   return [e](const OpCall& call, int64_t m) {
-    auto rows = einsumRows(e, call.specs.size(), 1, rules::linearPartial(call, m));
+    auto rows = einsumRows(e, call.specs.size(), 1, rules::linear_partial(call, m));
     const auto& bias = call.spec(0).shape;
     const auto& out = call.out_shapes[0];
     const int64_t off = static_cast<int64_t>(out.size() - bias.size());
@@ -95,7 +95,7 @@ StrategyFn byMatrix(bool transposed) {
     std::string batch;
     for (int64_t i = 0; i + 1 < n; ++i) batch += static_cast<char>('A' + i);
     const Einsum e{{batch + "k", transposed ? "nk" : "kn"}, batch + "n"};
-    auto rows = einsumRows(e, call.specs.size(), 0, rules::linearPartial(call, m));
+    auto rows = einsumRows(e, call.specs.size(), 0, rules::linear_partial(call, m));
     if (call.specs.size() < 3) return rows;
     const auto& bias = call.spec(2).shape;
     const bool aligned = bias.size() == 1 && bias[0] == call.spec(1).shape[0];

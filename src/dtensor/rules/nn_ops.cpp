@@ -17,7 +17,7 @@ namespace {
 // batch dims, or shard V (rowwise): each rank looks up its rows, masks the
 // rest to zero, and the output is P(sum). See maskedEmbedding.
 std::vector<Row> embeddingRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   const int64_t idx_nd = c.spec(1).ndim();
   rows.push_back(Row{{Shard(1), Replicate()}, {Shard(idx_nd)}});
   for (int64_t d = 0; d < idx_nd; ++d) rows.push_back(Row{{Replicate(), Shard(d)}, {Shard(d)}});
@@ -90,11 +90,11 @@ void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
 
 // embedding_dense_backward(grad[...,D], indices, num_weights, ...) -> [V,D].
 std::vector<Row> embeddingBackwardRows(const OpCall& c, int64_t m) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   const int64_t nd = c.spec(0).ndim();
   rows.push_back(Row{{Shard(nd - 1), Replicate()}, {Shard(1)}});
   for (int64_t d = 0; d + 1 < nd; ++d) rows.push_back(Row{{Shard(d), Shard(d)}, {Partial()}});
-  const Placement p = rules::linearPartial(c, m);
+  const Placement p = rules::linear_partial(c, m);
   rows.push_back(Row{{p, Replicate()}, {p}});
   return rows;
 }
@@ -139,10 +139,10 @@ bool vocabShardedEmbeddingBackward(const c10::OperatorHandle&, torch::jit::Stack
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps): shards on
 // the leading (not normalized) dims stay; weight and bias are replicated.
 std::vector<Row> layerNormRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   const int64_t lead = c.spec(0).ndim() - static_cast<int64_t>(c.args[1].toIntList().size());
   for (int64_t d = 0; d < lead; ++d) {
-    Row r = rules::replicateRow(c);
+    Row r = rules::replicate_row(c);
     r.in[0] = Shard(d);
     r.out.assign(c.num_outputs, Shard(d));
     rows.push_back(r);
@@ -182,10 +182,10 @@ OutputMeta layerNormBackwardShape(const OpCall& c) {
 // weight?, bias?, mask) -> (grad_input, grad_weight, grad_bias): with the batch
 // sharded, parameter gradients are sums over local rows: P(sum).
 std::vector<Row> layerNormBackwardRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   const int64_t lead = c.spec(1).ndim() - static_cast<int64_t>(c.args[2].toIntList().size());
   for (int64_t d = 0; d < lead; ++d) {
-    Row r = rules::replicateRow(c);
+    Row r = rules::replicate_row(c);
     for (int a : {0, 1, 3, 4}) {
       int s = c.slot_of_arg(a);
       if (s >= 0) r.in[s] = Shard(d);
@@ -200,10 +200,10 @@ std::vector<Row> layerNormBackwardRows(const OpCall& c, int64_t) {
 // -> (out, mean [N, group], rstd [N, group]): batch-sharded (each sample is
 // normalized alone), or replicated.
 std::vector<Row> groupNormRows(const OpCall& c, int64_t) {
-  Row r = rules::replicateRow(c);
+  Row r = rules::replicate_row(c);
   r.in[0] = Shard(0);
   r.out.assign(c.num_outputs, Shard(0));
-  return {rules::replicateRow(c), r};
+  return {rules::replicate_row(c), r};
 }
 
 OutputMeta groupNormShape(const OpCall& c) {
@@ -217,13 +217,13 @@ OutputMeta groupNormShape(const OpCall& c) {
 // the batch sharded, the parameter gradients are sums over local samples:
 // P(sum).
 std::vector<Row> groupNormBackwardRows(const OpCall& c, int64_t) {
-  Row r = rules::replicateRow(c);
+  Row r = rules::replicate_row(c);
   for (int a : {0, 1, 2, 3}) {
     const int s = c.slot_of_arg(a);
     if (s >= 0) r.in[s] = Shard(0);
   }
   r.out = {Shard(0), Partial(), Partial()};
-  return {rules::replicateRow(c), r};
+  return {rules::replicate_row(c), r};
 }
 
 OutputMeta groupNormBackwardShape(const OpCall& c) {

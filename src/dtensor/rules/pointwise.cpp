@@ -7,8 +7,8 @@
 namespace dtp {
 namespace rules {
 
-std::vector<Row> pointwiseRows(const OpCall& call, int64_t m, Linearity lin) {
-  std::vector<Row> rows{replicateRow(call)};
+std::vector<Row> pointwise_rows(const OpCall& call, int64_t m, Linearity lin) {
+  std::vector<Row> rows{replicate_row(call)};
   const auto& out = call.out_shapes[0];
   const int64_t ond = static_cast<int64_t>(out.size());
   const size_t n = call.specs.size();
@@ -21,7 +21,7 @@ std::vector<Row> pointwiseRows(const OpCall& call, int64_t m, Linearity lin) {
     }
     rows.push_back(std::move(r));
   }
-  const Placement p = linearPartial(call, m);
+  const Placement p = linear_partial(call, m);
   switch (lin) {
     case Linearity::None:
       break;
@@ -81,7 +81,7 @@ OutputMeta pointwiseShape(const OpCall& call) {
 
 void addAll(RuleRegistry& r, std::initializer_list<const char*> ops, rules::Linearity lin) {
   for (const char* op : ops) {
-    r.add(op, [lin](const OpCall& call, int64_t m) { return rules::pointwiseRows(call, m, lin); },
+    r.add(op, [lin](const OpCall& call, int64_t m) { return rules::pointwise_rows(call, m, lin); },
           pointwiseShape);
   }
 }
@@ -93,7 +93,7 @@ void addAll(RuleRegistry& r, std::initializer_list<const char*> ops, rules::Line
 std::vector<Row> maskedFillRows(const OpCall& call, int64_t m) {
   const c10::IValue& value = call.args[2];
   const bool zero = value.isScalar() && value.toScalar().equal(0);
-  return rules::pointwiseRows(call, m, zero ? rules::Linearity::FirstArg : rules::Linearity::None);
+  return rules::pointwise_rows(call, m, zero ? rules::Linearity::FirstArg : rules::Linearity::None);
 }
 
 // addcmul(self, t1, t2, value) = self + value·t1·t2 is affine, not
@@ -101,9 +101,9 @@ std::vector<Row> maskedFillRows(const OpCall& call, int64_t m) {
 // linear in (self, t1) with t2 fixed, and in (self, t2) with t1 fixed:
 // (s0 + v·a0·t2) + (s1 + v·a1·t2) = s + v·(a0+a1)·t2.
 std::vector<Row> addcmulRows(const OpCall& call, int64_t m) {
-  auto rows = rules::pointwiseRows(call, m, rules::Linearity::None);
+  auto rows = rules::pointwise_rows(call, m, rules::Linearity::None);
   if (call.specs.size() == 3) {
-    const Placement p = rules::linearPartial(call, m);
+    const Placement p = rules::linear_partial(call, m);
     rows.push_back(Row{{p, p, Replicate()}, {p}});
     rows.push_back(Row{{p, Replicate(), p}, {p}});
   }
@@ -112,9 +112,9 @@ std::vector<Row> addcmulRows(const OpCall& call, int64_t m) {
 
 // addcdiv(self, t1, t2, value) = self + value·t1/t2: linear in (self, t1).
 std::vector<Row> addcdivRows(const OpCall& call, int64_t m) {
-  auto rows = rules::pointwiseRows(call, m, rules::Linearity::None);
+  auto rows = rules::pointwise_rows(call, m, rules::Linearity::None);
   if (call.specs.size() == 3) {
-    const Placement p = rules::linearPartial(call, m);
+    const Placement p = rules::linear_partial(call, m);
     rows.push_back(Row{{p, p, Replicate()}, {p}});
   }
   return rows;

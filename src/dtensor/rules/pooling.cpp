@@ -13,7 +13,7 @@ namespace {
 // the batch dim or the channel dim (of a batched input; the channel dim of
 // an unbatched one).
 std::vector<Row> perSampleAndChannelRows(const OpCall& call, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(call)};
+  std::vector<Row> rows{rules::replicate_row(call)};
   const int64_t ndim = call.spec(0).ndim();
   for (int64_t d = 0; d + 2 < ndim; ++d)
     rows.push_back(Row{Placements(call.specs.size(), Shard(d)), Placements(call.num_outputs, Shard(d))});

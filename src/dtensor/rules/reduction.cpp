@@ -40,7 +40,7 @@ int64_t outputDim(int64_t d, const std::set<int64_t>& reduced, bool keepdim) {
 
 StrategyFn reduction(Reduce kind, int dim_arg, int keepdim_arg) {
   return [=](const OpCall& c, int64_t m) {
-    std::vector<Row> rows{rules::replicateRow(c)};
+    std::vector<Row> rows{rules::replicate_row(c)};
     const auto dims = reducedDims(c, dim_arg);
     const bool keepdim = keepdimOf(c, keepdim_arg);
     const auto& shape = c.spec(0).shape;
@@ -85,7 +85,7 @@ StrategyFn reduction(Reduce kind, int dim_arg, int keepdim_arg) {
 // softmax-like ops along `dim`: shards on other dims stay; all slots alike.
 StrategyFn alongDim(int dim_arg) {
   return [=](const OpCall& c, int64_t) {
-    std::vector<Row> rows{rules::replicateRow(c)};
+    std::vector<Row> rows{rules::replicate_row(c)};
     const int64_t nd = c.spec(0).ndim();
     int64_t dim = c.arg_int(dim_arg);
     if (dim < 0) dim += nd;
@@ -102,7 +102,7 @@ StrategyFn alongDim(int dim_arg) {
 // one on a reduced dim is gathered first.
 StrategyFn keptDims(int dim_arg, int keepdim_arg) {
   return [=](const OpCall& c, int64_t) {
-    std::vector<Row> rows{rules::replicateRow(c)};
+    std::vector<Row> rows{rules::replicate_row(c)};
     const auto dims = reducedDims(c, dim_arg);
     const bool keepdim = keepdimOf(c, keepdim_arg);
     for (int64_t d = 0; d < c.spec(0).ndim(); ++d) {
@@ -113,7 +113,7 @@ StrategyFn keptDims(int dim_arg, int keepdim_arg) {
 }
 
 // Output shapes where libtorch 1.13 has no meta kernel: the input's with the
-// reduced dims dropped or kept as 1 (var, std; flip: rules::selfShape).
+// reduced dims dropped or kept as 1 (var, std; flip: rules::self_shape).
 
 ShapeFn reducedShape(int dim_arg, int keepdim_arg) {
   return [=](const OpCall& c) {
@@ -131,7 +131,7 @@ ShapeFn reducedShape(int dim_arg, int keepdim_arg) {
 
 // flip(dims): shards on the other dims stay.
 std::vector<Row> flipRows(const OpCall& c, int64_t) {
-  std::vector<Row> rows{rules::replicateRow(c)};
+  std::vector<Row> rows{rules::replicate_row(c)};
   const auto dims = reducedDims(c, 1);
   for (int64_t d = 0; d < c.spec(0).ndim(); ++d)
     if (!dims.count(d)) rows.push_back(Row{{Shard(d)}, {Shard(d)}});
@@ -154,7 +154,7 @@ void registerReductionRules(RuleRegistry& r) {
   r.add("aten::sort", alongDim(1));
   r.add("aten::sort.stable", alongDim(2));
   r.add("aten::topk", alongDim(2));
-  r.add("aten::flip", flipRows, rules::selfShape);
+  r.add("aten::flip", flipRows, rules::self_shape);
   r.add("aten::sum", reduction(Reduce::Sum, -1, -1));
   r.add("aten::sum.dim_IntList", reduction(Reduce::Sum, 1, 2));
   r.add("aten::mean", reduction(Reduce::Mean, -1, -1));
@@ -170,7 +170,7 @@ void registerReductionRules(RuleRegistry& r) {
   r.add("aten::_softmax", alongDim(1));
   r.add("aten::_log_softmax", alongDim(1));
 #if DTP_HAS_SAFE_SOFTMAX
-  r.add("aten::_safe_softmax", alongDim(1), rules::selfShape);  // scaled_dot_product_attention's math path (no Meta kernel)
+  r.add("aten::_safe_softmax", alongDim(1), rules::self_shape);  // scaled_dot_product_attention's math path (no Meta kernel)
 #endif
   r.add("aten::_softmax_backward_data", alongDim(2));
   r.add("aten::_log_softmax_backward_data", alongDim(2));

@@ -27,14 +27,14 @@ std::function<std::vector<int64_t>(const OpCall&)> insertsDimAt(size_t arg) {
 }
 
 std::vector<Row> dimMapRows(const OpCall& call, int64_t m, const std::vector<int64_t>& map) {
-  std::vector<Row> rows{rules::replicateRow(call)};
+  std::vector<Row> rows{rules::replicate_row(call)};
   const size_t n = call.specs.size();
   for (size_t d = 0; d < map.size(); ++d) {
     if (map[d] < 0) continue;
     rows.push_back(Row{Placements(n, Shard(static_cast<int64_t>(d))),
                        Placements(call.num_outputs, Shard(map[d]))});
   }
-  const Placement p = rules::linearPartial(call, m);
+  const Placement p = rules::linear_partial(call, m);
   rows.push_back(Row{Placements(n, p), Placements(call.num_outputs, p)});
   return rows;
 }
