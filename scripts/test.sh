@@ -29,6 +29,13 @@ grep -qx 'VERSION_CODENAME=trixie' /etc/os-release 2>/dev/null || multihost_pack
 if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && ! command -v torchrun >/dev/null; then
   multihost_packages+=" python3-torch"
 fi
+# DTP_CHROOT_LEG=1 (scripts/debian13.sh): a chroot leg run for its libtorch
+# alone, where the multi-host cases skip (ip netns is unusable in a chroot)
+# and the chat page tests nothing libtorch-specific: neither is installed.
+if [[ -n ${DTP_CHROOT_LEG:-} ]]; then
+  node_packages=${node_packages/ chromium/}
+  multihost_packages=""
+fi
 DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES:-}$node_packages$multihost_packages" scripts/setup.sh
 cd "${DTP_BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 600
