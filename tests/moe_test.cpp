@@ -236,11 +236,11 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
   for (int64_t shared : {0, 10}) {
     SCOPED_TRACE(shared ? "with a shared expert" : "routed experts only");
     const LlamaConfig c = mixtralConfig(shared);
-    auto train = [&](Llama& model) {
-      torch::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
+    // 3 AdamW steps of the whole batch with the load-balancing loss.
+    const dtp::test::TrainLoop withAux = [](Llama& model, torch::optim::AdamW& opt, int from, int to) {
       std::vector<double> losses;
-      for (int step = 0; step < 3; ++step) {
-        at::Tensor batch = dtp::test::llama_batch(c.vocab_size, step);
+      for (int step = from; step < to; ++step) {
+        at::Tensor batch = dtp::test::llama_batch(model->config.vocab_size, step);
         at::Tensor loss = llama_loss(model(batch.narrow(1, 0, dtp::test::kSeq)), batch.narrow(1, 1, dtp::test::kSeq));
         loss = loss + moe_load_balancing_loss(model);
         opt.zero_grad();
@@ -248,17 +248,11 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
         opt.step();
         losses.push_back(loss.item<double>());
       }
-      return std::make_pair(losses, dtp::test::full_named_params(model));
+      return losses;
     };
+    auto train = [&](Llama& model) { return dtp::test::train_trace(model, 3, withAux); };
     Llama one(c);
-    const auto want = train(one);
-    auto expectSame = [&](const std::pair<std::vector<double>, std::vector<std::pair<std::string, at::Tensor>>>& got) {
-      for (size_t i = 0; i < want.first.size(); ++i) EXPECT_NEAR(got.first[i], want.first[i], 1e-12) << "step " << i;
-      for (size_t i = 0; i < want.second.size(); ++i) {
-        EXPECT_LE((got.second[i].second - want.second[i].second).abs().max().item<double>(), 3e-11)
-            << want.second[i].first;
-      }
-    };
+    const dtp::test::Trace want = train(one);
     // Experts replicated over tp, or cut (shard_experts: ExpertTensorParallel,
     // 12 hidden units as 6 + 6, or 4 + 4 + 4 at tp 3).
     for (bool sp : {true, false}) {
@@ -272,7 +266,7 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
             ct.n_heads = ct.n_kv_heads = 3;
           }
           Llama one3(ct);
-          const auto want3 = tp == 3 ? train(one3) : want;
+          const dtp::test::Trace want3 = tp == 3 ? train(one3) : want;
           run_ranks(tp, [&](int) {
             Llama model(ct);
             TensorParallelOptions o{sp, dtp::test::kSeq};
@@ -284,12 +278,7 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
               EXPECT_EQ(placements(se->w1->weight), Placements{Shard(0)});
               EXPECT_EQ(placements(se->w2->weight), Placements{Shard(1)});
             }
-            const auto got = train(model);
-            for (size_t i = 0; i < want3.first.size(); ++i)
-              EXPECT_NEAR(got.first[i], want3.first[i], 1e-12) << "step " << i;
-            for (size_t i = 0; i < want3.second.size(); ++i)
-              EXPECT_LE((got.second[i].second - want3.second[i].second).abs().max().item<double>(), 3e-11)
-                  << want3.second[i].first;
+            dtp::test::expect_same_trace(train(model), want3, 1e-12, 3e-11);
           });
         }
       }
@@ -306,7 +295,7 @@ TEST(MoETest, MoEModelUnderTpFsdpAndDdpTrainsLikeOneDevice) {
         apply_tensor_parallel(model, mesh, o);
         if (ddp) apply_ddp(model, mesh);
         else apply_fsdp(model, mesh);
-        expectSame(train(model));
+        dtp::test::expect_same_trace(train(model), want, 1e-12, 3e-11);
       });
     }
   }
