@@ -113,7 +113,9 @@ class ProcessGroup {
   // order, output_split_sizes[r] of them from rank r. Sizes differ between
   // ranks (a rank may send or receive nothing); what rank r sends to q must
   // be what q expects from r (checked under check_collectives). Expert
-  // parallelism's token dispatch. Gloo or NCCL (no shared-memory path).
+  // parallelism's token dispatch. CPU tensors of ranks on one host go
+  // through shared memory when every rank's pieces fit a slot
+  // (DTP_SHM_MAX_BYTES), else Gloo; CUDA tensors through NCCL.
   Work all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                          const std::vector<int64_t>& input_split_sizes, bool async_op = false) const;
   // In-place from `src` (a group rank).

@@ -92,12 +92,13 @@ struct AllReduceCall {
   at::Tensor empty_result() { return tensor; }
   int64_t bytes() const { return nbytes(tensor); }
   int64_t local_bytes() const { return tensor.numel() * (widened(tensor) ? 4 : tensor.element_size()); }
-  at::Tensor local(LocalPath& path) {
+  bool local(LocalPath& path, at::Tensor& result) {
     at::Tensor b = widened(tensor) ? tensor.to(at::kFloat) : tensor.contiguous();
     at::Tensor flat = as_gloo_dtype(b).view({-1});
     path.all_reduce(flat, op);
     if (!b.is_same(tensor)) tensor.copy_(b);
-    return tensor;
+    result = tensor;
+    return true;
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     buf = tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat)
@@ -149,17 +150,21 @@ struct AllGatherCall {
   at::Tensor empty_result() { return at::empty(chunkShape(local_, dim, total), local_.options()); }
   int64_t bytes() const { return gathered * local_.element_size(); }
   int64_t local_bytes() const { return max_numel * local_.element_size(); }
-  at::Tensor local(LocalPath& path) {
+  bool local(LocalPath& path, at::Tensor& result) {
     at::Tensor flat = at::empty({gathered}, local_.options());
     path.all_gather(local_.contiguous().view({-1}), numels, flat);
-    if (dim == 0) return flat.view(chunkShape(local_, dim, total));
+    if (dim == 0) {
+      result = flat.view(chunkShape(local_, dim, total));
+      return true;
+    }
     std::vector<at::Tensor> pieces;
     int64_t offset = 0;
     for (size_t r = 0; r < sizes.size(); ++r) {
       pieces.push_back(flat.narrow(0, offset, numels[r]).view(chunkShape(local_, dim, sizes[r])));
       offset += numels[r];
     }
-    return at::cat(pieces, dim);
+    result = at::cat(pieces, dim);
+    return true;
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     at::Tensor in = local_.contiguous().view({-1});
@@ -218,10 +223,11 @@ struct ReduceScatterCall {
   at::Tensor empty_result() { return at::empty(chunkShape(input, dim, sizes[me]), input.options()); }
   int64_t bytes() const { return nbytes(input); }
   int64_t local_bytes() const { return input.numel() * (widened(input) ? 4 : input.element_size()); }
-  at::Tensor local(LocalPath& path) {
+  bool local(LocalPath& path, at::Tensor& result) {
     at::Tensor in = flat();
     const at::Tensor mine = path.reduce_scatter(widened(input) ? in.to(at::kFloat) : in, in_counts, op);
-    return mine.to(input.scalar_type()).view(frontShape(input, dim, sizes[me])).movedim(0, dim).contiguous();
+    result = mine.to(input.scalar_type()).view(frontShape(input, dim, sizes[me])).movedim(0, dim).contiguous();
+    return true;
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     at::Tensor in = flat();
@@ -266,12 +272,13 @@ struct BroadcastCall {
   at::Tensor empty_result() { return tensor; }
   int64_t bytes() const { return nbytes(tensor); }
   int64_t local_bytes() const { return nbytes(tensor); }
-  at::Tensor local(LocalPath& path) {
+  bool local(LocalPath& path, at::Tensor& result) {
     buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
     at::Tensor flat = buf.view({-1});
     path.broadcast(flat, src);
     if (!buf.is_same(tensor)) tensor.copy_(buf);
-    return tensor;
+    result = tensor;
+    return true;
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     buf = tensor.is_contiguous() ? tensor : tensor.contiguous();
@@ -305,9 +312,9 @@ struct BarrierCall {
   at::Tensor empty_result() { return {}; }
   int64_t bytes() const { return 0; }
   int64_t local_bytes() const { return 0; }
-  at::Tensor local(LocalPath& path) {
+  bool local(LocalPath& path, at::Tensor&) {
     path.barrier();
-    return {};
+    return true;
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     return issue_on_backend(g, none, [](compat::Backend& b) { return b.barrier(); });

@@ -15,9 +15,10 @@
 //   - count and trace: CommCounter and a profiler span (NOTE: [Trace
 //     spans]) for the rest of the call;
 //   - the path: a LocalPath (shared memory or two-level) when the group has
-//     one, the tensor is on the CPU and call.local_bytes() fits, else the
-//     c10d backend of the tensor's device (Gloo or NCCL; NOTE: [Backends
-//     per device]) through call.issue();
+//     one, the tensor is on the CPU, call.local_bytes() fits and the path
+//     does not decline (alike on every rank: NOTE: [Shared-memory
+//     all_to_all]), else the c10d backend of the tensor's device (Gloo or
+//     NCCL; NOTE: [Backends per device]) through call.issue();
 //   - finish: the collective gets its number on the group, and a failure
 //     becomes one line naming it and the ranks that did not arrive (NOTE:
 //     [Who did not arrive]).
@@ -28,7 +29,8 @@
 //   const at::Tensor& carrier();     the tensor whose device picks the backend (undefined: Gloo)
 //   at::Tensor one_rank();  WireContract contract();  bool empty();  at::Tensor empty_result();
 //   int64_t bytes();                 CommCounter's bytes
-//   int64_t local_bytes();  at::Tensor local(LocalPath&);   (when kHasLocalPath)
+//   int64_t local_bytes();           (when kHasLocalPath)
+//   bool local(LocalPath&, at::Tensor& result);  false: the path declined
 //   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl&);  then(): a callable
 //                                    that makes the result once the c10d work is done
 // No step allocates beyond what the collective itself needs; the contract
@@ -120,10 +122,15 @@ Work run_collective(const std::shared_ptr<ProcessGroup::Impl>& group, Call& call
   const TraceSpan span = count_and_trace(Call::kType, call.bytes(), g.global_ranks);
   if constexpr (Call::kHasLocalPath) {
     if (LocalPath* path = local_path_for(g, call.carrier(), call.local_bytes())) {
-      const int64_t n = ++g.collectives;  // the path is synchronous: done when it returns
+      const int64_t n = g.collectives + 1;  // the path is synchronous: done when it returns
+      at::Tensor result;
       try {
-        return Work::ready(call.local(*path));
+        if (call.local(*path, result)) {
+          g.collectives = n;
+          return Work::ready(std::move(result));
+        }
       } catch (const std::exception& e) {
+        g.collectives = n;
         explain_failure(g, Call::kWhat, n, e);
       }
     }

@@ -1,6 +1,7 @@
 // The call types (NOTE: [Collective pipeline]) of the collectives that
 // exchange pieces between ranks: all_to_all, all_to_all_single and scatter,
-// all over c10d's all_to_all with per-peer counts (allToAllFlat). Helpers in
+// over c10d's all_to_all with per-peer counts (allToAllFlat); all_to_all_single
+// also through shared memory (NOTE: [Shared-memory all_to_all]). Helpers in
 // collective_calls.h.
 #pragma once
 
@@ -84,7 +85,7 @@ struct AllToAllCall {
 struct AllToAllSingleCall {
   static constexpr CollectiveType kType = CollectiveType::AllToAll;
   static constexpr const char* kWhat = "all_to_all_single";
-  static constexpr bool kKeepsResult = true, kHasLocalPath = false;
+  static constexpr bool kKeepsResult = true, kHasLocalPath = true;
   const at::Tensor& input;
   const std::vector<int64_t>& output_split_sizes;
   const std::vector<int64_t>& input_split_sizes;
@@ -115,6 +116,19 @@ struct AllToAllSingleCall {
   bool empty() const { return false; }
   at::Tensor empty_result() { return input; }
   int64_t bytes() const { return nbytes(input); }
+  // Always offered: the counts differ between ranks, so the path itself
+  // decides, alike everywhere (NOTE: [Shared-memory all_to_all]).
+  int64_t local_bytes() const { return 0; }
+  bool local(LocalPath& path, at::Tensor& result) {
+    at::Tensor o = at::empty(outShape(), input.options());
+    at::Tensor flat = o.view({-1});
+    if (!path.all_to_all(input.contiguous().view({-1}), in_counts, out_counts, flat)) return false;
+    result = o;
+    return true;
+  }
+  std::vector<int64_t> outShape() const {
+    return chunkShape(input, 0, std::accumulate(output_split_sizes.begin(), output_split_sizes.end(), int64_t{0}));
+  }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     out = at::empty(chunkShape(input, 0, std::accumulate(output_split_sizes.begin(), output_split_sizes.end(),
                                                          int64_t{0})),

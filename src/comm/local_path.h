@@ -30,6 +30,14 @@ class LocalPath {
   // `flat` is split into pieces of `numels`; returns the reduction of every
   // rank's piece `rank` (rank order).
   virtual at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op) = 0;
+  // all_to_all with per-peer element counts, which differ between ranks:
+  // `flat` holds this rank's pieces for ranks 0, 1, ... (send[q] elements
+  // each); `out` (sum(recv) elements) receives rank r's piece for this rank
+  // (recv[r] elements) in rank order. False, alike on every member and
+  // before anything moved, when the path cannot carry this exchange: c10d
+  // carries it then.
+  virtual bool all_to_all(const at::Tensor& flat, const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                          at::Tensor& out) = 0;
   // In place from `src`.
   virtual void broadcast(at::Tensor& flat, int src) = 0;
   virtual void barrier() = 0;

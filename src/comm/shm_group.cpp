@@ -287,10 +287,7 @@ void ShmGroup::arrive_and_wait(uint32_t seq, uint64_t call) {
   }
 }
 
-namespace {
-
-// FNV-1a over the words describing a call.
-uint64_t callHash(std::initializer_list<int64_t> words, const std::vector<int64_t>& sizes = {}) {
+uint64_t shm_call_hash(std::initializer_list<int64_t> words, const std::vector<int64_t>& sizes) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](int64_t w) {
     for (int i = 0; i < 8; ++i) h = (h ^ ((static_cast<uint64_t>(w) >> (8 * i)) & 0xff)) * 1099511628211ull;
@@ -299,6 +296,8 @@ uint64_t callHash(std::initializer_list<int64_t> words, const std::vector<int64_
   for (int64_t w : sizes) mix(w);
   return h;
 }
+
+namespace {
 
 at::Tensor viewOf(uint8_t* p, int64_t numel, const at::Tensor& like) {
   return at::from_blob(p, {numel}, like.options());
@@ -339,7 +338,7 @@ uint32_t ShmGroup::publish(const at::Tensor& input, uint64_t call) {
 
 void ShmGroup::all_reduce(at::Tensor& flat, ReduceOp op) {
   const uint32_t seq =
-      publish(flat, callHash({1, static_cast<int64_t>(flat.scalar_type()), flat.numel(), static_cast<int64_t>(op)}));
+      publish(flat, shm_call_hash({1, static_cast<int64_t>(flat.scalar_type()), flat.numel(), static_cast<int64_t>(op)}));
   std::vector<at::Tensor> views;
   for (int r = 0; r < size_; ++r) views.push_back(viewOf(slot(r, seq), flat.numel(), flat));
   reduceInto(flat, views, op);
@@ -348,7 +347,7 @@ void ShmGroup::all_reduce(at::Tensor& flat, ReduceOp op) {
 void ShmGroup::all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out) {
   const int64_t el = flat.element_size();
   TORCH_INTERNAL_ASSERT(flat.numel() == numels[rank_]);
-  const uint32_t seq = publish(flat, callHash({2, static_cast<int64_t>(flat.scalar_type())}, numels));
+  const uint32_t seq = publish(flat, shm_call_hash({2, static_cast<int64_t>(flat.scalar_type())}, numels));
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
   for (int r = 0; r < size_; ++r) {
     std::memcpy(dst, slot(r, seq), numels[r] * el);
@@ -361,7 +360,7 @@ at::Tensor ShmGroup::reduce_scatter(const at::Tensor& flat, const std::vector<in
   int64_t offset = 0;
   for (int r = 0; r < rank_; ++r) offset += numels[r];
   const uint32_t seq =
-      publish(flat, callHash({3, static_cast<int64_t>(flat.scalar_type()), static_cast<int64_t>(op)}, numels));
+      publish(flat, shm_call_hash({3, static_cast<int64_t>(flat.scalar_type()), static_cast<int64_t>(op)}, numels));
   at::Tensor out = at::empty({numels[rank_]}, flat.options());
   if (numels[rank_] == 0) return out;
   std::vector<at::Tensor> views;
@@ -373,11 +372,11 @@ at::Tensor ShmGroup::reduce_scatter(const at::Tensor& flat, const std::vector<in
 void ShmGroup::broadcast(at::Tensor& flat, int src) {
   const int64_t bytes = flat.numel() * flat.element_size();
   TORCH_INTERNAL_ASSERT(flat.is_contiguous() && bytes <= slot_bytes_);
-  const uint32_t seq = publish(rank_ == src ? flat : at::Tensor(), callHash({4, bytes, src}));
+  const uint32_t seq = publish(rank_ == src ? flat : at::Tensor(), shm_call_hash({4, bytes, src}));
   if (rank_ != src) std::memcpy(flat.data_ptr(), slot(src, seq), bytes);
 }
 
-void ShmGroup::barrier() { publish(at::Tensor(), callHash({5})); }
+void ShmGroup::barrier() { publish(at::Tensor(), shm_call_hash({5})); }
 
 void ShmGroup::abort() {
   line(rank_).failed.store(1, std::memory_order_release);
@@ -386,7 +385,7 @@ void ShmGroup::abort() {
 
 void ShmGroup::reduce(at::Tensor& flat, ReduceOp op, int root) {
   const uint32_t seq = publish(
-      flat, callHash({6, static_cast<int64_t>(flat.scalar_type()), flat.numel(), static_cast<int64_t>(op), root}));
+      flat, shm_call_hash({6, static_cast<int64_t>(flat.scalar_type()), flat.numel(), static_cast<int64_t>(op), root}));
   if (rank_ != root) return;
   std::vector<at::Tensor> views;
   for (int r = 0; r < size_; ++r) views.push_back(viewOf(slot(r, seq), flat.numel(), flat));
@@ -396,7 +395,7 @@ void ShmGroup::reduce(at::Tensor& flat, ReduceOp op, int root) {
 void ShmGroup::gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out, int root) {
   const int64_t el = flat.element_size();
   TORCH_INTERNAL_ASSERT(flat.numel() == numels[rank_]);
-  const uint32_t seq = publish(flat, callHash({7, static_cast<int64_t>(flat.scalar_type()), root}, numels));
+  const uint32_t seq = publish(flat, shm_call_hash({7, static_cast<int64_t>(flat.scalar_type()), root}, numels));
   if (rank_ != root) return;
   auto* dst = static_cast<uint8_t*>(out.data_ptr());
   for (int r = 0; r < size_; ++r) {
@@ -410,7 +409,7 @@ at::Tensor ShmGroup::scatter(const at::Tensor& flat, const std::vector<int64_t>&
   int64_t offset = 0;
   for (int r = 0; r < rank_; ++r) offset += numels[r];
   const uint32_t seq =
-      publish(rank_ == root ? flat : at::Tensor(), callHash({8, static_cast<int64_t>(options.dtype().toScalarType()), root}, numels));
+      publish(rank_ == root ? flat : at::Tensor(), shm_call_hash({8, static_cast<int64_t>(options.dtype().toScalarType()), root}, numels));
   at::Tensor out = at::empty({numels[rank_]}, options);
   if (numels[rank_] > 0)
     std::memcpy(out.data_ptr(), slot(root, seq) + offset * out.element_size(), numels[rank_] * out.element_size());

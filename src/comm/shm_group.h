@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,10 @@ class HostKeyOverride {
 
 struct ShmRankLine;
 
+// FNV-1a over the words describing a call, which every member publishes with
+// its arrival (NOTE: [Shared-memory collectives]).
+uint64_t shm_call_hash(std::initializer_list<int64_t> words, const std::vector<int64_t>& sizes = {});
+
 class ShmGroup final : public LocalPath {
  public:
   // Every member calls it (through `store`, the group's own prefix): the
@@ -68,6 +73,11 @@ class ShmGroup final : public LocalPath {
   // `flat` is split into pieces of `numels`; returns the reduction of every
   // rank's piece `rank` (rank order).
   at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op) override;
+  // In two rounds: every rank's send and receive counts (so every member
+  // sees the whole exchange and declines alike when a rank's pieces exceed
+  // its slot), then the pieces. See shm_all_to_all.cpp.
+  bool all_to_all(const at::Tensor& flat, const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                  at::Tensor& out) override;
   // In place from `src`.
   void broadcast(at::Tensor& flat, int src) override;
   void barrier() override;

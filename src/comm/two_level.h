@@ -55,6 +55,10 @@ class TwoLevel final : public LocalPath {
   void all_reduce(at::Tensor& flat, ReduceOp op) override;
   void all_gather(const at::Tensor& flat, const std::vector<int64_t>& numels, at::Tensor& out) override;
   at::Tensor reduce_scatter(const at::Tensor& flat, const std::vector<int64_t>& numels, ReduceOp op) override;
+  // NYI on two levels: declines (on every member), so c10d carries it.
+  bool all_to_all(const at::Tensor&, const std::vector<int64_t>&, const std::vector<int64_t>&, at::Tensor&) override {
+    return false;
+  }
   void broadcast(at::Tensor& flat, int src) override;
   void barrier() override;
 
