@@ -12,6 +12,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace dtp::bench {
 namespace {
@@ -113,14 +115,32 @@ bool run_moe(int reps, int warmup, const ProcessGroup& world) {
     }
   }
   // The dispatch alone: every rank sends tokens * top_k rows of dim floats,
-  // evenly to every rank (Gloo; all_to_all has no shared-memory path).
-  if (me == 0) std::printf("\n| all_to_all_single: rows each rank sends (evenly to all) | bytes per rank | ms |\n|---|---|---|\n");
+  // evenly to every rank, through shared memory (where every rank's rows fit
+  // a slot, DTP_SHM_MAX_BYTES; else it declines to Gloo) and through Gloo
+  // alone (a group made with DTP_SHM=0), side by side; both give the same rows.
+  if (me == 0)
+    std::printf("\n| all_to_all_single: rows each rank sends (evenly to all) | bytes per rank | shm ms | gloo ms | gloo / "
+                "shm |\n|---|---|---:|---:|---:|\n");
   const ProcessGroup group = mesh.get_group(0);
+  std::vector<int> everyone(P);
+  for (int r = 0; r < P; ++r) everyone[r] = r;
+  const char* shm_env = std::getenv("DTP_SHM");
+  const std::string shm_was = shm_env ? shm_env : "";
+  setenv("DTP_SHM", "0", 1);
+  const ProcessGroup gloo = world.new_group(everyone);
+  if (shm_env) setenv("DTP_SHM", shm_was.c_str(), 1); else unsetenv("DTP_SHM");
   for (int64_t rows : {8, 512, 4096}) {
     const at::Tensor x = at::randn({rows * P, kDim});
     const std::vector<int64_t> split(P, rows);
-    const double ms = timeIt(world, reps, warmup, [&] { group.all_to_all_single(x, split, split).wait(); });
-    if (me == 0) std::printf("| %lld | %lld | %.3f |\n", static_cast<long long>(rows * P), static_cast<long long>(x.numel() * 4), ms);
+    const double shm_ms = timeIt(world, reps, warmup, [&] { group.all_to_all_single(x, split, split).wait(); });
+    const double gloo_ms = timeIt(world, reps, warmup, [&] { gloo.all_to_all_single(x, split, split).wait(); });
+    if (!group.all_to_all_single(x, split, split).wait().equal(gloo.all_to_all_single(x, split, split).wait())) {
+      ok = false;
+      std::printf("dtp-bench --moe: rank %d: all_to_all_single through shared memory differs from Gloo's\n", me);
+    }
+    if (me == 0)
+      std::printf("| %lld | %lld | %.3f | %.3f | %.2fx |\n", static_cast<long long>(rows * P),
+                  static_cast<long long>(x.numel() * 4), shm_ms, gloo_ms, gloo_ms / shm_ms);
   }
   std::fflush(stdout);
   return ok;
