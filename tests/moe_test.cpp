@@ -5,6 +5,7 @@
 // collectives per layer in closed form, the load-balancing loss, and the
 // errors. Logits of Mixtral and Qwen3-MoE folders against an independent
 // Python reference: tests/hf (HfInterop.PythonReferenceAndExport).
+#include "close.h"
 #include "dist.h"
 #include "files.h"
 #include "llama_util.h"
@@ -120,7 +121,7 @@ TEST(MoETest, EqualsATokenByTokenReferenceForBothRoutingsWithAndWithoutASharedEx
       EXPECT_EQ(static_cast<bool>(m->shared_expert), shared > 0);
       const at::Tensor x = at::randn({3, 5, 8}, at::kDouble);
       torch::NoGradGuard no_grad;
-      EXPECT_LE((m(x) - reference(m, x)).abs().max().item<double>(), 1e-14);
+      EXPECT_CLOSE(m(x), reference(m, x), 0.0, 1e-14);
     }
   }
 }
@@ -172,18 +173,18 @@ void expectExpertParallelEqualsOneDevice(int P, MoE& one, const at::Tensor& x, c
     }
     (out * target.narrow(0, r * rows, rows)).sum().backward();
     EXPECT_EQ(comm.count(CollectiveType::AllToAll), 4) << "and both again in backward";
-    EXPECT_LE((out - want.out.narrow(0, r * rows, rows)).abs().max().item<double>(), 1e-13);
-    EXPECT_LE((xs.grad() - want.grads.at("x").narrow(0, r * rows, rows)).abs().max().item<double>(), 1e-13);
+    EXPECT_CLOSE(out, want.out.narrow(0, r * rows, rows), 0.0, 1e-13);
+    EXPECT_CLOSE(xs.grad(), want.grads.at("x").narrow(0, r * rows, rows), 0.0, 1e-13);
     for (const char* w : {"experts.w1", "experts.w2", "experts.w3"}) {
       const at::Tensor grad = m->named_parameters()[w].grad();
       EXPECT_EQ(dtensor_spec(grad).str(), dtensor_spec(m->named_parameters()[w]).str()) << w;
-      EXPECT_LE((full_tensor(grad) - want.grads.at(w)).abs().max().item<double>(), 1e-13) << w;
+      EXPECT_CLOSE(full_tensor(grad), want.grads.at(w), 0.0, 1e-13) << w;
     }
     for (auto& p : m->named_parameters()) {
       if (p.key().rfind("experts.", 0) == 0) continue;
       at::Tensor grad = p.value().grad().clone();
       mesh.get_group(0).all_reduce(grad).wait();
-      EXPECT_LE((grad - want.grads.at(p.key())).abs().max().item<double>(), 1e-13) << p.key();
+      EXPECT_CLOSE(grad, want.grads.at(p.key()), 0.0, 1e-13) << p.key();
     }
   });
   // Each rank's dispatch and combine move its routed rows (top_k per token).
@@ -361,7 +362,7 @@ TEST(MoETest, ExpertParallelWithDataParallelTrainsLikeOneDevice) {
         ASSERT_EQ(got.size(), want.size());
         for (size_t i = 0; i < want.size(); ++i) {
           EXPECT_EQ(got[i].first, want[i].first);
-          EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), 1e-11) << want[i].first;
+          EXPECT_CLOSE(got[i].second, want[i].second, 0.0, 1e-11) << want[i].first;
         }
       });
     }
