@@ -16,28 +16,16 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <numeric>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 using namespace dtp;
 
 namespace {
 
 constexpr int kW = 4;
-
-// Mapped shared-memory segments of this process (a group with a shared-memory
-// or two-level path maps one; Gloo alone none).
-int mappedSegments() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);)
-    n += line.find("/dev/shm/dtp-" + std::to_string(getpid()) + "-") != std::string::npos;
-  return n;
-}
 
 struct Path {
   const char* name;
@@ -158,7 +146,7 @@ TEST(CollectivePaths, MismatchNamedAlikeOnGlooSharedMemoryAndTwoLevel) {
       EXPECT_EQ(mine.equal(at::arange(kW * 2, at::kDouble).mul_(10).narrow(0, 2 * r, 2)), true)
           << path.name << ": " << mine;
       EXPECT_EQ(comm.total_count(), 2) << path.name << ": the checks are not counted";
-      if (r == 0) segments = mappedSegments();
+      if (r == 0) segments = dtp::test::mapped_shm_segments();
     });
     const std::string err = testing::internal::GetCapturedStderr();
     // The path each layout takes: Gloo maps no segment; two-level says so.

@@ -9,9 +9,13 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <unistd.h>
+
 #include <condition_variable>
+#include <fstream>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +57,18 @@ inline void run_ranks(int world_size, const std::function<void(int rank)>& body,
   }
   for (auto& t : threads) t.join();
   for (const auto& e : errors) ADD_FAILURE() << e;
+}
+
+// The dtp shared-memory segments this process maps (NOTE: [Shared-memory
+// collectives]): a group with a shared-memory or two-level path maps one,
+// once per rank of its host; Gloo alone none.
+inline int mapped_shm_segments() {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> names;
+  const std::string prefix = "/dev/shm/dtp-" + std::to_string(getpid()) + "-";
+  for (std::string line; std::getline(maps, line);)
+    if (const auto at = line.find(prefix); at != std::string::npos) names.insert(line.substr(at, prefix.size() + 16));
+  return static_cast<int>(names.size());
 }
 
 // Sizes of torch.chunk(n, parts): ceil-div, trailing parts short or empty.

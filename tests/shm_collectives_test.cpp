@@ -15,7 +15,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -254,15 +253,8 @@ TEST_P(ShmCollectives, BroadcastAndBarrier) {
 INSTANTIATE_TEST_SUITE_P(Ranks, ShmCollectives, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
-// The segment lives only in the ranks' mappings: its name is gone from
-// /dev/shm once the group exists, and DTP_SHM=0 maps none.
-int mappedSegments() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);)
-    n += line.find("/dev/shm/dtp-" + std::to_string(getpid()) + "-") != std::string::npos;
-  return n;
-}
+// The segment lives only in the ranks' mappings (mapped_shm_segments): its
+// name is gone from /dev/shm once the group exists, and DTP_SHM=0 maps none.
 int namedSegments() {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
@@ -276,11 +268,11 @@ TEST(ShmSegments, UnlinkedOnceMappedAndOffWithDtpShm0) {
     run_ranks(2, [&](int) {
       default_process_group().barrier();  // both ranks have made the group
       EXPECT_EQ(namedSegments(), 0) << "DTP_SHM=" << shm;
-      EXPECT_EQ(mappedSegments() > 0, std::string(shm) == "1") << "DTP_SHM=" << shm;
+      EXPECT_EQ(dtp::test::mapped_shm_segments() > 0, std::string(shm) == "1") << "DTP_SHM=" << shm;
     });
     unsetenv("DTP_SHM");
   }
-  EXPECT_EQ(mappedSegments(), 0) << "a group that ended left its segment mapped";
+  EXPECT_EQ(dtp::test::mapped_shm_segments(), 0) << "a group that ended left its segment mapped";
 }
 
 TEST(ShmSegments, BadSlotSizeIsRefusedByName) {

@@ -17,13 +17,10 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <numeric>
-#include <set>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 using namespace dtp;
 
@@ -37,16 +34,6 @@ struct Layout {
   const char* name;
   std::vector<int> host;  // per rank
 };
-
-// This process's mapped dtp segments (each mapped once per rank of its host).
-int mappedSegments() {
-  std::ifstream maps("/proc/self/maps");
-  std::set<std::string> names;
-  const std::string prefix = "/dev/shm/dtp-" + std::to_string(getpid()) + "-";
-  for (std::string line; std::getline(maps, line);)
-    if (const auto at = line.find(prefix); at != std::string::npos) names.insert(line.substr(at, prefix.size() + 16));
-  return static_cast<int>(names.size());
-}
 
 // Runs `body` on one thread per rank of `layout`, each on its host, with
 // DTP_TWO_LEVEL=`two_level` and 4 KiB slots; returns each rank's tensors and
@@ -72,7 +59,7 @@ Results runOn(const Layout& layout, const char* two_level, int64_t calls, int* s
         ProcessGroup g = ProcessGroup::create(store, r, w, opts);
         ++made;
         while (made < w) std::this_thread::yield();
-        if (r == 0) *segments = mappedSegments();
+        if (r == 0) *segments = dtp::test::mapped_shm_segments();
         CommCounter comm;
         out[r] = body(g, r);
         counted[r] = comm.total_count();
