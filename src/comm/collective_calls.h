@@ -22,7 +22,7 @@ namespace dtp::detail {
 
 inline int64_t nbytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
-inline c10d::ReduceOp toC10d(ReduceOp op) {
+inline c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:  // Gloo has no AVG: sum, then divide.
@@ -38,19 +38,19 @@ inline bool widened(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 
-inline int64_t numelOf(const std::vector<int64_t>& shape) {
+inline int64_t numel_of(const std::vector<int64_t>& shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
 }
 
 // The shape of `like` with `dim` resized.
-inline std::vector<int64_t> chunkShape(const at::Tensor& like, int64_t dim, int64_t size_at_dim) {
+inline std::vector<int64_t> chunk_shape(const at::Tensor& like, int64_t dim, int64_t size_at_dim) {
   auto shape = like.sizes().vec();
   shape[dim] = size_at_dim;
   return shape;
 }
 
 // Shape of `t` with `dim` moved to the front and resized.
-inline std::vector<int64_t> frontShape(const at::Tensor& t, int64_t dim, int64_t front, int64_t other_dim = -1,
+inline std::vector<int64_t> front_shape(const at::Tensor& t, int64_t dim, int64_t front, int64_t other_dim = -1,
                                        int64_t other = 0) {
   auto shape = t.sizes().vec();
   if (other_dim >= 0) shape[other_dim] = other;
@@ -60,12 +60,12 @@ inline std::vector<int64_t> frontShape(const at::Tensor& t, int64_t dim, int64_t
 }
 
 // "Float[2, 4]" and "[2, 2]", for the call descriptions of NOTE: [Collective checks].
-inline std::string shapeText(const at::Tensor& t) { return c10::str(c10::toString(t.scalar_type()), t.sizes()); }
-inline std::string listText(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
+inline std::string shape_text(const at::Tensor& t) { return c10::str(c10::toString(t.scalar_type()), t.sizes()); }
+inline std::string list_text(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
 
 // all_to_all over flattened buffers with per-peer element counts, on the
 // backend of `in`.
-inline c10::intrusive_ptr<c10d::Work> allToAllFlat(const ProcessGroup::Impl& g, at::Tensor& out, at::Tensor& in,
+inline c10::intrusive_ptr<c10d::Work> all_to_all_flat(const ProcessGroup::Impl& g, at::Tensor& out, at::Tensor& in,
                                                    std::vector<int64_t> out_counts, std::vector<int64_t> in_counts) {
   at::Tensor out_wire = as_gloo_dtype(out), in_wire = as_gloo_dtype(in);
   return issue_on_backend(
@@ -85,7 +85,7 @@ struct AllReduceCall {
   const at::Tensor& carrier() const { return tensor; }
   at::Tensor one_rank() { return tensor; }
   WireContract contract() const {
-    return {kWhat, c10::str("all_reduce(", to_string(op), ") of ", shapeText(tensor)), tensor.scalar_type(),
+    return {kWhat, c10::str("all_reduce(", to_string(op), ") of ", shape_text(tensor)), tensor.scalar_type(),
             std::vector<int64_t>(size, tensor.numel()), std::vector<int64_t>(size, tensor.numel())};
   }
   bool empty() const { return tensor.numel() == 0; }
@@ -106,7 +106,7 @@ struct AllReduceCall {
                                                 : tensor.contiguous();
     std::vector<at::Tensor> bufs{as_gloo_dtype(buf)};
     c10d::AllreduceOptions opts;
-    opts.reduceOp = toC10d(op);
+    opts.reduceOp = to_c10d(op);
     return issue_on_backend(g, buf, [&](compat::Backend& b) { return b.allreduce(bufs, opts); });
   }
   auto then() {
@@ -117,6 +117,15 @@ struct AllReduceCall {
     };
   }
 };
+
+// Rank r's flat shard in `flat[r]`, each viewed as its chunk of `like`
+// along `dim` (sizes[r] there) and joined along `dim`.
+inline at::Tensor join_shards(const std::vector<at::Tensor>& flat, const at::Tensor& like, int64_t dim,
+                              const std::vector<int64_t>& sizes) {
+  std::vector<at::Tensor> pieces;
+  for (size_t r = 0; r < sizes.size(); ++r) pieces.push_back(flat[r].view(chunk_shape(like, dim, sizes[r])));
+  return at::cat(pieces, dim);
+}
 
 // Every rank's shard, flattened; Gloo pads each to the largest one.
 struct AllGatherCall {
@@ -135,35 +144,26 @@ struct AllGatherCall {
       : local_(local), dim(dim), sizes(sizes), size(size) {
     total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
     if (size == 1) return;
-    for (int64_t s : sizes) numels.push_back(numelOf(chunkShape(local, dim, s)));
+    for (int64_t s : sizes) numels.push_back(numel_of(chunk_shape(local, dim, s)));
     max_numel = *std::max_element(numels.begin(), numels.end());
-    gathered = numelOf(chunkShape(local, dim, total));
+    gathered = numel_of(chunk_shape(local, dim, total));
   }
   at::Tensor* in_place() { return nullptr; }
   const at::Tensor& carrier() const { return local_; }
   at::Tensor one_rank() { return local_; }
   WireContract contract() const {
-    return {kWhat, c10::str("all_gather of ", shapeText(local_), " along dim ", dim, " with sizes ", listText(sizes)),
+    return {kWhat, c10::str("all_gather of ", shape_text(local_), " along dim ", dim, " with sizes ", list_text(sizes)),
             local_.scalar_type(), std::vector<int64_t>(size, max_numel), std::vector<int64_t>(size, max_numel)};
   }
   bool empty() const { return gathered == 0; }
-  at::Tensor empty_result() { return at::empty(chunkShape(local_, dim, total), local_.options()); }
+  at::Tensor empty_result() { return at::empty(chunk_shape(local_, dim, total), local_.options()); }
   int64_t bytes() const { return gathered * local_.element_size(); }
   int64_t local_bytes() const { return max_numel * local_.element_size(); }
   bool local(LocalPath& path, at::Tensor& result) {
     at::Tensor flat = at::empty({gathered}, local_.options());
     path.all_gather(local_.contiguous().view({-1}), numels, flat);
-    if (dim == 0) {
-      result = flat.view(chunkShape(local_, dim, total));
-      return true;
-    }
-    std::vector<at::Tensor> pieces;
-    int64_t offset = 0;
-    for (size_t r = 0; r < sizes.size(); ++r) {
-      pieces.push_back(flat.narrow(0, offset, numels[r]).view(chunkShape(local_, dim, sizes[r])));
-      offset += numels[r];
-    }
-    result = at::cat(pieces, dim);
+    result = dim == 0 ? flat.view(chunk_shape(local_, dim, total))
+                      : join_shards(flat.split_with_sizes(numels), local_, dim, sizes);
     return true;
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
@@ -178,11 +178,10 @@ struct AllGatherCall {
   auto then() {
     const bool even = std::all_of(numels.begin(), numels.end(), [&](int64_t n) { return n == max_numel; });
     return [out = out, like = local_, dim = dim, total = total, sizes = sizes, numels = numels, even] {
-      if (even && dim == 0) return out.view(chunkShape(like, 0, total));
-      std::vector<at::Tensor> pieces;
-      for (size_t r = 0; r < sizes.size(); ++r)
-        pieces.push_back(out[r].narrow(0, 0, numels[r]).view(chunkShape(like, dim, sizes[r])));
-      return at::cat(pieces, dim);
+      if (even && dim == 0) return out.view(chunk_shape(like, 0, total));
+      std::vector<at::Tensor> flat;
+      for (size_t r = 0; r < sizes.size(); ++r) flat.push_back(out[r].narrow(0, 0, numels[r]));
+      return join_shards(flat, like, dim, sizes);
     };
   }
 };
@@ -207,7 +206,7 @@ struct ReduceScatterCall {
       : input(input), dim(dim), sizes(sizes), op(op), me(me), size(size) {
     if (size == 1) return;
     const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-    inner = input.numel() == 0 ? numelOf(frontShape(input, dim, 1)) : input.numel() / total;
+    inner = input.numel() == 0 ? numel_of(front_shape(input, dim, 1)) : input.numel() / total;
     for (int64_t s : sizes) in_counts.push_back(s * inner);
     out_counts.assign(size, sizes[me] * inner);
   }
@@ -216,26 +215,27 @@ struct ReduceScatterCall {
   const at::Tensor& carrier() const { return input; }
   at::Tensor one_rank() { return op == ReduceOp::Avg ? input.clone() : input; }
   WireContract contract() const {
-    return {kWhat, c10::str("reduce_scatter of ", shapeText(input), " along dim ", dim, " with sizes ", listText(sizes)),
+    return {kWhat,
+            c10::str("reduce_scatter of ", shape_text(input), " along dim ", dim, " with sizes ", list_text(sizes)),
             input.scalar_type(), in_counts, out_counts};
   }
   bool empty() const { return input.numel() == 0; }
-  at::Tensor empty_result() { return at::empty(chunkShape(input, dim, sizes[me]), input.options()); }
+  at::Tensor empty_result() { return at::empty(chunk_shape(input, dim, sizes[me]), input.options()); }
   int64_t bytes() const { return nbytes(input); }
   int64_t local_bytes() const { return input.numel() * (widened(input) ? 4 : input.element_size()); }
   bool local(LocalPath& path, at::Tensor& result) {
     at::Tensor in = flat();
     const at::Tensor mine = path.reduce_scatter(widened(input) ? in.to(at::kFloat) : in, in_counts, op);
-    result = mine.to(input.scalar_type()).view(frontShape(input, dim, sizes[me])).movedim(0, dim).contiguous();
+    result = mine.to(input.scalar_type()).view(front_shape(input, dim, sizes[me])).movedim(0, dim).contiguous();
     return true;
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     at::Tensor in = flat();
     out = at::empty({size * sizes[me] * inner}, input.options());
-    return allToAllFlat(g, out, in, out_counts, in_counts);
+    return all_to_all_flat(g, out, in, out_counts, in_counts);
   }
   auto then() {
-    auto recv_shape = frontShape(input, dim, sizes[me]);
+    auto recv_shape = front_shape(input, dim, sizes[me]);
     recv_shape.insert(recv_shape.begin(), size);
     return [out = out, recv_shape = std::move(recv_shape), op = op, size = size, dim = dim] {
       at::Tensor stacked = out.view(recv_shape);
@@ -265,7 +265,7 @@ struct BroadcastCall {
   WireContract contract() const {
     std::vector<int64_t> send(size, me == src ? tensor.numel() : 0), recv(size, 0);
     recv[src] = tensor.numel();
-    return {kWhat, c10::str("broadcast of ", shapeText(tensor), " from rank ", src), tensor.scalar_type(),
+    return {kWhat, c10::str("broadcast of ", shape_text(tensor), " from rank ", src), tensor.scalar_type(),
             std::move(send), std::move(recv)};
   }
   bool empty() const { return tensor.numel() == 0; }

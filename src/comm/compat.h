@@ -56,7 +56,7 @@ using Backend = c10d::Backend;
 using Backend = c10d::ProcessGroup;
 #endif
 
-inline c10d::TCPStoreOptions tcpStoreOptions(
+inline c10d::TCPStoreOptions tcp_store_options(
     uint16_t port, bool is_server, size_t world_size,
     std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;

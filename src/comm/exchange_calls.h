@@ -1,6 +1,6 @@
 // The call types (NOTE: [Collective pipeline]) of the collectives that
 // exchange pieces between ranks: all_to_all, all_to_all_single and scatter,
-// over c10d's all_to_all with per-peer counts (allToAllFlat); all_to_all_single
+// over c10d's all_to_all with per-peer counts (all_to_all_flat); all_to_all_single
 // also through shared memory (NOTE: [Shared-memory all_to_all]). Helpers in
 // collective_calls.h.
 #pragma once
@@ -30,11 +30,11 @@ struct AllToAllCall {
       : input(input), split_dim(split_dim), split_sizes(split_sizes), cat_dim(cat_dim), cat_sizes(cat_sizes), me(me),
         size(size) {
     if (size == 1) return;
-    const int64_t in_inner = numelOf(frontShape(input, split_dim, 1));
+    const int64_t in_inner = numel_of(front_shape(input, split_dim, 1));
     for (int r = 0; r < size; ++r) {
       in_counts.push_back(split_sizes[r] * in_inner);
-      recv_shapes.push_back(frontShape(input, split_dim, split_sizes[me], cat_dim, cat_sizes[r]));
-      out_counts.push_back(numelOf(recv_shapes.back()));
+      recv_shapes.push_back(front_shape(input, split_dim, split_sizes[me], cat_dim, cat_sizes[r]));
+      out_counts.push_back(numel_of(recv_shapes.back()));
     }
   }
   at::Tensor* in_place() { return nullptr; }
@@ -42,8 +42,9 @@ struct AllToAllCall {
   at::Tensor one_rank() { return input; }
   WireContract contract() const {
     return {kWhat,
-            c10::str("all_to_all of ", shapeText(input), " split along dim ", split_dim, " by ", listText(split_sizes),
-                     ", gathered along dim ", cat_dim, " by ", listText(cat_sizes)),
+            c10::str("all_to_all of ", shape_text(input), " split along dim ", split_dim, " by ",
+                     list_text(split_sizes),
+                     ", gathered along dim ", cat_dim, " by ", list_text(cat_sizes)),
             input.scalar_type(), in_counts, out_counts};
   }
   bool empty() const {
@@ -64,7 +65,7 @@ struct AllToAllCall {
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
     at::Tensor in = input.movedim(split_dim, 0).contiguous().view({-1});
     out = at::empty({std::accumulate(out_counts.begin(), out_counts.end(), int64_t{0})}, input.options());
-    return allToAllFlat(g, out, in, out_counts, in_counts);
+    return all_to_all_flat(g, out, in, out_counts, in_counts);
   }
   auto then() {
     return [out = out, out_counts = out_counts, recv_shapes = recv_shapes, split_dim = split_dim, cat_dim = cat_dim] {
@@ -98,7 +99,7 @@ struct AllToAllSingleCall {
       : input(input), output_split_sizes(output_split_sizes), input_split_sizes(input_split_sizes), me(me),
         size(size) {
     if (size == 1) return;
-    const int64_t row = numelOf(frontShape(input, 0, 1));
+    const int64_t row = numel_of(front_shape(input, 0, 1));
     for (int r = 0; r < size; ++r) {
       in_counts.push_back(input_split_sizes[r] * row);
       out_counts.push_back(output_split_sizes[r] * row);
@@ -109,8 +110,8 @@ struct AllToAllSingleCall {
   at::Tensor one_rank() { return input; }
   WireContract contract() const {
     return {kWhat,
-            c10::str("all_to_all_single of ", shapeText(input), " on rank ", me, ": send ",
-                     listText(input_split_sizes), " rows, receive ", listText(output_split_sizes)),
+            c10::str("all_to_all_single of ", shape_text(input), " on rank ", me, ": send ",
+                     list_text(input_split_sizes), " rows, receive ", list_text(output_split_sizes)),
             input.scalar_type(), in_counts, out_counts};
   }
   bool empty() const { return false; }
@@ -127,14 +128,14 @@ struct AllToAllSingleCall {
     return true;
   }
   std::vector<int64_t> outShape() const {
-    return chunkShape(input, 0, std::accumulate(output_split_sizes.begin(), output_split_sizes.end(), int64_t{0}));
+    return chunk_shape(input, 0, std::accumulate(output_split_sizes.begin(), output_split_sizes.end(), int64_t{0}));
   }
   c10::intrusive_ptr<c10d::Work> issue(const ProcessGroup::Impl& g) {
-    out = at::empty(chunkShape(input, 0, std::accumulate(output_split_sizes.begin(), output_split_sizes.end(),
+    out = at::empty(chunk_shape(input, 0, std::accumulate(output_split_sizes.begin(), output_split_sizes.end(),
                                                          int64_t{0})),
                     input.options());
     at::Tensor in = input.contiguous().view({-1}), flat = out.view({-1});
-    return allToAllFlat(g, flat, in, out_counts, in_counts);
+    return all_to_all_flat(g, flat, in, out_counts, in_counts);
   }
   auto then() {
     return [out = out] { return out; };
@@ -167,7 +168,7 @@ struct ScatterCall {
   const at::Tensor& carrier() const { return output; }
   at::Tensor one_rank() { return output.copy_(chunks[0]); }
   WireContract contract() const {
-    return {kWhat, c10::str("scatter from rank ", src, " into ", shapeText(output)), output.scalar_type(), inCounts(),
+    return {kWhat, c10::str("scatter from rank ", src, " into ", shape_text(output)), output.scalar_type(), inCounts(),
             outCounts()};
   }
   bool empty() const { return false; }
@@ -189,7 +190,7 @@ struct ScatterCall {
     }
     out = output.is_contiguous() ? output : at::empty(output.sizes(), output.options());
     at::Tensor out_flat = out.view({-1});
-    return allToAllFlat(g, out_flat, in, outCounts(), inCounts());
+    return all_to_all_flat(g, out_flat, in, outCounts(), inCounts());
   }
   auto then() {
     return [output = output, out = out]() mutable {

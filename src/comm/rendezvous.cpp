@@ -81,7 +81,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(
-        addr, compat::tcpStoreOptions(static_cast<uint16_t>(port), *rank == 0 && !agent_store,
+        addr, compat::tcp_store_options(static_cast<uint16_t>(port), *rank == 0 && !agent_store,
                                       static_cast<size_t>(*world), options.timeout));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "dtp: rendezvous failed for rank ", *rank, " of ", *world, " at ",
