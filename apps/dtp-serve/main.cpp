@@ -13,6 +13,7 @@
 #include "../common/model_flags.h"
 #include "chat_page.h"
 #include "engine.h"
+#include "http_stop.h"
 #include "openai_api.h"
 #include "rank_watch.h"
 #include "scheduler.h"
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
     watch.join();
     // The failed requests' handlers write their 503s before the server closes.
     if (status != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    server.stop();
+    serve::stop_http(server, bound);  // idle keep-alive clients too: NOTE: [Open connections at shutdown]
     http.join();
     std::cout << "dtp-serve: " << (status == 0 ? "stopped" : "failed") << std::endl;
     return status;

@@ -19,6 +19,13 @@
 #     exits 0 within 10 s;
 # - --soak: 1000 requests (serve_soak.mjs): every KV block back at the end,
 #   the ranks' memory flat;
+# - --stop: SIGTERM while clients hold connections (serve_stop_test.mjs: an
+#   idle keep-alive connection, a request sent one byte at a time, open
+#   streams), three times: to dtprun (it exits 143 and SIGKILLs what still
+#   runs 3 s later: the log must say 'dtp-serve: stopped'), to every rank
+#   under dtprun (it exits 0: every rank did), and to two ranks started
+#   without dtprun (each exits 0); the streams end as documented and the
+#   server closes the connections;
 # - --bench: the load test (serve_bench.mjs, 64 clients x 10 requests and
 #   one at a time) on a larger model; prints figures, asserts no timing
 #   (DTP_SERVE_BENCH_FLAGS: other dtp-serve flags).
@@ -83,6 +90,19 @@ start() {
   [ -n "$rank1" ] || fail "$name: no rank 1 process under dtprun $pid"
   eval "${name}_port=$port; ${name}_pid=$pid; ${name}_rank1=$rank1"
 }
+# port_of NAME PID: the port NAME's log says rank 0 listens on (waits up to
+# 60 s while process PID runs).
+port_of() {
+  local port=""
+  for _ in $(seq 1 600); do
+    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$d/$1.log" | grep -o '[0-9]*$' || true)
+    [ -n "$port" ] && break
+    kill -0 "$2" 2>/dev/null || fail "$1 server exited: $(cat "$d/$1.log")" >&2
+    sleep 0.1
+  done
+  [ -n "$port" ] || fail "$1 server not listening after 60 s: $(cat "$d/$1.log")" >&2
+  echo "$port"
+}
 export DTP_NPM_PREFIX="$cache"
 
 if [ "$mode" = --bench ]; then
@@ -91,6 +111,78 @@ if [ "$mode" = --bench ]; then
   start bench "$d/hf" --context 256 --max-batch 32 ${DTP_SERVE_BENCH_FLAGS:---prefill-chunk 256}
   grep -o 'listening on.*' "$d/bench.log"
   node "$here/serve_bench.mjs" "http://127.0.0.1:$bench_port/v1" 64 10 || fail "bench"
+  echo "serve_test: ok"
+  exit 0
+fi
+if [ "$mode" = --stop ]; then
+  flags=(--hf "$d/hf" --port 0 --context 256 --max-batch 1)
+  # hold NAME PID: serve_stop_test.mjs on NAME's server (PID: its dtprun or
+  # rank 0), in the background (its pid in `client`), until it holds its
+  # connections.
+  hold() {
+    local port
+    port=$(port_of "$1" "$2")
+    node "$here/serve_stop_test.mjs" "http://127.0.0.1:$port/v1" > "$d/$1.client" 2>&1 &
+    client=$!
+    pids+=("$client")
+    for _ in $(seq 1 1200); do
+      grep -q 'serve_stop_test: holding' "$d/$1.client" && return
+      kill -0 "$client" 2>/dev/null || fail "$1: the client exited before holding its connections: $(cat "$d/$1.client")"
+      sleep 0.1
+    done
+    fail "$1: the client holds no connections after 120 s: $(cat "$d/$1.client")"
+  }
+  # settle NAME PID...: waits for the processes (30 s at most: a hang bound,
+  # not a timing) and the client; checks the client and the 'stopped' line.
+  settle() {
+    local name=$1 p
+    shift
+    for p in "$@"; do
+      timeout 30 tail --pid="$p" -f /dev/null || fail "$name: still running 30 s after SIGTERM: $(tail -5 "$d/$name.log")"
+    done
+    wait "$client" || fail "$name: client checks: $(cat "$d/$name.client") (server log: $(tail -5 "$d/$name.log"))"
+    grep -q "dtp-serve: stopped" "$d/$name.log" || fail "$name: no 'stopped' line: $(tail -5 "$d/$name.log")"
+    echo "serve_test: $name: $(tail -1 "$d/$name.client")"
+  }
+  # 1. SIGTERM to dtprun: forwarded to the ranks; what runs 3 s later is killed.
+  "$dtprun" -n 2 "$serve" "${flags[@]}" > "$d/dtprun.log" 2>&1 &
+  job=$!
+  pids+=("$job")
+  hold dtprun "$job"
+  kill -TERM "$job"
+  settle dtprun "$job"
+  status=0
+  wait "$job" || status=$?
+  [ "$status" -eq 143 ] || fail "dtprun exited $status after SIGTERM, expected 143 (128 + SIGTERM): $(tail -5 "$d/dtprun.log")"
+  # 2. SIGTERM to every rank under dtprun (as a scheduler would): dtprun
+  # exits 0 when every rank did.
+  "$dtprun" -n 2 "$serve" "${flags[@]}" > "$d/ranks.log" 2>&1 &
+  job=$!
+  pids+=("$job")
+  hold ranks "$job"
+  for rank in $(pgrep -P "$job"); do kill -TERM "$rank"; done
+  settle ranks "$job"
+  status=0
+  wait "$job" || status=$?
+  [ "$status" -eq 0 ] || fail "dtprun exited $status after SIGTERM to every rank, expected 0: $(tail -5 "$d/ranks.log")"
+  # 3. Without dtprun: two ranks started by hand; each must exit 0.
+  master_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  ranks=()
+  for rank in 0 1; do
+    RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$master_port \
+      OMP_NUM_THREADS=1 "$serve" "${flags[@]}" >> "$d/bare.log" 2>&1 &
+    ranks+=("$!")
+    pids+=("$!")
+  done
+  hold bare "${ranks[0]}"
+  kill -TERM "${ranks[@]}"
+  settle bare "${ranks[@]}"
+  for rank in 0 1; do
+    status=0
+    wait "${ranks[$rank]}" || status=$?
+    [ "$status" -eq 0 ] || fail "bare: rank $rank exited $status after SIGTERM, expected 0: $(tail -5 "$d/bare.log")"
+  done
+  pids=()
   echo "serve_test: ok"
   exit 0
 fi
