@@ -216,3 +216,31 @@ at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets);
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel = std::nullopt);
 
 }  // namespace dtp::models
+
+// NOTE: [Deprecated forwarding] A public header that loses declarations or
+// includes keeps forwarding them for one release, as CHANGELOG.md's
+// deprecation policy says. Programs written against the release landed at
+// 10df3d0 found apply_tensor_parallel, TensorParallelOptions, llama_tp_plan,
+// get_tp_mesh, apply_ac, ACOptions, apply_fsdp, apply_ddp and
+// apply_expert_parallel in this header, and KVCache, DeviceMesh,
+// dcp::StateDictOptions, fully_shard, replicate, checkpoint and
+// parallelize_module through it. They live in dtp/models/parallelize.h and
+// dtp/models/kv_cache.h now; until the next release this header still
+// includes both, after its own declarations (parallelize.h includes this
+// header, whose #pragma once ends the loop). With GCC, a translation unit
+// that reaches this header before dtp/models/parallelize.h gets a note (a
+// #pragma message: never a warning, so -Werror builds pass; Clang turns
+// #pragma message into a warning, so it gets none). Define
+// DTP_NO_DEPRECATED to drop the forwarding and the note, as the next release
+// will: dtp's own targets build that way (CMakeLists.txt).
+#ifndef DTP_NO_DEPRECATED
+#if defined(__GNUC__) && !defined(__clang__) && !defined(DTP_MODELS_PARALLELIZE_H)
+#pragma message(                                                                          \
+    "dtp/models/llama.h: apply_tensor_parallel, TensorParallelOptions, apply_ac, apply_fsdp, "   \
+    "apply_ddp and the other parallelizations moved to dtp/models/parallelize.h, and KVCache "   \
+    "to dtp/models/kv_cache.h; llama.h includes both until the next release. Include what "      \
+    "you use, then define DTP_NO_DEPRECATED to build as the next release will (CHANGELOG.md)")
+#endif
+#include "dtp/models/kv_cache.h"
+#include "dtp/models/parallelize.h"
+#endif  // DTP_NO_DEPRECATED

@@ -12,6 +12,9 @@
 // parallelism, borrowed from data parallelism: a (dp, ep[, tp]) mesh, NOTE:
 // [Expert parallelism with data parallelism]), and "pp".
 #pragma once
+// Read by dtp/models/llama.h (NOTE: [Deprecated forwarding]): a translation
+// unit that includes this header first gets no deprecation note.
+#define DTP_MODELS_PARALLELIZE_H
 
 #include "dtp/ac/activation_checkpoint.h"
 #include "dtp/dcp/state_dict.h"
