@@ -40,6 +40,38 @@ std::optional<int> envInt(std::initializer_list<const char*> names) {
   return std::nullopt;
 }
 
+// NOTE: [Rendezvous phases] After joining the store a rank talks to its
+// peers in two more phases before it has the world group: it counts the
+// ranks that joined (rank 0's store), then connects the world group (Gloo's
+// full mesh, every pair of ranks, addresses passed through the store; then
+// the shared-memory or two-level setup, through the store again). A peer
+// that closed its connection in either surfaced as a bare "Connection reset
+// by peer" (c10d 1.13's store client reads end of file so, too), naming
+// neither the phase nor the peer nor this rank: seen once in ~130 starts of
+// 2 ranks on a loaded machine. Each phase now names itself and the peer:
+// the store (rank 0, or torchrun's agent, at MASTER_ADDR:MASTER_PORT), or
+// for Gloo's errors (their text names gloo) the rank Gloo names by its
+// address. dtp's own errors ("dtp: ...") already say what failed and pass
+// unchanged. No retry: c10d's store client does not reconnect, the store
+// closes a connection when its process exits (or a request fails), and
+// Gloo's pairs would have to be made again by every rank alike.
+template <class Step>
+auto inPhase(const std::string& rank_in_world, const std::string& store, const char* phase, Step&& step)
+    -> decltype(step()) {
+  try {
+    return step();
+  } catch (const std::exception& e) {
+    const std::string err = error_text(e);
+    if (err.rfind("dtp: ", 0) == 0) throw;
+    const bool from_gloo = err.find("gloo") != std::string::npos || err.find("Gloo") != std::string::npos;
+    throw compat::error_without_backtrace(c10::str(
+        "dtp: rendezvous failed for ", rank_in_world, " while ", phase, ": got '", err, "' from ",
+        from_gloo ? "a peer rank (Gloo names its address)" : store, ", expected ",
+        from_gloo ? "every peer connected" : "its answer", ". That peer exited or crashed (see its output), or "
+        "the connection was reset on an overloaded machine: start the job again."));
+  }
+}
+
 }  // namespace
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
@@ -94,18 +126,28 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options_in) {
     store = c10::make_intrusive<c10d::PrefixStore>(
         "/worker/attempt_" + env("TORCHELASTIC_RESTART_COUNT").value_or("0"), store);
   }
+  // See NOTE: [Rendezvous phases].
+  const std::string rank_in_world = c10::str("rank ", *rank, " of ", *world, " at ", addr, ":", port);
+  const std::string store_name = c10::str(agent_store ? "torchrun's agent store" : "rank 0's store", " (", addr, ":",
+                                          port, ")");
   // libtorch 1.13's TCPStore stops waiting for workers silently: count the
   // ranks that joined so that a missing one is named here, after the timeout.
-  store->add("dtp/joined", 1);
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
-  int64_t joined = 0;
-  while ((joined = store->add("dtp/joined", 0)) < *world && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const int64_t joined = inPhase(rank_in_world, store_name, "counting the ranks that joined", [&] {
+    int64_t n = store->add("dtp/joined", 1);
+    while (n < *world && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      n = store->add("dtp/joined", 0);
+    }
+    return n;
+  });
   TORCH_CHECK(joined >= *world, "dtp: rendezvous at ", addr, ":", port, " timed out after ",
               options.timeout.count() / 1000, " s: only ", joined, " of WORLD_SIZE=", *world,
               " ranks joined. Start every rank (dtprun -n ", *world, " ...), or raise DTP_TIMEOUT_S "
               "if they start slowly.");
-  ProcessGroup world_group = ProcessGroup::create(store, *rank, *world, options);
+  ProcessGroup world_group = inPhase(rank_in_world, store_name, "connecting the world group (Gloo's full mesh, then "
+                                     "shared memory, through the store)",
+                                     [&] { return ProcessGroup::create(store, *rank, *world, options); });
   set_default_process_group(world_group);
   return world_group;
 }
