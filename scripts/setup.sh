@@ -14,10 +14,12 @@ build=${DTP_BUILD_DIR:-build}
 # "wheel" (scripts/wheel.sh: a pip wheel's; the other packages only) or
 # "debian-cuda" (scripts/debian13-cuda.sh: Debian 13 contrib's CUDA libtorch
 # with NCCL). Nothing is built here then.
-# libpcre2-dev and libutf8proc-dev: tokenizer.json's split regexes and NFC.
+# libpcre2-dev and libutf8proc-dev: tokenizer.json's split regexes and NFC;
+# unicode-data: the Unicode tables the tokenizer tests check them against.
 # libcpp-httplib-dev: dtp-serve's HTTP server.
 packages=(cmake g++ make libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev
-          pkgconf libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev fortunes ${DTP_EXTRA_PACKAGES:-})
+          pkgconf libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev fortunes unicode-data
+          ${DTP_EXTRA_PACKAGES:-})
 case "${DTP_TORCH:-}" in
   "") packages+=(libtorch-dev libgloo-dev libopenblas0-openmp) ;;
   wheel) ;;

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -184,13 +185,16 @@ TEST_F(HfTokenizerTest, PostProcessorAddsBosAndTokenizerConfigNamesEos) {
       << msg;
 }
 
-TEST_F(HfTokenizerTest, DecodeDropsSpecialTokensAndStreamsBytes) {
+// As Hugging Face's decode(ids, skip_special_tokens=False by default).
+TEST_F(HfTokenizerTest, DecodeKeepsSpecialTokensUnlessSkippedAndStreamsBytes) {
   REQUIRE_PCRE2();
   const auto tok = load(byteLevel());
-  EXPECT_EQ(tok->decode({22, 11, 16, 17, 23}), "hello world!");
-  EXPECT_EQ(tok->decode({24, 11}), "<|imhello");  // not special: kept
+  EXPECT_EQ(tok->decode({22, 11, 16, 17, 23}), "<|bos|>hello world!<|im_start|>");
+  EXPECT_EQ(tok->decode({22, 11, 16, 17, 23}, /*skip_special_tokens=*/true), "hello world!");
+  EXPECT_EQ(tok->decode({24, 11}, /*skip_special_tokens=*/true), "<|imhello");  // not special: kept
   EXPECT_EQ(tok->decode_token(16), " world");
-  EXPECT_EQ(tok->decode_token(22), "");
+  EXPECT_EQ(tok->decode_token(22), "<|bos|>");
+  EXPECT_EQ(tok->decode_token(22, /*skip_special_tokens=*/true), "");
   EXPECT_EQ(tok->decode({19}), "\xEF\xBF\xBD");  // "ï" stands for the byte EF: alone, not UTF-8
   EXPECT_EQ(tok->decode_token(19), "\xEF");        // streamed: the byte itself
 }
@@ -240,11 +244,16 @@ TEST_F(HfTokenizerTest, SentencePieceStyleBpeWithByteFallback) {
   EXPECT_EQ(tok->encode("Hi\xC3\xA9", false), (Ids{263, 3 + 0xC3, 3 + 0xA9}));  // é by its bytes
   // The normalizer runs on each piece between added tokens: both get "▁".
   EXPECT_EQ(tok->encode("Hi<s>Hi", false), (Ids{263, 1, 263}));
-  EXPECT_EQ(tok->decode({1, 263, 3 + 0xC3, 3 + 0xA9, 263}), "Hi\xC3\xA9 Hi");  // Strip drops the first space
+  EXPECT_EQ(tok->decode({1, 263, 3 + 0xC3, 3 + 0xA9, 263}, /*skip_special_tokens=*/true),
+            "Hi\xC3\xA9 Hi");  // Strip drops the first space
+  // Kept, <s> goes through the decoders with the rest, as in Hugging Face's:
+  // Strip then sees "<s> Hi...", which starts with no space.
+  EXPECT_EQ(tok->decode({1, 263, 3 + 0xC3, 3 + 0xA9, 263}), "<s> Hi\xC3\xA9 Hi");
   EXPECT_EQ(tok->decode({3 + 0xC3, 3 + 0xC3}), "\xEF\xBF\xBD\xEF\xBF\xBD");   // not UTF-8: U+FFFD per byte
   EXPECT_EQ(tok->decode_token(263), " Hi");
   EXPECT_EQ(tok->decode_token(3 + 0xC3), "\xC3");
-  EXPECT_EQ(tok->decode_token(1), "");
+  EXPECT_EQ(tok->decode_token(1), "<s>");
+  EXPECT_EQ(tok->decode_token(1, /*skip_special_tokens=*/true), "");
   EXPECT_EQ(tok->vocab_size(), 264);
 }
 
@@ -619,6 +628,66 @@ TEST_F(ChatFolderTest, EndTokensFromGenerationConfigThenConfigThenTokenizer) {
   dtp::test::write_bytes(file("generation_config.json"), R"({"eos_token_id": "x"})");
   const std::string msg = any_error_of([&] { end_token_ids(dir_.string(), tok); });
   EXPECT_NE(msg.find("bad eos_token_id in '" + file("generation_config.json") + "'"), std::string::npos) << msg;
+}
+
+// Byte-level BPE over all 256 bytes (GPT-2's byte-to-character map, no
+// merges) with Qwen's chat tokens: <|im_start|> and <|im_end|> special,
+// <tool_call> and </tool_call> not.
+json everyByteChatMl() {
+  json vocab = json::object();
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    std::string c;
+    const int cp = printable ? b : next++;
+    if (cp < 0x80) {
+      c.push_back(static_cast<char>(cp));
+    } else {
+      c.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      c.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[c] = b;
+  }
+  json j = byteLevel();
+  j["model"]["vocab"] = vocab;
+  j["model"]["merges"] = json::array();
+  j["post_processor"] = nullptr;
+  j["added_tokens"] = {addedToken(256, "<|im_start|>", true), addedToken(257, "<|im_end|>", true),
+                       addedToken(258, "<tool_call>", false), addedToken(259, "</tool_call>", false)};
+  return j;
+}
+
+// A chat prompt and a tool call decode back to the text they were encoded
+// from: templates and tool-call parsers see the special tokens.
+TEST_F(ChatFolderTest, ChatPromptAndToolCallDecodeBackToTheirText) {
+  REQUIRE_PCRE2();
+  dtp::test::write_bytes(file("tokenizer.json"), everyByteChatMl().dump());
+  dtp::test::write_bytes(file("tokenizer_config.json"),
+                         json({{"eos_token", "<|im_end|>"},
+                               {"chat_template",
+                                "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + "
+                                "message.content + '<|im_end|>' + '\n' }}{%- endfor %}{%- if add_generation_prompt "
+                                "%}{{- '<|im_start|>assistant\n' }}{%- endif %}"}})
+                             .dump());
+  const HfTokenizer tok(file("tokenizer.json"));
+  const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const std::string prompt = ChatTemplate::from_folder(dir_.string()).format(
+      {{"user", "Weather in Paris?"}, {"assistant", call}, {"user", "<tool_response>\n18 °C\n</tool_response>"}});
+  const Ids ids = tok.encode(prompt, /*add_bos=*/false);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 256), 4) << "one <|im_start|> id per turn and the generation prompt";
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 258), 1) << "<tool_call> as its one id";
+  EXPECT_EQ(tok.decode(ids), prompt);
+  // Skipped, the special tokens go and the others stay, as in Hugging Face's.
+  std::string without = prompt;
+  for (const std::string special : {"<|im_start|>", "<|im_end|>"}) {
+    for (size_t at; (at = without.find(special)) != std::string::npos;) without.erase(at, special.size());
+  }
+  EXPECT_EQ(tok.decode(ids, /*skip_special_tokens=*/true), without);
+  // The reply as generated, token by token, then parsed.
+  const Ids reply = tok.encode(call + "<|im_end|>", /*add_bos=*/false);
+  std::string streamed;
+  for (const int64_t id : reply) streamed += tok.decode_token(id);
+  EXPECT_EQ(streamed, call + "<|im_end|>");
 }
 
 }  // namespace

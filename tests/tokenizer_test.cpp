@@ -96,8 +96,9 @@ TEST(SentencePieceTokenizerTest, FollowsTheModelsSpecialIds) {
   EXPECT_EQ(tok.name(), "sentencepiece " + kTinyModel);
 }
 
-// As Hugging Face's LlamaTokenizer: BOS first, no EOS; decode drops both.
-TEST(SentencePieceTokenizerTest, AddBosPrependsBosAndDecodeDropsIt) {
+// As Hugging Face's LlamaTokenizer: BOS first, no EOS; decode keeps both as
+// their pieces, skip_special_tokens drops them.
+TEST(SentencePieceTokenizerTest, AddBosPrependsBosAndDecodeKeepsItUnlessSkipped) {
   REQUIRE_SENTENCEPIECE();
   const SentencePieceTokenizer tok(kTinyModel);
   const Golden& hello = golden()[0];
@@ -105,9 +106,15 @@ TEST(SentencePieceTokenizerTest, AddBosPrependsBosAndDecodeDropsIt) {
   with_bos.insert(with_bos.end(), hello.ids.begin(), hello.ids.end());
   EXPECT_EQ(tok.encode(hello.text, /*add_bos=*/true), with_bos);
   EXPECT_EQ(tok.encode("", /*add_bos=*/true), Ids{1});
-  EXPECT_EQ(tok.decode(with_bos), hello.text);
+  EXPECT_EQ(tok.decode(with_bos, /*skip_special_tokens=*/true), hello.text);
+  EXPECT_EQ(tok.decode(with_bos), "<s>" + hello.text);
   with_bos.push_back(2);
-  EXPECT_EQ(tok.decode(with_bos), hello.text);
+  EXPECT_EQ(tok.decode(with_bos, /*skip_special_tokens=*/true), hello.text);
+  EXPECT_EQ(tok.decode(with_bos), "<s>" + hello.text + "</s>");
+  // Between pieces: each run of text decodes as sentencepiece decodes it.
+  Ids twice = with_bos;
+  twice.insert(twice.end(), hello.ids.begin(), hello.ids.end());
+  EXPECT_EQ(tok.decode(twice), "<s>" + hello.text + "</s>" + hello.text);
 }
 
 // Tokens streamed one at a time spell the text, with the dummy prefix's
@@ -119,8 +126,8 @@ TEST(SentencePieceTokenizerTest, DecodeTokenStreamsTheText) {
     if (g.text.empty()) continue;
     EXPECT_EQ(concatTokens(tok, g.ids), " " + g.text);
   }
-  EXPECT_EQ(tok.decode_token(1), "");
-  EXPECT_EQ(tok.decode_token(2), "");
+  EXPECT_EQ(tok.decode_token(1), "<s>");
+  EXPECT_EQ(tok.decode_token(2, /*skip_special_tokens=*/true), "");
   EXPECT_EQ(tok.decode_token(243), "\xF0");  // <0xF0>
 }
 

@@ -141,8 +141,9 @@ int main(int argc, char** argv) {
           if (t < tokenizer->vocab_size()) all.push_back(t);
         }
         // The whole text decoded at once: sentencepiece drops a leading
-        // space at the start of what it decodes.
-        std::cout << tokenizer->decode(all) << "\n";
+        // space at the start of what it decodes. Special tokens (a prompt's
+        // <|begin_of_text|>, a chat's end token) are not shown.
+        std::cout << tokenizer->decode(all, /*skip_special_tokens=*/true) << "\n";
       }
       std::vector<double> ms = stats.decode_ms;
       std::sort(ms.begin(), ms.end());

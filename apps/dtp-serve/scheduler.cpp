@@ -197,7 +197,7 @@ void Scheduler::pushToken(Request& r, int64_t token) {
     // Ids past the tokenizer's vocabulary (a model's padded vocabulary) add
     // no text, as in dtp-generate.
     if (token < tokenizer_.vocab_size()) r.text_ids.push_back(token);
-    r.text.update(tokenizer_.decode(r.text_ids));
+    r.text.update(tokenizer_.decode(r.text_ids, /*skip_special_tokens=*/true));
   }
   std::lock_guard<std::mutex> lk(r.m);
   r.generated.push_back(token);

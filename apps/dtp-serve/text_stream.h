@@ -2,7 +2,7 @@
 // sent now, and where a stop string ends it.
 //
 //   TextStream s(stops);
-//   s.update(tokenizer.decode(ids));   // after each token
+//   s.update(tokenizer.decode(ids, /*skip_special_tokens=*/true));   // after each token
 //   send(s.take());                    // the new, settled part
 //   if (s.stopped()) ...               // a stop string was found: the text ends before it
 //

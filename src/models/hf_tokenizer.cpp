@@ -37,11 +37,9 @@ struct AddedToken {
   bool normalized = false;
 };
 
-// Unicode White_Space, what Rust's regex \s (HF's lstrip/rstrip) matches.
-bool isWhiteSpace(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
+// Unicode White_Space, what HF's lstrip/rstrip (Rust's char::is_whitespace)
+// strip: the reference's \s.
+bool isWhiteSpace(char32_t c) { return hf::in_class(hf::CharClass::kWhiteSpace, c); }
 
 // Finds added tokens in a text as Hugging Face's AddedVocabulary::find_matches:
 // non-overlapping, leftmost first and longest there (Aho-Corasick
@@ -399,14 +397,17 @@ std::vector<int64_t> HfTokenizer::encode(const std::string& text, bool add_bos) 
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
-std::string HfTokenizer::decode(const std::vector<int64_t>& ids) const {
+std::string HfTokenizer::decode_ids(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   const Impl& m = *impl_;
+  // As HF's TokenizerImpl::decode: the kept tokens, special ones included,
+  // go through the decoder together ("<s>" then "▁Hi" gives "<s> Hi": the
+  // Strip decoder sees the fused text, which starts with '<').
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (const int64_t id : ids) {
     const std::string& token = m.tokenOf(id, "HfTokenizer::decode");
     const AddedToken* a = m.addedOf(id);
-    if (a == nullptr || !a->special) tokens.push_back(token);
+    if (a == nullptr || !a->special || !skip_special_tokens) tokens.push_back(token);
   }
   std::string text;
   if (m.decoder) {
@@ -418,10 +419,10 @@ std::string HfTokenizer::decode(const std::vector<int64_t>& ids) const {
   return text;
 }
 
-std::string HfTokenizer::decode_token(int64_t id) const {
+std::string HfTokenizer::decode_one(int64_t id, bool skip_special_tokens) const {
   const Impl& m = *impl_;
   std::string token = m.tokenOf(id, "HfTokenizer::decode_token");
-  if (const AddedToken* a = m.addedOf(id); a != nullptr && a->special) return "";
+  if (const AddedToken* a = m.addedOf(id); a != nullptr && a->special && skip_special_tokens) return "";
   if (m.decoder) m.decoder->stream(token);
   return token;
 }

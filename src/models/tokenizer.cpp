@@ -83,7 +83,7 @@ std::vector<int64_t> ByteTokenizer::encode(const std::string& text, bool /*add_b
   return ids;
 }
 
-std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
+std::string ByteTokenizer::decode_ids(const std::vector<int64_t>& ids, bool /*skip_special_tokens: none*/) const {
   std::string text;
   text.reserve(ids.size());
   for (const int64_t id : ids) {
@@ -93,7 +93,7 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
   return text;
 }
 
-std::string ByteTokenizer::decode_token(int64_t id) const {
+std::string ByteTokenizer::decode_one(int64_t id, bool /*skip_special_tokens: none*/) const {
   checkIdInVocab("ByteTokenizer::decode_token", id, vocab_size(), name());
   return std::string(1, static_cast<char>(id));
 }
@@ -227,30 +227,50 @@ std::vector<int64_t> SentencePieceTokenizer::encode(const std::string& text, boo
   return ids;
 }
 
-std::string SentencePieceTokenizer::decode(const std::vector<int64_t>& ids) const {
+std::string SentencePieceTokenizer::decode_ids(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   const int64_t vocab = vocab_size();
-  std::vector<int32_t> pieces;
-  pieces.reserve(ids.size());
+  for (const int64_t id : ids) checkIdInVocab("SentencePieceTokenizer::decode", id, vocab, name());
+  // Sentencepiece decodes control pieces to nothing. Kept, each is its piece
+  // between the decoded runs of the others: {1, "▁Hello"} gives "<s>Hello", as
+  // Hugging Face's (slow) LlamaTokenizer. Its fast tokenizer, which a
+  // tokenizer.json runs (HfTokenizer), gives "<s> Hello".
+  std::string text;
+  std::vector<int32_t> run;
+  const auto flush = [&] {
+    if (run.empty()) return;
+    SpmOut out;
+    TORCH_CHECK(model_->api.decode(model_->handle, run.data(), run.size(), toText, toError, &out) == 0,
+                "SentencePieceTokenizer::decode: sentencepiece failed for tokenizer ", name(), ": got \"", out.error,
+                "\" on ", run.size(), " ids.");
+    text += out.text;
+    run.clear();
+  };
+  run.reserve(ids.size());
   for (const int64_t id : ids) {
-    checkIdInVocab("SentencePieceTokenizer::decode", id, vocab, name());
-    pieces.push_back(static_cast<int32_t>(id));
+    const auto i = static_cast<int32_t>(id);
+    if (!skip_special_tokens && model_->api.piece_kind(model_->handle, i) == kDtpSpmControl) {
+      flush();
+      SpmOut piece;
+      model_->api.piece(model_->handle, i, toText, &piece);
+      text += piece.text;
+    } else {
+      run.push_back(i);
+    }
   }
-  SpmOut out;
-  TORCH_CHECK(model_->api.decode(model_->handle, pieces.data(), pieces.size(), toText, toError, &out) == 0,
-              "SentencePieceTokenizer::decode: sentencepiece failed for tokenizer ", name(), ": got \"", out.error,
-              "\" on ", ids.size(), " ids.");
-  return out.text;
+  flush();
+  return text;
 }
 
-std::string SentencePieceTokenizer::decode_token(int64_t id) const {
+std::string SentencePieceTokenizer::decode_one(int64_t id, bool skip_special_tokens) const {
   checkIdInVocab("SentencePieceTokenizer::decode_token", id, vocab_size(), name());
   const auto i = static_cast<int32_t>(id);
   const int kind = model_->api.piece_kind(model_->handle, i);
-  if (kind == kDtpSpmControl) return "";
+  if (kind == kDtpSpmControl && skip_special_tokens) return "";
   if (kind == kDtpSpmUnknown) return decode({id});  // the model's unk surface, " ⁇ " by default
   SpmOut out;
   model_->api.piece(model_->handle, i, toText, &out);
   const std::string& piece = out.text;
+  if (kind == kDtpSpmControl) return piece;  // "<s>"
   if (kind == kDtpSpmByte) {  // "<0xE2>"
     TORCH_INTERNAL_ASSERT(piece.size() == 6, "byte piece '", piece, "' of ", name());
     return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));

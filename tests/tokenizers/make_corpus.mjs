@@ -7,7 +7,9 @@
 // sequences, flags, skin tones), combining marks (NFC composes them), case
 // variants of contractions, added tokens in and around text, and invalid
 // UTF-8 (lone continuation bytes, truncated sequences, overlong forms,
-// surrogates, F5..FF). Prints the count of each kind.
+// surrogates, F5..FF), and every code point in contexts that show its class
+// (letter, number, white space or other: the split patterns' \p{L}, \p{N},
+// \s). Prints the count of each kind.
 import fs from 'fs';
 import path from 'path';
 
@@ -153,6 +155,21 @@ for (let i = 0; i < 700; ++i) {
 }
 add('invalid utf-8', Buffer.from([0xff, 0xfe, 0xfd]));
 add('empty', '');
+
+// Every Unicode scalar value (U+0000 NUL aside, the record separator), 256 to
+// a record, each between letters, a digit and a space: "x{c}1 {c}x\n" splits
+// differently when {c} is a letter, a number, white space or none (NOTE: [The
+// reference's Unicode classes] in src/models/hf/regex.cpp; the pieces are in
+// tests/tokenizer_unicode_test.cpp's expectedPieces).
+for (let first = 1; first < 0x110000; first += 256) {
+  let s = '';
+  for (let c = first; c < Math.min(first + 256, 0x110000); ++c) {
+    if (c >= 0xd800 && c <= 0xdfff) continue;
+    const ch = String.fromCodePoint(c);
+    s += `x${ch}1 ${ch}x\n`;
+  }
+  if (s) add('code points', s);
+}
 
 fs.writeFileSync(out, Buffer.concat(records.flatMap((r) => [r, Buffer.from([0])])));
 console.log(`corpus: ${records.length} records, ${records.reduce((n, r) => n + r.length, 0)} bytes: ` +

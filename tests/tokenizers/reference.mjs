@@ -3,7 +3,8 @@
 //   encode TOKENIZER_JSON CORPUS OUT   `tokenizers` (HF's Rust library for
 //       Node): each NUL-separated record of CORPUS, decoded from bytes as Node
 //       does (U+FFFD for ill-formed subparts), encoded with add_special_tokens
-//       and decoded with skip_special_tokens -> {"ids", "text"} per line.
+//       and decoded with skip_special_tokens true and false -> {"ids", "text",
+//       "all"} per line.
 //       Prints tokens/s of the Rust library on RAYON_NUM_THREADS threads.
 //   bench-js TOKENIZER_DIR CORPUS      @huggingface/transformers (HF's
 //       JavaScript port): tokens/s on the same records, one thread.
@@ -12,10 +13,12 @@
 //       system and user (tokenize=false, add_generation_prompt=true, and a
 //       case's enable_thinking and date_string) with its Jinja engine (which
 //       defines strftime_now, local time, as Python transformers does), then the Rust library's ids of that text (no added
-//       special tokens, as apply_chat_template encodes) -> {"text", "ids"} or
-//       {"error"} per case.
-//   compare REFERENCE DTP LABEL        line by line; prints the counts and the
-//       first differences; exits 1 on any difference.
+//       special tokens, as apply_chat_template encodes) and their decode
+//       (skip_special_tokens=false) -> {"text", "ids", "decoded"} or {"error"}
+//       per case.
+//   compare REFERENCE DTP LABEL [roundtrip]   line by line; prints the counts
+//       and the first differences; exits 1 on any difference, or, with
+//       roundtrip, on a chat line whose "decoded" is not its "text".
 import fs from 'fs';
 import { createRequire } from 'module';
 import path from 'path';
@@ -54,8 +57,10 @@ async function encode(tokenizerJson, corpus, outPath) {
   const s = seconds(t0);
   const ids = encodings.map((e) => e.getIds());
   const decoded = await tok.decodeBatch(ids, true);
+  const all = await tok.decodeBatch(ids, false);
   const tokens = ids.reduce((n, v) => n + v.length, 0);
-  fs.writeFileSync(outPath, ids.map((v, i) => JSON.stringify({ ids: v, text: decoded[i] })).join('\n') + '\n');
+  fs.writeFileSync(outPath, ids.map((v, i) => JSON.stringify({ ids: v, text: decoded[i], all: all[i] })).join('\n') +
+                   '\n');
   const threads = process.env.RAYON_NUM_THREADS || 'all';
   console.error(`tokenizers (Rust, npm): ${texts.length} records, ${tokens} tokens, encode ${s.toFixed(3)} s, ` +
                 `${Math.round(tokens / s)} tokens/s (${threads} threads)`);
@@ -95,7 +100,7 @@ async function chat(folder, casesPath, outPath) {
     try {
       const text = js.apply_chat_template(messages, options);
       const ids = (await rust.encode(text, null, { addSpecialTokens: false })).getIds();
-      lines.push(JSON.stringify({ text, ids }));
+      lines.push(JSON.stringify({ text, ids, decoded: await rust.decode(ids, false) }));
     } catch (e) {
       lines.push(JSON.stringify({ error: String(e.message || e) }));
     }
@@ -103,7 +108,7 @@ async function chat(folder, casesPath, outPath) {
   fs.writeFileSync(outPath, lines.join('\n') + '\n');
 }
 
-function compare(refPath, dtpPath, label) {
+function compare(refPath, dtpPath, label, roundtrip) {
   const ref = fs.readFileSync(refPath, 'utf8').split('\n').filter((l) => l.length);
   const dtp = fs.readFileSync(dtpPath, 'utf8').split('\n').filter((l) => l.length);
   let idDiffs = 0, textDiffs = 0, errorDiffs = 0, bothErrors = 0, tokens = 0;
@@ -132,9 +137,16 @@ function compare(refPath, dtpPath, label) {
       show(i, `ids differ at ${k}: reference [${r.ids.slice(k, k + 8)}] dtp [${d.ids.slice(k, k + 8)}]; ` +
               `text ${JSON.stringify(r.text).slice(0, 200)}`);
     }
-    if (r.text !== d.text) {
+    if (roundtrip === 'roundtrip' && d.decoded !== d.text) {
       ++textDiffs;
-      show(i, `text differs: reference ${JSON.stringify(r.text).slice(0, 200)}\n    dtp ${JSON.stringify(d.text).slice(0, 200)}`);
+      show(i, `decoded is not the prompt: ${JSON.stringify(d.decoded).slice(0, 200)}`);
+    }
+    // text: skip_special_tokens=true; all, decoded: false.
+    for (const key of ['text', 'all', 'decoded']) {
+      if (r[key] === d[key]) continue;
+      ++textDiffs;
+      show(i, `${key} differs: reference ${JSON.stringify(r[key]).slice(0, 200)}\n    dtp ` +
+              `${JSON.stringify(d[key]).slice(0, 200)}`);
     }
   }
   const ok = idDiffs + textDiffs + errorDiffs === 0;

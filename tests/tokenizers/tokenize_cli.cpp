@@ -1,13 +1,15 @@
 // tokenize_cli: dtp's side of the reference test (run_reference.sh).
 //   tokenize_cli encode TOKENIZER CORPUS OUT   records of CORPUS (NUL-separated
-//       bytes) -> one JSON line per record, {"ids": [...], "text": decode(ids)},
-//       encoded with add_bos=true (HF's add_special_tokens=True); prints the
-//       encode time and tokens/s on stderr.
+//       bytes) -> one JSON line per record, {"ids": [...], "text": decode(ids,
+//       skip_special_tokens=true), "all": decode(ids, false)}, encoded with
+//       add_bos=true (HF's add_special_tokens=True); prints the encode time
+//       and tokens/s on stderr.
 //   tokenize_cli chat FOLDER CASES OUT   CASES: a JSON list of {"system": s|null,
 //       "user": u, "enable_thinking": b?, "date_string": d?}, or with "messages":
 //       [{"role", "content"}, ...] in place of system and user (a conversation)
 //       -> one JSON line per case,
-//       {"text": format(...), "ids": encode(text, add_bos=false)} or {"error": ...}.
+//       {"text": format(...), "ids": encode(text, add_bos=false), "decoded":
+//       decode(ids)} or {"error": ...}.
 #include "dtp/models/chat.h"
 #include "dtp/models/hf_tokenizer.h"
 #include "dtp/models/tokenizer.h"
@@ -51,7 +53,11 @@ int encodeCorpus(const std::string& tokenizer_path, const std::string& corpus_pa
   size_t tokens = 0;
   for (const auto& v : ids) tokens += v.size();
   std::ofstream out(out_path, std::ios::binary);
-  for (size_t i = 0; i < records.size(); ++i) out << line({{"ids", ids[i]}, {"text", tokenizer->decode(ids[i])}});
+  for (size_t i = 0; i < records.size(); ++i) {
+    out << line({{"ids", ids[i]},
+                 {"text", tokenizer->decode(ids[i], /*skip_special_tokens=*/true)},
+                 {"all", tokenizer->decode(ids[i], /*skip_special_tokens=*/false)}});
+  }
   std::fprintf(stderr, "dtp: %zu records, %zu bytes, %zu tokens, encode %.3f s, %.0f tokens/s (1 thread)\n",
                records.size(), corpus.size(), tokens, seconds, tokens / seconds);
   return 0;
@@ -76,7 +82,8 @@ int chatCases(const std::string& folder, const std::string& cases_path, const st
         if (c.contains("system") && !c.at("system").is_null()) system = c.at("system").get<std::string>();
         text = chat.format(system, c.at("user").get<std::string>(), c.value("enable_thinking", true), date);
       }
-      out << line({{"text", text}, {"ids", tokenizer->encode(text, /*add_bos=*/false)}});
+      const std::vector<int64_t> ids = tokenizer->encode(text, /*add_bos=*/false);
+      out << line({{"text", text}, {"ids", ids}, {"decoded", tokenizer->decode(ids, /*skip_special_tokens=*/false)}});
     } catch (const c10::Error& e) {
       out << line({{"error", e.what_without_backtrace()}});
     }

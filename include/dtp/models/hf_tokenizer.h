@@ -18,13 +18,16 @@ namespace dtp::models {
 //     the text first, longest at the leftmost place, and encode as their one
 //     id, whether special or not;
 //   - the rest goes through the file's normalizer, pre-tokenizer (split
-//     regexes through PCRE2) and BPE model;
+//     regexes through PCRE2, their \s, \p{L} and \p{N} matching the code
+//     points Hugging Face's match: Unicode 16.0, not PCRE2's own version)
+//     and BPE model;
 //   - encode(text, /*add_bos=*/true) adds what the post-processor adds (HF's
 //     add_special_tokens=True): Llama 3.1's file adds <|begin_of_text|>, the
 //     first Llama 3 files and Qwen's add nothing, Llama 2's adds <s>;
-//   - decode drops special tokens (HF's skip_special_tokens=True) and runs
-//     the file's decoder. Hugging Face transformers' clean_up_tokenization_
-//     spaces (a Python-side rewrite of " ." etc.) is not applied.
+//   - decode runs the file's decoder over the tokens, special ones included
+//     unless skip_special_tokens (HF's decode(ids, skip_special_tokens),
+//     false by default as there). Hugging Face transformers' clean_up_
+//     tokenization_spaces (a Python-side rewrite of " ." etc.) is not applied.
 // Bytes that are not UTF-8 are replaced first, as HF's callers must (NOTE:
 // [Invalid UTF-8 becomes U+FFFD] in src/models/hf/unicode_text.h).
 // bos_id()/eos_id() come from tokenizer_config.json beside the file
@@ -42,10 +45,6 @@ class HfTokenizer final : public Tokenizer {
   ~HfTokenizer() override;
 
   std::vector<int64_t> encode(const std::string& text, bool add_bos) const override;
-  std::string decode(const std::vector<int64_t>& ids) const override;
-  // A special token gives ""; a byte-level token its bytes; "▁" is a space
-  // and <0xNN> its byte in the sentencepiece-style form.
-  std::string decode_token(int64_t id) const override;
   // One more than the largest id, added tokens included (Llama 3: 128256;
   // Qwen 2.5: 151665, which the model pads to 151936).
   int64_t vocab_size() const override;
@@ -58,6 +57,12 @@ class HfTokenizer final : public Tokenizer {
   // Whether `id` is an added token marked special.
   bool is_special(int64_t id) const;
   const std::string& path() const;
+
+ protected:
+  std::string decode_ids(const std::vector<int64_t>& ids, bool skip_special_tokens) const override;
+  // A special token gives its text ("" when skipped); a byte-level token its
+  // bytes; "▁" is a space and <0xNN> its byte in the sentencepiece-style form.
+  std::string decode_one(int64_t id, bool skip_special_tokens) const override;
 
  private:
   struct Impl;

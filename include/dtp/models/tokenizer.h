@@ -33,18 +33,28 @@ class Tokenizer {
   // even though bos_id() is set (the first Llama 3 files).
   virtual std::vector<int64_t> encode(const std::string& text, bool add_bos) const = 0;
 
-  // The text of `ids`. BOS and EOS decode to nothing; byte-fallback tokens
-  // that form no valid UTF-8 decode to U+FFFD, as in sentencepiece. An id
-  // outside [0, vocab_size()) is an error.
-  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  // The text of `ids`, as Hugging Face's decode(ids, skip_special_tokens):
+  // special tokens (BOS, EOS, an HfTokenizer's special added tokens such as
+  // <|im_start|> or <|python_tag|>) decode to their text, so that a chat
+  // prompt or a tool call decodes back to what was encoded, unless
+  // skip_special_tokens is true (generated text shown to a user: dtp-generate
+  // and dtp-serve pass true). Byte-fallback tokens that form no valid UTF-8
+  // decode to U+FFFD, as in sentencepiece. An id outside [0, vocab_size()) is
+  // an error.
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const {
+    return decode_ids(ids, skip_special_tokens);
+  }
 
   // The bytes one id adds in the middle of a text, for streaming output:
   // sentencepiece's "▁" is a space, and a byte-fallback token is its one byte
   // (so a multi-byte character may arrive over several calls). Concatenated
   // over encode(s) this gives s, except that sentencepiece's dummy prefix
   // shows as a leading space, which decode drops: e.g. "▁Hello" gives
-  // " Hello". BOS and EOS give "".
-  virtual std::string decode_token(int64_t id) const = 0;
+  // " Hello". A special token gives its text, or "" when
+  // skip_special_tokens is true, as in decode.
+  std::string decode_token(int64_t id, bool skip_special_tokens = false) const {
+    return decode_one(id, skip_special_tokens);
+  }
 
   virtual int64_t vocab_size() const = 0;
   virtual std::optional<int64_t> bos_id() const = 0;
@@ -52,6 +62,12 @@ class Tokenizer {
 
   // For logs: "byte", or "sentencepiece <path>".
   virtual std::string name() const = 0;
+
+ protected:
+  // decode and decode_token, which keep the default argument out of the
+  // virtual functions.
+  virtual std::string decode_ids(const std::vector<int64_t>& ids, bool skip_special_tokens) const = 0;
+  virtual std::string decode_one(int64_t id, bool skip_special_tokens) const = 0;
 };
 
 // A byte is a token: ids 0..255, no BOS or EOS, decode(encode(s)) == s for
@@ -59,12 +75,15 @@ class Tokenizer {
 class ByteTokenizer final : public Tokenizer {
  public:
   std::vector<int64_t> encode(const std::string& text, bool add_bos) const override;
-  std::string decode(const std::vector<int64_t>& ids) const override;
-  std::string decode_token(int64_t id) const override;
   int64_t vocab_size() const override { return 256; }
   std::optional<int64_t> bos_id() const override { return std::nullopt; }
   std::optional<int64_t> eos_id() const override { return std::nullopt; }
   std::string name() const override { return "byte"; }
+
+ protected:
+  // No token is special: skip_special_tokens changes nothing.
+  std::string decode_ids(const std::vector<int64_t>& ids, bool skip_special_tokens) const override;
+  std::string decode_one(int64_t id, bool skip_special_tokens) const override;
 };
 
 // A sentencepiece model (Llama 2's tokenizer.model: BPE, byte fallback,
@@ -81,12 +100,16 @@ class SentencePieceTokenizer final : public Tokenizer {
   ~SentencePieceTokenizer() override;
 
   std::vector<int64_t> encode(const std::string& text, bool add_bos) const override;
-  std::string decode(const std::vector<int64_t>& ids) const override;
-  std::string decode_token(int64_t id) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> bos_id() const override;
   std::optional<int64_t> eos_id() const override;
   std::string name() const override { return "sentencepiece " + path_; }
+
+ protected:
+  // Control pieces (<s>, </s>) are the special tokens: kept, each decodes to
+  // its piece ("<s>") and the text between them as sentencepiece decodes it.
+  std::string decode_ids(const std::vector<int64_t>& ids, bool skip_special_tokens) const override;
+  std::string decode_one(int64_t id, bool skip_special_tokens) const override;
 
  private:
   class Model;  // the module's handle

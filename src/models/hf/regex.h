@@ -16,13 +16,20 @@ using Span = std::pair<size_t, size_t>;  // [start, end) byte offsets
 // Whether dtp was built with PCRE2; without it a Regex pattern is an error.
 bool have_pcre2();
 
+// `pattern` with \s, \p{L} and \p{N} (and their negations) rewritten to
+// match the code points Hugging Face's tokenizers match, whatever PCRE2's
+// Unicode version (NOTE: [The reference's Unicode classes] in regex.cpp).
+// Pattern::regex compiles this; without PCRE2 it is `pattern`.
+std::string with_reference_classes(const std::string& pattern);
+
 // A tokenizer.json pattern: {"Regex": "..."} or {"String": "..."}.
 class Pattern {
  public:
   // Hugging Face compiles {"Regex"} with Oniguruma (Perl-like syntax and
   // leftmost-first alternation, as PCRE2's): the patterns of real files
-  // ((?i:'s|...), \p{L}, \p{N}, \s+(?!\S)) mean the same in both. `where`
-  // names the file, for errors.
+  // ((?i:'s|...), \p{L}, \p{N}, \s+(?!\S)) mean the same in both, once
+  // their Unicode classes are the reference's (with_reference_classes).
+  // `where` names the file, for errors.
   static Pattern regex(const std::string& pattern, const std::string& where);
   static Pattern literal(const std::string& text);
 

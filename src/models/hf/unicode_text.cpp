@@ -2,7 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 
 #ifdef DTP_WITH_UTF8PROC
@@ -95,6 +97,37 @@ void append_utf8(std::string& out, char32_t cp) {
     out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
     out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
+}
+
+namespace {
+#include "models/hf/unicode_classes.inc"
+}  // namespace
+
+CodePointRanges reference_ranges(CharClass c) {
+  switch (c) {
+    case CharClass::kWhiteSpace: return {kWhiteSpaceRanges, std::size(kWhiteSpaceRanges)};
+    case CharClass::kLetter: return {kLetterRanges, std::size(kLetterRanges)};
+    case CharClass::kNumber: return {kNumberRanges, std::size(kNumberRanges)};
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown CharClass ", static_cast<int>(c));
+  return {nullptr, 0};
+}
+
+bool in_class(CharClass c, char32_t cp) {
+  const CodePointRanges r = reference_ranges(c);
+  // The first range whose last code point is >= cp.
+  const CodePointRange* it =
+      std::lower_bound(r.begin(), r.end(), cp, [](const CodePointRange& x, char32_t v) { return x.last < v; });
+  return it != r.end() && it->first <= cp;
+}
+
+const char* char_class_name(CharClass c) {
+  switch (c) {
+    case CharClass::kWhiteSpace: return "\\s";
+    case CharClass::kLetter: return "\\p{L}";
+    case CharClass::kNumber: return "\\p{N}";
+  }
+  return "?";
 }
 
 const char* normal_form_name(NormalForm form) {

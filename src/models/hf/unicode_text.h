@@ -2,6 +2,7 @@
 // invalid bytes, code points, and Unicode normalization forms.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,6 +35,28 @@ inline size_t utf8_length(unsigned char lead) {
 char32_t code_point_at(std::string_view text, size_t at);
 
 void append_utf8(std::string& out, char32_t cp);
+
+// The Unicode classes of split patterns as Hugging Face's tokenizers have
+// them (Unicode 16.0 for the reference, tokenizers 0.23.2), from
+// unicode_classes.inc, which tests/tokenizers/unicode_classes.mjs generates
+// from the reference. See NOTE: [The reference's Unicode classes] in regex.cpp.
+enum class CharClass { kWhiteSpace, kLetter, kNumber };  // \s (White_Space), \p{L}, \p{N}
+constexpr CharClass kCharClasses[] = {CharClass::kWhiteSpace, CharClass::kLetter, CharClass::kNumber};
+struct CodePointRange {
+  char32_t first, last;  // inclusive
+};
+struct CodePointRanges {
+  const CodePointRange* data;
+  size_t size;
+  const CodePointRange* begin() const { return data; }
+  const CodePointRange* end() const { return data + size; }
+};
+// The code points of `c`, ascending ranges.
+CodePointRanges reference_ranges(CharClass c);
+// Whether `cp` is in `c` (a binary search of reference_ranges).
+bool in_class(CharClass c, char32_t cp);
+// "\s", "\p{L}", "\p{N}": for messages.
+const char* char_class_name(CharClass c);
 
 // Unicode normalization forms through utf8proc (Debian's libutf8proc).
 enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
