@@ -115,7 +115,9 @@ if [ "$mode" = --bench ]; then
   exit 0
 fi
 if [ "$mode" = --stop ]; then
-  flags=(--hf "$d/hf" --port 0 --context 256 --max-batch 1)
+  # A grace of 1 s (not the default 2 s) leaves room before dtprun's SIGKILL
+  # at 3 s for a loaded machine's slow steps.
+  flags=(--hf "$d/hf" --port 0 --context 256 --max-batch 1 --shutdown-grace-s 1)
   # hold NAME PID: serve_stop_test.mjs on NAME's server (PID: its dtprun or
   # rank 0), in the background (its pid in `client`), until it holds its
   # connections.
