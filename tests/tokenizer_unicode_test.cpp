@@ -265,9 +265,10 @@ TEST(HfUnicodeClasses, Llama3AndQwenSplitEveryDifferenceAsTheReference) {
       const auto expected = expectedPieces(s, in_class(CharClass::kWhiteSpace, c), in_class(CharClass::kLetter, c),
                                            in_class(CharClass::kNumber, c), digit_runs);
       if (pieces != expected && ++failures <= 10) {
-        ADD_FAILURE() << name << " splits the text around " << hex(c) << " into " << pieces.size()
-                      << " pieces, expected " << expected.size() << " (the reference's "
-                      << char_class_name(d.cls) << ": " << (d.reference ? "yes" : "no") << ")";
+        ADD_FAILURE() << name << " splits the text around " << hex(c) << " into "
+                      << ::testing::PrintToString(pieces) << ", expected " << ::testing::PrintToString(expected)
+                      << " (the reference's " << char_class_name(d.cls) << ": " << (d.reference ? "yes" : "no")
+                      << ")";
       }
     }
   }
