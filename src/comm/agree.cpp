@@ -7,6 +7,21 @@
 
 namespace dtp {
 
+namespace {
+thread_local const CollectiveCaller* current_caller = nullptr;
+}  // namespace
+
+CollectiveCaller::CollectiveCaller(const std::string& api, std::string must)
+    : api_(api),
+      must_(must.empty() ? "every rank of the group must call " + api + ", with the same arguments" : std::move(must)),
+      prev_(current_caller) {
+  current_caller = this;
+}
+
+CollectiveCaller::~CollectiveCaller() { current_caller = prev_; }
+
+const CollectiveCaller* CollectiveCaller::current() { return current_caller; }
+
 std::vector<std::string> all_gather_strings(const std::optional<ProcessGroup>& group, const std::string& mine) {
   if (!group || group->size() == 1) return {mine};
   const int64_t w = group->size();
@@ -27,7 +42,11 @@ std::vector<std::string> all_gather_strings(const std::optional<ProcessGroup>& g
 
 void agree_on_value(const std::optional<ProcessGroup>& group, const std::string& api, const std::string& argument,
                     const std::string& value) {
-  const auto values = all_gather_strings(group, value);
+  std::vector<std::string> values;
+  {
+    const CollectiveCaller caller(api);  // NOTE: [A collective API names its first collective]
+    values = all_gather_strings(group, value);
+  }
   // Long values are shown around where the first of them departs from rank 0's.
   size_t at = 0;
   bool same = true;

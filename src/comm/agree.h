@@ -25,4 +25,30 @@ std::vector<std::string> all_gather_strings(const std::optional<ProcessGroup>& g
 void agree_on_value(const std::optional<ProcessGroup>& group, const std::string& api, const std::string& argument,
                     const std::string& value);
 
+// NOTE: [A collective API names its first collective] A rank that calls a
+// collective API (dcp::save, say) while its peers never do waits in the
+// API's first collective until it fails, and that failure named only "all_gather
+// #3", not the call the peers missed. While a CollectiveCaller is alive on a
+// thread, a failed collective of that thread is reported as `api`'s, with
+// `must`: what every rank of the group must do (by default, call `api` too).
+// agree_on_value sets one, so every one-time API that starts by agreeing on
+// its arguments (save, load, export, generate, pipeline set-up) names
+// itself. Scoped, nestable (the innermost names), thread-local; costs two
+// pointer writes.
+class CollectiveCaller {
+ public:
+  explicit CollectiveCaller(const std::string& api, std::string must = "");
+  ~CollectiveCaller();
+  CollectiveCaller(const CollectiveCaller&) = delete;
+  CollectiveCaller& operator=(const CollectiveCaller&) = delete;
+  // The innermost live caller of this thread, or null.
+  static const CollectiveCaller* current();
+  const std::string& api() const { return api_; }
+  const std::string& must() const { return must_; }
+
+ private:
+  std::string api_, must_;
+  const CollectiveCaller* prev_;
+};
+
 }  // namespace dtp

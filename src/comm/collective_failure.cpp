@@ -1,5 +1,6 @@
 // Why a collective failed, in one line: the ranks that did not reach it
 // and whether a peer closed its connection or nothing came in time.
+#include "comm/agree.h"
 #include "comm/error_text.h"
 #include "comm/process_group_impl.h"
 
@@ -96,6 +97,13 @@ std::string reason(const ProcessGroup::Impl& g, const std::string& err) {
   const std::string err = error_text(e);
   std::vector<int> members(g.size);
   for (int r = 0; r < g.size; ++r) members[r] = r;
+  // NOTE: [A collective API names its first collective]
+  if (const CollectiveCaller* caller = CollectiveCaller::current())
+    fail(c10::str("dtp: ", caller->api(), " on global rank ", g.global_ranks[g.rank], ": its ", what, " #", n,
+                  " on ranks of size-", g.size, " group failed: ", whoDidNotArrive(g, std::to_string(n), members),
+                  "; ", reason(g, err), ". ", caller->api(), " is collective: ", caller->must(), ". A rank that did "
+                  "not reach it took another code path (did not call ", caller->api(), "), exited, crashed or "
+                  "hangs: check its output. [", err, "]"));
   fail(c10::str("dtp: ", what, " #", n, " on ranks of size-", g.size, " group (global rank ",
                 g.global_ranks[g.rank], ") failed: ", whoDidNotArrive(g, std::to_string(n), members), "; ",
                 reason(g, err), ". A rank that did not reach it exited, crashed, hangs or took another code path: "

@@ -15,10 +15,11 @@ namespace {
 // Messages go straight to the group's backend (Gloo for CPU tensors, NCCL
 // for CUDA ones): no shared-memory path. The sender writes each message's
 // dtype and shape to the job's store under the message's number; the
-// receiver reads it (and deletes it) once the bytes are in, and a buffer of
-// another dtype, element count or shape is an error naming both, never
-// garbage (Gloo takes any buffer of at least the bytes sent; a smaller one
-// aborts the process inside Gloo, with dtp's hint). Costs one store write,
+// receiver reads it (and deletes it), a blocking recv before it posts the
+// receive, an irecv once the bytes are in, and a buffer of another dtype,
+// element count or shape is an error naming both, never garbage (Gloo takes
+// any buffer of at least the bytes sent; a smaller one aborts the process
+// inside Gloo, with dtp's hint: recv refuses it before that). Costs one store write,
 // read and delete per message: measured between 2 processes on one 2-vCPU
 // host, a 1 KiB ping-pong message took ~120-220 us against ~55-90 us
 // without the check, a 1 MiB one the same within noise (~410-500 us).
@@ -44,19 +45,48 @@ void checkOp(const ProcessGroup::Impl& g, const P2POp& op, const std::string& ap
               "again). Send and receive outside checkpointed modules.");
 }
 
-Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
+// The receiving buffer against what the sender wrote for message `n`.
+void checkReceived(const ProcessGroup::Impl& g, const std::vector<uint8_t>& sent, const at::Tensor& target, int src,
+                   int tag, int64_t n, bool before) {
+  const std::string theirs(sent.begin(), sent.end()), mine = descriptor(target);
+  TORCH_CHECK(theirs == mine, "ProcessGroup::recv: message #", n, " from global rank ", g.global_ranks[src], " (tag ",
+              tag, ") is ", theirs, ", but the receiving tensor is ", mine, ". Receive into a tensor of the sender's "
+              "dtype and shape.", before ? " Nothing was received: the message waits for a receive that fits it." : "");
+}
+
+// `check_first` (a blocking recv, which waits for the sender anyway): the
+// sender's descriptor is read before the receive is posted, so a buffer that
+// does not fit is refused before any byte moves (a smaller one would abort
+// inside Gloo) and the message stays for the next receive. An irecv cannot
+// wait for its sender before returning (two ranks that each irecv before
+// they isend would deadlock): it checks once the bytes are in.
+Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op, bool check_first = false) {
   const ProcessGroup::Impl& g = *impl;
   const bool send = op.kind == P2POp::Send;
   const char* what = send ? "send" : "recv";
   checkOp(g, op, c10::str("ProcessGroup::", what));
   const int src = send ? g.rank : op.peer, dst = send ? op.peer : g.rank, tag = op.tag;
-  const int64_t n = ++g.p2p_messages[{src, dst, tag}];
+  int64_t& count = g.p2p_messages[{src, dst, tag}];
+  const int64_t n = count + 1;
+  const std::string key = c10::str(g.prefix, "/dtp.p2p/", src, "-", dst, "/", tag, "/", n);
+  const bool checked = !send && check_first && op.tensor.numel() > 0;
+  if (checked) {
+    std::vector<uint8_t> sent;
+    try {
+      sent = g.root_store->get(key);  // waits for the sender, as the receive would
+    } catch (const std::exception& e) {
+      count = n;  // the peer's failure is named under this message's number
+      explain_p2p_failure(g, what, src, dst, tag, n, e);
+    }
+    checkReceived(g, sent, op.tensor, src, tag, n, /*before=*/true);
+    g.root_store->deleteKey(key);
+  }
+  count = n;
   const int64_t bytes = op.tensor.numel() * static_cast<int64_t>(op.tensor.element_size());
   const std::vector<int> pair{g.global_ranks[src], g.global_ranks[dst]};
   CommCounter::record(send ? CollectiveType::Send : CollectiveType::Recv, bytes, pair);
   const detail::TraceSpan span([&] { return c10::str(what, " ", bytes, " B from rank ", pair[0], " to ", pair[1]); });
   if (op.tensor.numel() == 0) return Work::ready(op.tensor);
-  const std::string key = c10::str(g.prefix, "/dtp.p2p/", src, "-", dst, "/", tag, "/", n);
   if (send) {
     const std::string d = descriptor(op.tensor);
     g.root_store->set(key, std::vector<uint8_t>(d.begin(), d.end()));
@@ -68,19 +98,16 @@ Work start(const std::shared_ptr<ProcessGroup::Impl>& impl, const P2POp& op) {
   });
   at::Tensor target = op.tensor;
   // Holds the group: the Work may outlive the caller's handle.
-  return Work([impl, what, send, src, dst, tag, n, key, work = std::move(work), buf, target]() mutable {
+  return Work([impl, what, send, checked, src, dst, tag, n, key, work = std::move(work), buf, target]() mutable {
     try {
       work->wait();
     } catch (const std::exception& e) {
       explain_p2p_failure(*impl, what, src, dst, tag, n, e);
     }
-    if (!send) {
+    if (!send && !checked) {
       const std::vector<uint8_t> sent = impl->root_store->get(key);
       impl->root_store->deleteKey(key);
-      const std::string theirs(sent.begin(), sent.end()), mine = descriptor(target);
-      TORCH_CHECK(theirs == mine, "ProcessGroup::recv: message #", n, " from global rank ", impl->global_ranks[src],
-                  " (tag ", tag, ") is ", theirs, ", but the receiving tensor is ", mine,
-                  ". Receive into a tensor of the sender's dtype and shape.");
+      checkReceived(*impl, sent, target, src, tag, n, /*before=*/false);
     }
     if (!buf.is_same(target)) target.copy_(buf);  // received into a non-contiguous tensor
     return target;
@@ -101,7 +128,10 @@ Work ProcessGroup::irecv(at::Tensor tensor, int src, int tag) const {
 
 void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) const { isend(tensor, dst, tag).wait(); }
 
-void ProcessGroup::recv(at::Tensor tensor, int src, int tag) const { irecv(std::move(tensor), src, tag).wait(); }
+void ProcessGroup::recv(at::Tensor tensor, int src, int tag) const {
+  impl();
+  start(impl_, {P2POp::Recv, std::move(tensor), src, tag}, /*check_first=*/true).wait();
+}
 
 std::vector<Work> ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops) const {
   impl();
