@@ -85,6 +85,9 @@ TEST_P(UserRules, RegisterShardingRunsACustomOpOnShards) {
   registerRmsRows();
   run([&](const DeviceMesh& mesh, int64_t w) {
     at::NoGradGuard no_grad;
+    // The first dispatch on a mesh checks the ranks' rule (NOTE: [Ranks agree
+    // on sharding rules]): one all_gather per mesh dim, not counted below.
+    callOp("dtptest::rms_rows", distribute_tensor(data({w, 6}), mesh, on(mesh, Replicate())));
     for (int64_t rows : {2 * w, 2 * w + 1, w - 1}) {  // even, uneven, an empty shard
       const at::Tensor x = data({rows, 6});
       const at::Tensor ref = rmsRows(x, 1e-6);
@@ -139,6 +142,7 @@ TEST_P(UserRules, RegisterShardingTableWithAShapeFunction) {
                           return OutputShapes{{{in.shape[0]}}, {in.dtype}};
                         }));
     });
+    callOp("dtptest::row_sums", dx);  // the first dispatch's rule check, not counted below
     for (auto in : {Shard(0), Shard(1), Replicate()}) {
       SCOPED_TRACE(in.str());
       const at::Tensor d = distribute_tensor(x, mesh, on(mesh, in));
@@ -230,7 +234,12 @@ TEST_P(UserRules, LocalMapChecksAndRedistributesInputs) {
                  {"the function returned 1 tensors, but out_placements has 0"});
     CommCounter comm;
     const at::Tensor y = local_map(rowNorms, out, in, {}, LocalMapOptions().redistribute_inputs(true))({x})[0];
-    EXPECT_EQ(comm.total_count(), 1) << "one all_to_all, S(1) to S(0): " << comm.str();
+    EXPECT_EQ(comm.count(CollectiveType::AllToAll), 1) << "one all_to_all, S(1) to S(0): " << comm.str();
+    // NOTE: [Uneven local_map outputs]: the first call checks the S(0)
+    // output's shards are even (no out_shapes): one all_gather over the
+    // mesh dim that shards it.
+    EXPECT_EQ(comm.count(CollectiveType::AllGather), 1) << comm.str();
+    EXPECT_EQ(comm.total_count(), 2) << comm.str();
     EXPECT_CLOSE(full_tensor(y), x0.norm(2, {-1}, true), 0.0, 1e-14);
     // Without DTensor inputs the function runs as it is.
     EXPECT_FALSE(is_dtensor(local_map(rowNorms, out, in)({x0})[0]));

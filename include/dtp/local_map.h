@@ -45,7 +45,11 @@ struct LocalMapOptions {
 //  - calls `fn` on the local shards (plain inputs as they are; the gradient
 //    of input i arrives with in_grad_placements[i], default its placements);
 //  - wraps output o with from_local(out_placements[o]) without communication
-//    (nullopt: returned as a plain tensor).
+//    (nullopt: returned as a plain tensor). A sharded output without its
+//    out_shapes must have even shards: the first call for each set of input
+//    shapes checks them (one all_gather of sizes per mesh dimension that
+//    shards an output; NOTE: [Uneven local_map outputs]), and uneven ones
+//    are an error asking for out_shapes.
 // Given no DTensor input, it calls `fn` on the inputs as they are.
 LocalMapFn local_map(LocalMapFn fn, std::vector<std::optional<Placements>> out_placements,
                      std::vector<std::optional<Placements>> in_placements = {},

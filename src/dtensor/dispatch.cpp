@@ -6,6 +6,7 @@
 #include "dtensor/mix_hint.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
+#include "dtensor/rules_agree.h"
 #include "dtensor/sharding_prop.h"
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
@@ -110,6 +111,7 @@ struct OpInfo {
   bool has_rule = false;
   bool writes = false;  // a return aliases a written argument (in place, out=)
   bool single_output = false;  // one return, writes nothing: selective AC's save list may keep it
+  bool user_rule = false;  // register_sharding's: NOTE: [Ranks agree on sharding rules]
 };
 
 const OpInfo& opInfo(const c10::OperatorHandle& op) {
@@ -124,11 +126,27 @@ const OpInfo& opInfo(const c10::OperatorHandle& op) {
     const auto& registry = RuleRegistry::get();
     it->second.handler = registry.find_handler(op.operator_name());
     it->second.has_rule = registry.find(op.operator_name()) != nullptr;
+    it->second.user_rule = it->second.has_rule && has_user_rule(op_name(op));
     for (const auto& r : op.schema().returns())
       it->second.writes |= r.alias_info() != nullptr && r.alias_info()->isWrite();
     it->second.single_output = !it->second.writes && op.schema().returns().size() == 1;
   }
   return it->second;
+}
+
+// The first dispatch, on this thread (this rank), of an op with a user rule
+// on `mesh` checks that the ranks registered the same rule for it (NOTE:
+// [Ranks agree on sharding rules]); later calls find the pair here. Not in
+// OpInfo: a rank's rules_version() moves when it registers, so its OpInfo
+// cache empties at calls where other ranks' does not, and a check must run at
+// the same call on every rank. Holding the mesh keeps its id from being
+// reused.
+void checkUserRuleOnce(const c10::OperatorHandle& op, const DeviceMesh& mesh) {
+  thread_local std::vector<std::pair<const c10::FunctionSchema*, DeviceMesh>> checked;
+  for (const auto& [schema, m] : checked)
+    if (schema == &op.schema() && (m.id() == mesh.id() || m == mesh)) return;
+  check_user_rule_agrees(mesh, op_name(op));
+  checked.emplace_back(&op.schema(), mesh);
 }
 
 // Names the op to CommCounter while it runs (collectives it issues are its).
@@ -162,6 +180,8 @@ std::string opSpanName(const OpCall& call, const Decision& d) {
 //  - Propagate: the cached decision says which placements each input needs
 //    and what each output is (sharding_prop.cpp). In the explicit-
 //    redistribution mode, a decision that costs a collective is reported.
+//  - An op with a user rule (register_sharding), at its first dispatch on
+//    a mesh, checks that every rank registered the same rule for it.
 //  - Redistribute inputs whose placement differs (written arguments never do).
 //  - Run the op on the local shards.
 //  - Wrap: outputs become DTensors with the decided specs; in-place and out=
@@ -200,6 +220,9 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   const Decision& d = propagate(call);
+  // After the local decision (a rule's own error stays on the rank that
+  // raised it), before any communication.
+  if (info.user_rule) checkUserRuleOnce(op, call.mesh());
   if (explicit_redistribute_active()) check_implicit_redistribution(call, d);
   const detail::TraceSpan span([&] { return opSpanName(call, d); });
 

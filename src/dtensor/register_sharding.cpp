@@ -113,6 +113,14 @@ void registerRule(const std::string& op, ShardingRuleFn rule, const RegisterShar
   r.strategy = [rule](const OpCall& call, int64_t mesh_dim) {
     const ShardingCall view(call, mesh_dim);
     const std::vector<ShardingStrategy> strategies = rule(view);
+    if (strategies.empty()) {
+      std::string inputs;
+      for (size_t i = 0; i < view.num_inputs(); ++i) inputs += (i ? ", " : "") + view.input(i).str();
+      TORCH_CHECK(false, "dtp::register_sharding: the rule for ", view.op(), " returned no strategy for the call (",
+                  inputs, ") on mesh dimension ", mesh_dim, ": got 0 strategies, expected at least one. Return every "
+                  "placement the op supports, and at least the all-Replicate one ({Replicate()} for each input and "
+                  "output), which fits every op that runs on whole tensors.");
+    }
     std::vector<Row> rows;
     for (size_t k = 0; k < strategies.size(); ++k) rows.push_back(rowOf(view, strategies[k], k));
     return rows;

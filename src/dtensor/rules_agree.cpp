@@ -86,7 +86,56 @@ void checkOverGroup(const ProcessGroup& group, const char* api) {
               ": ranks that shard an op differently compute wrong values or stall.");
 }
 
+// One op's rule over `group`: its text hashed, then, only when the hashes
+// differ, the texts, named per rank.
+void checkOpOverGroup(const ProcessGroup& group, const DeviceMesh& mesh, const std::string& op) {
+  if (!group.valid() || group.size() <= 1) return;
+  const int64_t w = group.size();
+  std::string rule;
+  {
+    UserRules& u = userRules();
+    std::lock_guard<std::mutex> lock(u.mu);
+    auto it = u.by_op.find(op);
+    rule = it == u.by_op.end() ? std::string() : it->second;
+  }
+  const std::string where = "first dispatch on " + mesh.str();
+  std::vector<std::string> rules;
+  {
+    // NOTE: [A collective API names its first collective]
+    const CollectiveCaller caller(
+        "the sharding-rule check (NOTE: [Ranks agree on sharding rules]) at " + op + "'s " + where,
+        "every rank registers the same rule for " + op + " (dtp::register_sharding) and calls " + op +
+            " on this mesh; a rank that has no user rule for it runs no check");
+    const at::Tensor mine = at::full({1}, static_cast<int64_t>(fnv1a(rule) >> 1), at::kLong);
+    const at::Tensor all = group.all_gather(mine, 0, std::vector<int64_t>(w, 1)).wait().contiguous();
+    const int64_t* fp = all.data_ptr<int64_t>();
+    bool same = true;
+    for (int64_t r = 1; r < w; ++r) same &= fp[r] == fp[0];
+    if (same) return;
+    rules = all_gather_strings(group, rule);  // every rank saw the same hashes
+  }
+  std::string each;
+  for (int64_t r = 0; r < w; ++r)
+    each += "\n    global rank " + std::to_string(group.global_ranks()[r]) + ": " +
+            (rules[r].empty() ? std::string("none registered (dtp's own rule, if any)") : rules[r]);
+  TORCH_CHECK(false, "dtp: ", op, ": the ranks registered different sharding rules (dtp::register_sharding) for ", op,
+              ", found at its ", where, ":", each, "\nEvery rank must register the same rule for ", op,
+              " (the same function or strategies, and the same RegisterShardingOptions::version) before calling it: "
+              "ranks that shard an op differently compute wrong values or stall.");
+}
+
 }  // namespace
+
+bool has_user_rule(const std::string& op) {
+  UserRules& u = userRules();
+  std::lock_guard<std::mutex> lock(u.mu);
+  return u.by_op.count(op) > 0;
+}
+
+void check_user_rule_agrees(const DeviceMesh& mesh, const std::string& op) {
+  if (!mesh.valid()) return;
+  for (int64_t d = 0; d < mesh.ndim(); ++d) checkOpOverGroup(mesh.get_group(d), mesh, op);
+}
 
 void record_user_rule(const std::string& op, std::string description) {
   UserRules& u = userRules();

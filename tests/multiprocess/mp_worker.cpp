@@ -27,6 +27,11 @@
 //                registers other strategies for aten::sigmoid and
 //                parallelize_module must fail on both, naming the op and
 //                each rank's rule (NOTE: [Ranks agree on sharding rules])
+//   rules_direct 2 ranks, no set-up API: both register one lambda rule for
+//                aten::tanh and call it on a DTensor ("direct rules agree
+//                ok"); then each registers other strategies for aten::sigmoid
+//                and calls it: its first dispatch must fail on both, naming
+//                the op and each rank's rule
 //   lonely       init_process_group() and nothing else: started alone with
 //                WORLD_SIZE=2, the rendezvous must time out with an error
 //                that says what is missing and how to fix it
@@ -416,6 +421,29 @@ int rules() {
   return 0;
 }
 
+int rulesDirect() {
+  dtp::ProcessGroup world = dtp::init_process_group();
+  TORCH_CHECK(world.size() == 2, "mp_worker rules_direct: got WORLD_SIZE=", world.size(), ", expected 2.");
+  dtp::DeviceMesh mesh = dtp::init_device_mesh("cpu", {2}, {"tp"});
+  dtp::register_sharding("aten::tanh", [](const dtp::ShardingCall&) {
+    return std::vector<dtp::ShardingStrategy>{{{dtp::Shard(0)}, {dtp::Shard(0)}}};
+  }, dtp::RegisterShardingOptions().override_existing(true));
+  const at::Tensor x0 = at::arange(12, at::kDouble).view({4, 3}) / 10;
+  const at::Tensor x = dtp::distribute_tensor(x0, mesh, {dtp::Shard(0)});
+  Checker check("rules_direct", world.rank());
+  check.equal("tanh", dtp::full_tensor(at::tanh(x)), at::tanh(x0));
+  if (check.verdict(world) > 0) return 1;
+  if (world.rank() == 0) std::cout << "direct rules agree ok" << std::endl;
+  // Rank 0 keeps rows whole (R), rank 1 computes on its shard (S(0)): without
+  // the check, rank 0 gathers and rank 1 does not, and the values differ.
+  const dtp::Placement p = world.rank() == 0 ? dtp::Replicate() : dtp::Shard(0);
+  dtp::register_sharding("aten::sigmoid", std::vector<dtp::ShardingStrategy>{{{p}, {p}}},
+                         dtp::RegisterShardingOptions().override_existing(true));
+  at::sigmoid(x);  // throws on both ranks
+  std::cout << "rules that differ were not refused" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -429,7 +457,8 @@ int main(int argc, char** argv) {
   if (cmd == "chaos") return chaos();
   if (cmd == "pipeline_chaos") return pipelineChaos();
   if (cmd == "rules") return rules();
+  if (cmd == "rules_direct") return rulesDirect();
   std::cerr << "mp_worker: unknown subcommand '" << cmd
-            << "'. Expected collectives, mesh, die, stall, chaos, pipeline_chaos, rules, lonely or alone.\n";
+            << "'. Expected collectives, mesh, die, stall, chaos, pipeline_chaos, rules, rules_direct, lonely or alone.\n";
   return 2;
 }
