@@ -30,6 +30,10 @@ namespace dtp {
 // once per stage (ranks cannot tell a copy from another stage's tensor of
 // the same shape without comparing values). See NOTE: [Parameters every
 // stage holds] in src/optim/clip_grad.cpp.
+// A pp group that is no pipeline is an error (NOTE: [A pp group that is no
+// pipeline]): one that overlaps a gradient's mesh dimension or shards a
+// gradient, and, at the first call, one whose ranks all have the same
+// non-zero norm (replicas, e.g. the world group under DDP).
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm, double norm_type = 2.0,
                            const std::optional<ProcessGroup>& pp = std::nullopt);
 
