@@ -44,6 +44,9 @@ SavePlan plan_save(const StateDict& state_dict) {
     TORCH_CHECK(t.defined(), "save: '", name, "' is an undefined tensor. Leave it out of the state dict.");
     TORCH_CHECK(io::safetensors_dtype_name(t.scalar_type()), "save: '", name, "' has dtype ", t.scalar_type(),
                 ", which safetensors cannot hold. Convert it (e.g. to float32) before saving.");
+    TORCH_CHECK(!local_box(t).local.is_meta(), "save: '", name, "' is on the meta device: got a tensor with no values (a model built with "
+                "deferred init, not yet initialized), expected one that holds its values. Call init_weights(model) "
+                "(or load weights into it) before saving.");
     io::IndexedTensor global;
     global.dtype = t.scalar_type();
     bool writer = true;  // a plain tensor: its lowest holder writes it (keep_lowest_holders)

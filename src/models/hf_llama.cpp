@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <tuple>
 #include <map>
 #include <regex>
 
@@ -169,6 +170,15 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len) {
   c.tie_embeddings = optional<bool>(j, path, "tie_word_embeddings", false);
   c.max_seq_len = max_seq_len > 0 ? max_seq_len : optional<int64_t>(j, path, "max_position_embeddings", 2048);
   c.explicit_head_dim = optional<int64_t>(j, path, "head_dim", 0);
+  // Sizes by their key in the file, before LlamaConfig::validate names dtp's
+  // field for them.
+  for (const auto& [key, value, least] :
+       {std::make_tuple("vocab_size", c.vocab_size, 1), std::make_tuple("hidden_size", c.dim, 1),
+        std::make_tuple("intermediate_size", c.ffn_hidden, 1), std::make_tuple("num_hidden_layers", c.n_layers, 0),
+        std::make_tuple("num_attention_heads", c.n_heads, 1), std::make_tuple("num_key_value_heads", c.n_kv_heads, 1),
+        std::make_tuple("max_position_embeddings", c.max_seq_len, 1), std::make_tuple("head_dim", c.explicit_head_dim, 0)})
+    TORCH_CHECK(value >= least, kApi, ": '", path, "': \"", key, "\" is ", value, ", expected an integer of ", least,
+                " or more. Fix the value in the file.");
   if (c.explicit_head_dim > 0 && c.explicit_head_dim * c.n_heads == c.dim) c.explicit_head_dim = 0;  // the default
   const std::string act = optional<std::string>(j, path, "hidden_act", "silu");
   if (act != "silu") nyi("hidden_act", j["hidden_act"], "the MLP is SwiGLU (silu) in every supported family");

@@ -130,6 +130,10 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
       io::read_box(folder.file_of(tensors[i].hf), *stored[i], start, run_rows(box.local, run), options.buffer_bytes);
     }
   }
+  // Every parameter now holds the folder's values: a deferred_init model
+  // (its shards allocated by parallelizing, not yet set) needs no
+  // init_weights, which would overwrite them (it refuses now).
+  model->awaiting_init = false;
 }
 
 }  // namespace dtp::models

@@ -160,8 +160,17 @@ Json configJson(const LlamaConfig& c, at::ScalarType dtype, const std::string& s
   const bool moe = c.moe.num_experts > 0;
   Json j = Json::object();
   if (!source_dir.empty() && fs::exists(source_dir + "/config.json")) {
-    std::ifstream in(source_dir + "/config.json");
-    j = Json::parse(in);
+    const std::string path = source_dir + "/config.json";
+    std::ifstream in(path);
+    try {
+      j = Json::parse(in);
+    } catch (const Json::exception& e) {
+      TORCH_CHECK(false, "save_hf: the source's config.json '", path, "' (HFSaveOptions::source_dir) is not valid "
+                  "JSON: ", e.what(), ". Fix or replace that file, or leave source_dir empty to write a config.json "
+                  "from the model's config alone.");
+    }
+    TORCH_CHECK(j.is_object(), "save_hf: the source's config.json '", path, "' (HFSaveOptions::source_dir) is ",
+                j.type_name(), ", expected a JSON object. Fix or replace that file, or leave source_dir empty.");
   }
   j["architectures"] = {architecture(c.family)};
   j["model_type"] = c.family;
@@ -232,11 +241,14 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
   // NOTE: [Nothing dtp did not write]: the export joins the folder's other
   // entries; only its own older shards go.
   std::optional<io::StagedDir> staged;
-  // Rank 0 lays out the files: headers written, data zero-filled.
+  Json config;
+  // Rank 0 lays out the files: headers written, data zero-filled. The
+  // source's config.json is read first: a bad one fails before any byte.
   dcp::agree(group, dcp::error_of([&] {
     dtypeName(dtype);
     files = layout(tensors, dtype, options.max_shard_bytes);
     if (rank != 0) return;
+    config = configJson(model->config, dtype, options.source_dir);
     staged.emplace(dir, isExportFile, io::StagedDir::Mode::kMerge, "save_hf");
     for (const auto& f : files) {
       const std::string path = folder + "/" + f.name;
@@ -328,7 +340,7 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
       index["metadata"]["total_size"] = total;
       io::write_file_synced(folder + "/model.safetensors.index.json", index.dump(2) + "\n");
     }
-    io::write_file_synced(folder + "/config.json", configJson(model->config, dtype, options.source_dir).dump(2) + "\n");
+    io::write_file_synced(folder + "/config.json", config.dump(2) + "\n");
     // The source's tokenizer files, unless the folder has its own (kept).
     for (const char* extra : kTokenizerFiles) {
       const fs::path from = fs::path(options.source_dir) / extra;

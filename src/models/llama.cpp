@@ -15,6 +15,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include <cmath>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -27,8 +28,14 @@ int64_t LlamaConfig::hidden() const {
 }
 
 void LlamaConfig::validate() const {
-  TORCH_CHECK(dim > 0 && n_layers >= 0 && n_heads > 0 && vocab_size > 0 && max_seq_len > 0,
-              "LlamaConfig: dim, n_heads, vocab_size and max_seq_len must be positive.");
+  // One field per error, by its name (not "dim, n_heads, ... must be positive" for n_layers=-1).
+  for (const auto& [name, value, least] : {std::make_tuple("dim", dim, int64_t{1}), std::make_tuple("n_layers", n_layers, int64_t{0}),
+                                           std::make_tuple("n_heads", n_heads, int64_t{1}),
+                                           std::make_tuple("vocab_size", vocab_size, int64_t{1}),
+                                           std::make_tuple("max_seq_len", max_seq_len, int64_t{1}),
+                                           std::make_tuple("ffn_hidden", ffn_hidden, int64_t{0})})
+    TORCH_CHECK(value >= least, "LlamaConfig: ", name, "=", value, ", expected ", least == 0 ? "0 or more" : "1 or more",
+                least == 0 && std::string(name) == "ffn_hidden" ? " (0: the SwiGLU default)" : "", ". Fix ", name, ".");
   TORCH_CHECK(explicit_head_dim > 0 || dim % n_heads == 0, "LlamaConfig: dim=", dim,
               " is not divisible by n_heads=", n_heads, ". Pick dim as a multiple of n_heads, or set explicit_head_dim.");
   TORCH_CHECK(explicit_head_dim >= 0, "LlamaConfig: explicit_head_dim=", explicit_head_dim,
@@ -287,8 +294,13 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
 }
 
 void init_weights(Llama& model, const std::vector<at::Tensor>& only) {
-  TORCH_CHECK(model->awaiting_init, "init_weights: the model was not built with LlamaConfig::deferred_init, so it "
-              "is initialized already.");
+  // Loaded weights are never overwritten: load_hf_weights clears
+  // awaiting_init, and a second init is refused like a first init of an
+  // eager model.
+  TORCH_CHECK(model->awaiting_init, "init_weights: the model holds its weights already: got a model built without "
+              "LlamaConfig::deferred_init, or one that load_hf_weights or an earlier init_weights filled; expected a "
+              "deferred_init model that nothing has initialized. Drop this call: init_weights would overwrite those "
+              "weights with random ones.");
   std::unordered_set<const c10::TensorImpl*> subset;
   for (const auto& p : only) subset.insert(p.unsafeGetTensorImpl());
   initParameters(*model, model->config, only.empty() ? nullptr : &subset);
@@ -300,8 +312,10 @@ void init_weights(Llama& model, const std::vector<at::Tensor>& only) {
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& input) {
-  TORCH_CHECK(!awaiting_init, "Llama: built with deferred_init, and init_weights(model) was not called. Call it after "
-              "parallelizing (apply_tensor_parallel, apply_ac, apply_fsdp/apply_ddp), before the first forward.");
+  TORCH_CHECK(!awaiting_init, "Llama: built with deferred_init, and neither init_weights(model) nor load_hf_weights "
+              "has set its weights. Call init_weights after parallelizing (apply_tensor_parallel, apply_ac, "
+              "apply_fsdp/apply_ddp), before the first forward, and before any dcp::load_state: an init after a load "
+              "would overwrite the loaded weights.");
   at::Tensor h = config.with_embedding ? tok_embeddings(input) : input;
   for (const auto& layer : *layers) h = dtp::nn::run_hooked(*layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>(), h);
   if (!config.with_head) return h;

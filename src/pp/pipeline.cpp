@@ -156,7 +156,13 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
       TORCH_CHECK(!is_dtensor(y), "Pipeline: stage ", a.stage, "'s output is a DTensor: NYI (TP inside a pipeline "
                   "stage). Return a plain tensor (to_local of a Replicate output) from the stage.");
       if (a.stage == last) {
-        y = loss_(y, target_mbs[a.microbatch]) / m;
+        y = loss_(y, target_mbs[a.microbatch]);
+        TORCH_CHECK(y.defined() && y.numel() == 1, "Pipeline: loss_fn returned ",
+                    y.defined() ? "a tensor of shape " + c10::str(y.sizes()) : std::string("an undefined tensor"),
+                    " for microbatch ", a.microbatch, " on stage ", a.stage, ": got a non-scalar loss, expected one "
+                    "value per microbatch (0-dim), which the pipeline scales by 1/", m, " and backpropagates from. "
+                    "Reduce it inside loss_fn, e.g. with .mean() or .sum().");
+        y = y / m;
         loss_sum = loss_sum.defined() ? loss_sum + y.detach() : y.detach();
       } else {
         announce(y, a.stage + 1);
