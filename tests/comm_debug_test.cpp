@@ -80,7 +80,7 @@ TEST(CommDebug, SequenceParallelAndLossParallel) {
     Mlp m;
     m->to(at::kDouble);
     parallelize_module(*m, mesh,
-                       {{"norm", SequenceParallel()},
+                       {{"norm", SequenceParallel(SequenceParallelOptions().sequence_dim(0))},  // x is [seq, hidden]
                         {"up", ColwiseParallel(ColwiseParallelOptions().input_layouts(Shard(0)))},
                         {"down", RowwiseParallel(RowwiseParallelOptions().output_layouts(Shard(0)))}});
     const at::Tensor x = distribute_tensor(data({4, 8}), mesh, {Shard(0)}).detach().requires_grad_();

@@ -243,7 +243,7 @@ TEST(FullyShardCollectives, PerStepMatchTheClosedForm) {
       auto* wq = model->layers[0]->as<TransformerBlockImpl>()->attention->wq.get();
       const at::Tensor sharded_wq = wq->named_parameters(false)["weight"];
       at::Tensor gathered_wq;  // what wq's forward read
-      wq->post_hooks.push_back([&](at::Tensor&) { gathered_wq = wq->weight; });
+      wq->post_hooks.push_back([&](dtp::nn::Slots&) { gathered_wq = wq->weight; });
       CommCounter comm;
       at::Tensor loss = llama_loss(model(batch.narrow(1, 0, kSeq)), batch.narrow(1, 1, kSeq));
       auto storage = [](const at::Tensor& t) { return to_local(t).storage().nbytes(); };
@@ -412,7 +412,7 @@ TEST(FullyShardMixedPrecision, Bf16IsAsExactAsOneDeviceWithTheSamePolicy) {
     apply_fsdp(model, mesh, mp);
     const ProcessGroup dp = mesh.get_group("dp");
     c10::ScalarType seen = at::kDouble;  // the head's weight as its forward read it
-    model->output->post_hooks.push_back([&](at::Tensor&) { seen = model->output->weight.scalar_type(); });
+    model->output->post_hooks.push_back([&](dtp::nn::Slots&) { seen = model->output->weight.scalar_type(); });
     auto grads = firstGradients(model, &dp);
     EXPECT_EQ(seen, at::kBFloat16) << "forward computes in param_dtype";
     for (auto& [name, p] : model->unique_named_parameters()) {

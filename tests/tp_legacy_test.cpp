@@ -61,7 +61,116 @@ TEST(TpLegacyTest, PairwiseParallelNeedsTwoLinears) {
     auto mesh = init_device_mesh("cpu", {2});
     dtp::nn::Linear lin(4, 4);
     dtp::test::expect_error([&] { parallelize_module(*lin, mesh, PairwiseParallel()); },
-                            {"PairwiseParallel", "exactly two nn::Linear"});
+                            {"PairwiseParallel", "holds no MLP", "at any depth"});
+  });
+}
+
+// PyTorch 2.0 looked for MLPs (two or more Linear children) and attention at
+// any depth: a model of blocks, each holding an MLP of three Linears (the
+// third, odd one, stays replicated) next to a stock-free attention.
+struct DeepMlpImpl : torch::nn::Module {
+  dtp::nn::Linear a{register_module("a", dtp::nn::Linear(6, 8))};
+  dtp::nn::Linear b{register_module("b", dtp::nn::Linear(8, 6))};
+  dtp::nn::Linear c{register_module("c", dtp::nn::Linear(6, 6))};
+  at::Tensor forward(const at::Tensor& x) { return c(b(at::relu(a(x)))); }
+};
+DTP_MODULE(DeepMlp);
+struct BlockImpl : torch::nn::Module {
+  DeepMlp mlp{register_module("mlp", DeepMlp())};
+  at::Tensor forward(const at::Tensor& x) { return x + mlp(x); }
+};
+DTP_MODULE(Block);
+struct StackImpl : torch::nn::Module {
+  Block first{register_module("first", Block())};
+  Block second{register_module("second", Block())};
+  at::Tensor forward(const at::Tensor& x) { return second(first(x)); }
+};
+DTP_MODULE(Stack);
+
+template <class M>
+void copyParams(M& from, M& to) {
+  torch::NoGradGuard g;
+  double seed = 0;
+  for (auto& p : from->named_parameters()) {
+    p.value().copy_(data(p.value().sizes().vec(), seed += 1).to(p.value().scalar_type()));
+    to->named_parameters()[p.key()].copy_(p.value());
+  }
+}
+
+TEST(TpLegacyTest, PairwiseParallelFindsPairsAtAnyDepth) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    Stack m, ref;
+    m->to(at::kDouble);
+    ref->to(at::kDouble);
+    copyParams(m, ref);
+    parallelize_module(*m, mesh, PairwiseParallel());
+    for (const char* block : {"first", "second"}) {
+      const std::string pre = std::string(block) + ".mlp.";
+      EXPECT_EQ(placements(m->named_parameters()[pre + "a.weight"]), Placements{Shard(0)}) << block;
+      EXPECT_EQ(placements(m->named_parameters()[pre + "b.weight"]), Placements{Shard(1)}) << block;
+      EXPECT_FALSE(is_dtensor(m->named_parameters()[pre + "c.weight"])) << block;
+    }
+    const at::Tensor x = data({5, 6});
+    CommCounter fwd;
+    at::Tensor y = m(x);
+    EXPECT_EQ(fwd.count(CollectiveType::AllReduce), 2) << fwd.str();  // one per MLP
+    EXPECT_EQ(fwd.total_count(), 2) << fwd.str();
+    EXPECT_CLOSE(y, ref(x), 1e-12, 1e-12);
+  });
+}
+
+// PyTorch 2.0's SequenceParallel: PairwiseParallel with the input and the
+// output sharded on dim 0 (the sequence): an all-gather in, a
+// reduce-scatter out, and the reverse in backward.
+TEST(TpLegacyTest, LegacySequenceParallelShardsTheSequenceAroundPairs) {
+  for (int w : {2, 3}) {
+    run_ranks(w, [&](int rank) {
+      auto mesh = init_device_mesh("cpu", {w});
+      Mlp m, ref;
+      m->to(at::kDouble);
+      ref->to(at::kDouble);
+      copyParams(m, ref);
+      parallelize_module(*m, mesh, legacy::SequenceParallel());
+      const at::Tensor x = data({3 * w, 6});
+      const auto start = chunk_start(3 * w, w, rank), size = chunk_size(3 * w, w, rank);
+      at::Tensor lx = x.narrow(0, start, size).clone().requires_grad_(true);
+      CommCounter fwd;
+      at::Tensor y = m(lx);
+      EXPECT_EQ(fwd.count(CollectiveType::AllGather), 1) << fwd.str();
+      EXPECT_EQ(fwd.count(CollectiveType::ReduceScatter), 1) << fwd.str();
+      EXPECT_EQ(fwd.total_count(), 2) << fwd.str();
+      EXPECT_FALSE(is_dtensor(y));
+      at::Tensor fx = x.clone().requires_grad_(true);
+      at::Tensor ry = ref(fx);
+      EXPECT_CLOSE(y, ry.narrow(0, start, size), 1e-12, 1e-12);
+      CommCounter bwd;
+      y.sum().backward();
+      EXPECT_EQ(bwd.count(CollectiveType::AllGather), 1) << bwd.str();
+      EXPECT_EQ(bwd.count(CollectiveType::ReduceScatter), 1) << bwd.str();
+      ry.sum().backward();
+      EXPECT_CLOSE(lx.grad(), fx.grad().narrow(0, start, size), 1e-12, 1e-12);
+      for (const auto& p : ref->named_parameters())
+        EXPECT_CLOSE(full_tensor(m->named_parameters()[p.key()].grad()), p.value().grad(), 1e-12, 1e-12) << p.key();
+    });
+  }
+}
+
+struct StockAttentionImpl : torch::nn::Module {
+  torch::nn::MultiheadAttention attn{register_module("attn", torch::nn::MultiheadAttention(8, 4))};
+};
+TORCH_MODULE(StockAttention);
+
+// A stock MultiheadAttention field cannot be swapped (its parent calls the
+// stock forward): the error gives the exact declaration to write instead.
+TEST(TpLegacyTest, StockMultiheadAttentionFieldIsRefusedWithTheChange) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    StockAttention m;
+    dtp::test::expect_error([&] { parallelize_module(*m, mesh, PairwiseParallel()); },
+                            {"the module at 'attn' is a stock torch::nn::MultiheadAttention",
+                             "`dtp::nn::MultiheadAttention attn{nullptr};`"});
+    EXPECT_FALSE(is_dtensor(m->attn->in_proj_weight));
   });
 }
 

@@ -45,12 +45,12 @@ struct CheckpointBackward : torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     for (size_t i = 0; i < inputs.size(); ++i)
-      TORCH_CHECK(inputs[i]._version() == versions[i], "checkpoint: input ", i,
+      TORCH_CHECK(!inputs[i].defined() || inputs[i]._version() == versions[i], "checkpoint: input ", i,
                   " was changed in place after the checkpointed call; backward would recompute from the new "
                   "values. Pass a copy (clone()) to the checkpointed function, or change a copy.");
     std::vector<at::Tensor> x;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor t = inputs[i].detach();
+      at::Tensor t = inputs[i].defined() ? inputs[i].detach() : at::Tensor();
       if (needs_grad[i]) t.requires_grad_(true);
       x.push_back(t);
     }
@@ -75,7 +75,7 @@ struct CheckpointBackward : torch::autograd::Node {
     }
     std::vector<at::Tensor> roots, root_grads;
     for (size_t k = 0; k < outs.size() && k < grads.size(); ++k) {
-      if (!grads[k].defined() || !outs[k].requires_grad()) continue;
+      if (!grads[k].defined() || !outs[k].defined() || !outs[k].requires_grad()) continue;
       roots.push_back(outs[k]);
       root_grads.push_back(grads[k]);
     }
@@ -104,10 +104,10 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   auto node = std::make_shared<CheckpointBackward>();
   node->fn = fn;
   node->random = detail::get_random_state();
-  for (const auto& t : inputs) {
-    node->inputs.push_back(t.detach());
-    node->versions.push_back(static_cast<int64_t>(t._version()));
-    node->needs_grad.push_back(t.requires_grad());
+  for (const auto& t : inputs) {  // an undefined input (an absent optional argument) stays undefined
+    node->inputs.push_back(t.defined() ? t.detach() : at::Tensor());
+    node->versions.push_back(t.defined() ? static_cast<int64_t>(t._version()) : 0);
+    node->needs_grad.push_back(t.defined() && t.requires_grad());
   }
   if (mode == ACMode::Selective) {
     node->collectives = std::make_shared<detail::ResultTape>();
@@ -120,11 +120,14 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
     outs = fn(node->inputs);
   }
   for (const auto& o : outs)
-    TORCH_CHECK(o.defined() && at::isFloatingType(o.scalar_type()), "checkpoint: the checkpointed function returned ",
-                o.defined() ? c10::toString(o.scalar_type()) : "an undefined tensor",
-                "; it must return floating-point tensors (what backward can flow through).");
+    TORCH_CHECK(!o.defined() || at::isFloatingType(o.scalar_type()), "checkpoint: the checkpointed function returned ",
+                c10::toString(o.scalar_type()), "; it must return floating-point tensors (what backward can flow "
+                "through) or undefined ones (an absent optional output).");
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-  torch::autograd::set_history(outs, node);
+  for (auto& o : outs) {  // an undefined output keeps its slot among the node's outputs
+    if (o.defined()) torch::autograd::set_history(o, node);
+    else node->add_input_metadata(torch::autograd::Node::undefined_input());
+  }
   return outs;
 }
 
@@ -133,8 +136,7 @@ void checkpoint_wrapper(torch::nn::Module& module, ACMode mode, std::vector<std:
   TORCH_CHECK(!detail::was_applied(module, detail::technique::kCheckpointWrapper), "checkpoint_wrapper: ", module.name(),
               " is already checkpointed. Wrap each module once.");
   host.wrappers.push_back([mode, save_ops](const std::vector<at::Tensor>& inputs, const nn::HookHost::Run& run) {
-    return checkpoint([run](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{run(in)}; }, inputs,
-                      mode, save_ops)[0];
+    return checkpoint(run, inputs, mode, save_ops);
   });
   host.applied.push_back({detail::technique::kCheckpointWrapper, std::make_shared<ACMode>(mode)});
 }

@@ -247,6 +247,10 @@ std::pair<const std::string*, const std::string*> CommCounter::current_op() { re
 bool CommCounter::tracking_modules() { return tracking_counters > 0; }
 
 void CommCounter::enter_backward(int64_t token, const std::string& fqn) {
+  // A module with several outputs enters once, through whichever output's
+  // backward runs first (NOTE: [Module tracking]).
+  for (const auto& m : backward_modules)
+    if (m.token == token) return;
   backward_modules.push_back({token, fqn, currentTask()});
 }
 

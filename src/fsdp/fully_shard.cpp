@@ -409,23 +409,30 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
       for (auto& x : inputs)
         if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
   });
-  host.post_hooks.push_back([unit](at::Tensor& output) {
+  host.post_hooks.push_back([unit](nn::Slots& outputs) {
     detail::mix_hint() = unit->outer_hint;
     if (*unit->root) {
       running_root = nullptr;
       detail::set_data_parallel_batch(ProcessGroup());
     }
-    if (!output.requires_grad() || !at::GradMode::is_enabled()) {
+    bool backward_comes = false;
+    for (const auto& t : outputs) backward_comes |= t.defined() && t.requires_grad();
+    if (!backward_comes || !at::GradMode::is_enabled()) {
       unit->reshard(unit->gathered().get());  // no backward will come
       return;
     }
     if (!*unit->root && unit->options.reshard_after_forward && !detail::in_recompute())
       unit->reshard(unit->gathered().get());
+    // Whichever output's gradient arrives first regathers (the others find
+    // the unit gathered).
     std::weak_ptr<Unit> weak = unit;
-    output.register_hook([weak, g = unit->gathered()](const at::Tensor& grad) {
-      if (auto u = weak.lock()) u->regather_if_freed(*g);
-      return grad;
-    });
+    for (auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([weak, g = unit->gathered()](const at::Tensor& grad) {
+        if (auto u = weak.lock()) u->regather_if_freed(*g);
+        return grad;
+      });
+    }
   });
   host.applied.push_back({kApplied, unit});
 }

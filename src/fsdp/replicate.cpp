@@ -256,7 +256,7 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
     if (state->owns_batch) detail::set_data_parallel_batch(state->dp);
     state->attach();
   });
-  host.post_hooks.push_back([state](at::Tensor&) {
+  host.post_hooks.push_back([state](nn::Slots&) {
     if (state->owns_batch) detail::set_data_parallel_batch(ProcessGroup());
   });
   host.applied.push_back({kApplied, state});

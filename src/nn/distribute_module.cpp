@@ -28,7 +28,14 @@ void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh, Partit
               "module (", module.name(), ") cannot run them. Hold it in a dtp::nn::Hooked "
               "holder: declare it with DTP_MODULE instead of TORCH_MODULE, or use dtp::nn::Linear.");
   if (input_fn) host->pre_hooks.push_back([input_fn, mesh](std::vector<at::Tensor>& in) { input_fn(in, mesh); });
-  if (output_fn) host->post_hooks.push_back([output_fn, mesh](at::Tensor& out) { output_fn(out, mesh); });
+  if (output_fn) {
+    host->post_hooks.push_back([output_fn, mesh, type = module.name()](nn::Slots& out) {
+      TORCH_CHECK(out.size() == 1 && out.is_tensor(0), "distribute_module: output_fn takes one at::Tensor, but the "
+                  "forward of ", type, " returns ", out.size(), " outputs. Prepare several outputs with "
+                  "PrepareModuleOutput (one layout per output) instead.");
+      output_fn(out[0], mesh);
+    });
+  }
 }
 
 }  // namespace dtp

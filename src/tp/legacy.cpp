@@ -29,24 +29,64 @@ at::Tensor reshard(const at::Tensor& t, const DeviceMesh& mesh, Placement to, co
 
 }  // namespace
 
+namespace {
+
+// NOTE: [PairwiseParallel's search] As PyTorch 2.0's parallelize_module with
+// PairwiseParallel: a MultiheadAttention has its heads split; a module with
+// two or more direct nn::Linear children is an MLP, whose Linears pair up in
+// registration order (Colwise, Rowwise; an odd last one stays as it is);
+// any other module hands the style to each child, so pairs deeper down are
+// found. Returns how many MLPs and attentions it parallelized.
+int pairwise(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
+             std::optional<int> src_data_rank, const PairwiseParallel& style, const std::string& name) {
+  if (auto* attention = module.as<nn::MultiheadAttentionImpl>()) {
+    TORCH_CHECK(style.input_layout().is_replicate() && style.output_layout().is_replicate(), name, ": the module at '",
+                fqn, "' is a MultiheadAttention. NYI: sequence-sharded attention in the 2023 API; use PairwiseParallel "
+                "for it, with make_input_reshard_replicate / make_output_reshard_tensor around the block.");
+    attention->shard_heads(mesh, src_data_rank, fqn);
+    return 1;
+  }
+  if (module.as<torch::nn::MultiheadAttentionImpl>() != nullptr) {
+    const std::string field = fqn.substr(fqn.rfind('.') == std::string::npos ? 0 : fqn.rfind('.') + 1);
+    TORCH_CHECK(false, name, ": the module at '", fqn, "' is a stock torch::nn::MultiheadAttention, whose forward "
+                "cannot run split heads, and C++ calls a field's own forward, so dtp cannot swap it in place. In the "
+                "parent module, declare the field as `dtp::nn::MultiheadAttention ", field.empty() ? "attn" : field,
+                "{nullptr};` (dtp/nn/multihead_attention.h: same options, fields and forward) instead of "
+                "`torch::nn::MultiheadAttention`.");
+  }
+  std::vector<std::string> linears;
+  for (const auto& c : module.named_children())
+    if (c.value()->as<torch::nn::LinearImpl>() != nullptr) linears.push_back(c.key());
+  if (linears.size() >= 2) {
+    const size_t pairs = linears.size() / 2;
+    ParallelizePlan plan;
+    for (size_t i = 0; i < pairs; ++i) {
+      ColwiseParallelOptions col;
+      RowwiseParallelOptions row;
+      if (i == 0) col.input_layouts(style.input_layout());
+      if (i + 1 == pairs) row.output_layouts(style.output_layout());
+      plan.emplace_back(linears[2 * i], ColwiseParallel(col));
+      plan.emplace_back(linears[2 * i + 1], RowwiseParallel(row));
+    }
+    parallelize_module(module, mesh, plan, src_data_rank);
+    return 1;
+  }
+  int found = 0;
+  for (const auto& c : module.named_children())
+    found += pairwise(*c.value(), fqn.empty() ? c.key() : fqn + "." + c.key(), mesh, src_data_rank, style, name);
+  return found;
+}
+
+}  // namespace
+
 void PairwiseParallel::apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
                              std::optional<int> src_data_rank) const {
-  if (auto* attention = module.as<nn::MultiheadAttentionImpl>()) {
-    attention->shard_heads(mesh, src_data_rank, fqn);
-    return;
-  }
-  TORCH_CHECK(module.as<torch::nn::MultiheadAttentionImpl>() == nullptr, "PairwiseParallel: the module at '",
-              fqn, "' is a torch::nn::MultiheadAttention, whose forward cannot run split heads. Declare it as "
-              "dtp::nn::MultiheadAttention (same options, fields and forward).");
-  const auto children = module.named_children();
-  bool linears = children.size() == 2;
-  for (const auto& c : children) linears &= c.value()->as<torch::nn::LinearImpl>() != nullptr;
-  TORCH_CHECK(linears, "PairwiseParallel: the module at '", fqn, "' (", module.name(),
-              ") must have exactly two nn::Linear children; it has ", children.size(),
-              " children. Plan ColwiseParallel/RowwiseParallel per submodule instead.");
-  parallelize_module(module, mesh, {{children[0].key(), ColwiseParallel()},
-                                    {children[1].key(), RowwiseParallel()}}, src_data_rank);
+  TORCH_CHECK(pairwise(module, fqn, mesh, src_data_rank, *this, name()) > 0, name(), ": the module at '", fqn, "' (",
+              module.name(), ") holds no MLP (a module with two or more nn::Linear children) and no "
+              "dtp::nn::MultiheadAttention at any depth. Plan ColwiseParallel/RowwiseParallel per submodule instead.");
 }
+
+legacy::SequenceParallel::SequenceParallel() : PairwiseParallel(Shard(0), Shard(0)) {}
 
 at::Tensor make_input_replicate_1d(const at::Tensor& input, const DeviceMesh& mesh) {
   return inLayout(input, mesh, Replicate(), "make_input_replicate_1d");

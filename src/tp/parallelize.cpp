@@ -82,11 +82,13 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
   checkNotDataParallel(module);
   const auto modules = module.named_modules("", /*include_self=*/false);
   // Check every entry before changing anything.
-  std::vector<std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>> targets;
+  std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> targets;
   for (const auto& entry : plan) {
     targets.emplace_back();
+    if (entry.pattern.empty()) targets.back().emplace_back("", &module);  // the module itself
     for (const auto& item : modules)
-      if (matches(entry.pattern, item.key())) targets.back().emplace_back(item.key(), item.value());
+      if (!entry.pattern.empty() && matches(entry.pattern, item.key()))
+        targets.back().emplace_back(item.key(), item.value().get());
     if (targets.back().empty()) {
       std::vector<std::string> names;
       for (const auto& item : modules) names.push_back(item.key());
@@ -105,12 +107,30 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& mesh,
     for (auto& [fqn, m] : targets[i]) applyKeepingTies(module, *m, fqn, *plan[i].style, mesh, src_data_rank);
 }
 
-void parallelize_module(torch::nn::Module& module, const ParallelizePlan& plan,
-                        std::optional<int> src_data_rank) {
+namespace {
+
+DeviceMesh currentMesh() {
   auto mesh = DeviceMeshGuard::current();
   TORCH_CHECK(mesh.has_value(), "parallelize_module: no mesh given and no dtp::DeviceMeshGuard "
               "is active on this thread. Pass the mesh, or create a DeviceMeshGuard(mesh[\"tp\"]).");
-  parallelize_module(module, *mesh, plan, src_data_rank);
+  return *mesh;
+}
+
+}  // namespace
+
+void parallelize_module(torch::nn::Module& module, const ParallelizePlan& plan,
+                        std::optional<int> src_data_rank) {
+  parallelize_module(module, currentMesh(), plan, src_data_rank);
+}
+
+void parallelize_module(torch::nn::Module& module, const ParallelStyle& style, std::optional<int> src_data_rank) {
+  parallelize_module(module, currentMesh(), style, src_data_rank);
+}
+
+void parallelize_module(torch::nn::Module& module, std::optional<DeviceMesh> mesh) {
+  checkMesh(mesh ? *mesh : currentMesh());
+  TORCH_WARN("parallelize_module: no parallelize_plan was given for ", module.name(),
+             ", so this call does nothing (as PyTorch's). Pass a plan or a style.");
 }
 
 DeviceMeshGuard::DeviceMeshGuard(DeviceMesh mesh) : prev_(current_mesh) { current_mesh = std::move(mesh); }

@@ -5,14 +5,15 @@
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/hooked.h"
+#include "tp/style_util.h"
 
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
 namespace dtp {
-namespace {
+namespace tp_detail {
 
-nn::HookHost& hooksOf(torch::nn::Module& m, const std::string& fqn, const std::string& style) {
+nn::HookHost& hooks_of(torch::nn::Module& m, const std::string& fqn, const std::string& style) {
   auto* host = dynamic_cast<nn::HookHost*>(&m);
   TORCH_CHECK(host != nullptr, style, ": the module at '", fqn, "' (", m.name(),
               ") cannot run hooks, which this style needs. Declare the field with dtp::nn::Linear "
@@ -21,6 +22,33 @@ nn::HookHost& hooksOf(torch::nn::Module& m, const std::string& fqn, const std::s
   host->fqn = fqn;
   return *host;
 }
+
+at::Tensor as_dtensor(at::Tensor t, const DeviceMesh& mesh, Placement layout, std::optional<int64_t> dim_size) {
+  if (!t.defined() || is_dtensor(t)) return t;
+  std::optional<std::vector<int64_t>> shape;
+  if (layout.is_shard() && dim_size) {
+    auto s = t.sizes().vec();
+    s[c10::maybe_wrap_dim(layout.dim, t.dim())] = *dim_size;
+    shape = s;
+  }
+  return from_local(t, mesh, {layout}, /*run_check=*/false, shape);
+}
+
+at::Tensor relayout(at::Tensor t, const DeviceMesh& mesh, Placement p) {
+  return placements(t) == Placements{p} ? t : redistribute(std::move(t), mesh, {p});
+}
+
+at::Tensor to_layout(at::Tensor t, const DeviceMesh& mesh, Placement p, bool use_local) {
+  if (!t.defined()) return t;
+  at::Tensor out = relayout(std::move(t), mesh, p);
+  return use_local ? to_local(out) : out;
+}
+
+}  // namespace tp_detail
+
+namespace {
+
+using namespace tp_detail;
 
 void shardParam(torch::nn::Module& m, const std::string& fqn, const std::string& name,
                 const DeviceMesh& mesh, Placement p, std::optional<int> src) {
@@ -46,37 +74,24 @@ void replicateParams(torch::nn::Module& m, const std::string& fqn, const DeviceM
     shardParam(m, fqn, p.key(), mesh, Replicate(), src);
 }
 
-// A forward argument as a DTensor: a plain tensor is this rank's shard of
-// `layout`. `dim_size` gives the global size of a sharded dim when the module
-// knows it (Rowwise Linear: in_features), so uneven shards stay exact; else
-// shards are taken as even and from_local checks that.
-at::Tensor asDTensor(at::Tensor t, const DeviceMesh& mesh, Placement layout,
-                     std::optional<int64_t> dim_size = std::nullopt) {
-  if (!t.defined() || is_dtensor(t)) return t;
-  std::optional<std::vector<int64_t>> shape;
-  if (layout.is_shard() && dim_size) {
-    auto s = t.sizes().vec();
-    s[c10::maybe_wrap_dim(layout.dim, t.dim())] = *dim_size;
-    shape = s;
-  }
-  return from_local(t, mesh, {layout}, /*run_check=*/false, shape);
-}
-
-// Redistributes only when the layout differs (PyTorch's styles do the same): a
-// redistribute to the same placements would be a gradient boundary.
-// Takes `t` over: a module output nobody else holds is reduced in place.
-at::Tensor relayout(at::Tensor t, const DeviceMesh& mesh, Placement p) {
-  return placements(t) == Placements{p} ? t : redistribute(std::move(t), mesh, {p});
-}
-
-at::Tensor to(at::Tensor t, const DeviceMesh& mesh, Placement p, bool use_local) {
-  if (!t.defined()) return t;
-  at::Tensor out = relayout(std::move(t), mesh, p);
-  return use_local ? to_local(out) : out;
-}
-
 std::string expected(const std::string& style, const std::string& fqn, const torch::nn::Module& m) {
   return style + ": expected nn::Linear or nn::Embedding at '" + fqn + "', got " + m.name() + ".";
+}
+
+// The forward's first argument, which Colwise, Rowwise and SequenceParallel
+// prepare (PyTorch's inputs[0]); an error when it is not a tensor.
+at::Tensor& firstInput(nn::Slots& in, const std::string& style, const std::string& fqn) {
+  TORCH_CHECK(!in.empty() && in.is_tensor(0), style, ": the forward of '", fqn, "' takes ",
+              in.empty() ? "no arguments" : "a non-tensor first argument",
+              "; this style prepares the first argument, which must be a tensor.");
+  return in[0];
+}
+
+// The one output Colwise and Rowwise prepare.
+at::Tensor& onlyOutput(nn::Slots& out, const std::string& style, const std::string& fqn) {
+  TORCH_CHECK(out.size() == 1 && out.is_tensor(0), style, ": the forward of '", fqn, "' returns ", out.size(),
+              " outputs; this style prepares one tensor output. Use PrepareModuleOutput with one layout per output.");
+  return out[0];
 }
 
 }  // namespace
@@ -91,13 +106,15 @@ void ColwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
   } else {
     TORCH_CHECK(false, expected(name(), fqn, m));
   }
-  auto& host = hooksOf(m, fqn, name());
+  auto& host = hooks_of(m, fqn, name());
   const auto o = options_;
-  host.pre_hooks.push_back([o, mesh](std::vector<at::Tensor>& in) {
-    in[0] = relayout(asDTensor(in[0], mesh, o.input_layouts()), mesh, Replicate());
+  host.pre_hooks.push_back([o, mesh, fqn, n = name()](nn::Slots& in) {
+    at::Tensor& x = firstInput(in, n, fqn);
+    x = relayout(as_dtensor(x, mesh, o.input_layouts()), mesh, Replicate());
   });
-  host.post_hooks.push_back([o, mesh](at::Tensor& out) {
-    out = to(std::move(out), mesh, o.output_layouts(), o.use_local_output());
+  host.post_hooks.push_back([o, mesh, fqn, n = name()](nn::Slots& out) {
+    at::Tensor& y = onlyOutput(out, n, fqn);
+    y = to_layout(std::move(y), mesh, o.output_layouts(), o.use_local_output());
   });
 }
 
@@ -117,74 +134,38 @@ void RowwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
   } else {
     TORCH_CHECK(false, expected(name(), fqn, m));
   }
-  auto& host = hooksOf(m, fqn, name());
-  host.pre_hooks.push_back([o, mesh, in_size, desired_input](std::vector<at::Tensor>& in) {
+  auto& host = hooks_of(m, fqn, name());
+  host.pre_hooks.push_back([o, mesh, in_size, desired_input, fqn, n = name()](nn::Slots& in) {
+    at::Tensor& x = firstInput(in, n, fqn);
     const bool last_dim = o.input_layouts().is_shard() && (o.input_layouts().dim == -1 ||
-                                                           o.input_layouts().dim == in[0].dim() - 1);
-    in[0] = relayout(asDTensor(in[0], mesh, o.input_layouts(), last_dim ? in_size : std::nullopt), mesh,
-                     desired_input);
+                                                           o.input_layouts().dim == x.dim() - 1);
+    x = relayout(as_dtensor(x, mesh, o.input_layouts(), last_dim ? in_size : std::nullopt), mesh, desired_input);
   });
-  host.post_hooks.push_back([o, mesh](at::Tensor& out) {
-    out = to(std::move(out), mesh, o.output_layouts(), o.use_local_output());
+  host.post_hooks.push_back([o, mesh, fqn, n = name()](nn::Slots& out) {
+    at::Tensor& y = onlyOutput(out, n, fqn);
+    y = to_layout(std::move(y), mesh, o.output_layouts(), o.use_local_output());
   });
 }
 
 void SequenceParallel::apply(torch::nn::Module& m, const std::string& fqn, const DeviceMesh& mesh,
                              std::optional<int> src) const {
   replicateParams(m, fqn, mesh, src);
-  auto& host = hooksOf(m, fqn, name());
+  auto& host = hooks_of(m, fqn, name());
   const auto o = options_;
-  host.pre_hooks.push_back([o, mesh](std::vector<at::Tensor>& in) {
-    in[0] = asDTensor(in[0], mesh, Shard(o.sequence_dim()));
+  // As PyTorch's: a plain input is this rank's sequence shard; a DTensor in
+  // another layout (a Replicate embedding output, say) is redistributed.
+  host.pre_hooks.push_back([o, mesh, fqn, n = name()](nn::Slots& in) {
+    at::Tensor& x = firstInput(in, n, fqn);
+    if (!x.defined()) return;
+    const Placement seq = Shard(c10::maybe_wrap_dim(o.sequence_dim(), x.dim()));
+    x = is_dtensor(x) ? relayout(std::move(x), mesh, seq) : as_dtensor(x, mesh, seq);
   });
   if (o.use_local_output()) {
-    host.post_hooks.push_back([](at::Tensor& out) {
-      if (is_dtensor(out)) out = to_local(out);
+    host.post_hooks.push_back([](nn::Slots& out) {
+      for (auto& y : out)
+        if (y.defined() && is_dtensor(y)) y = to_local(y);
     });
   }
-}
-
-void PrepareModuleInput::apply(torch::nn::Module& m, const std::string& fqn, const DeviceMesh& mesh,
-                               std::optional<int>) const {
-  const auto o = options_;
-  TORCH_CHECK(o.input_layouts().size() == o.desired_input_layouts().size(), name(), " at '", fqn,
-              "': got ", o.input_layouts().size(), " input_layouts but ",
-              o.desired_input_layouts().size(),
-              " desired_input_layouts. Give one entry per tensor argument in both (nullopt to "
-              "skip one).");
-  for (size_t i = 0; i < o.input_layouts().size(); ++i) {
-    TORCH_CHECK(o.input_layouts()[i].has_value() == o.desired_input_layouts()[i].has_value(),
-                name(), " at '", fqn, "': tensor argument ", i,
-                " has an input layout but no desired layout, or the reverse. Give both or neither.");
-  }
-  auto& host = hooksOf(m, fqn, name());
-  host.pre_hooks.push_back([o, mesh, fqn, n = name()](std::vector<at::Tensor>& in) {
-    TORCH_CHECK(in.size() >= o.input_layouts().size(), n, " at '", fqn, "': forward got ",
-                in.size(), " tensor arguments, but input_layouts has ", o.input_layouts().size(),
-                " entries.");
-    for (size_t i = 0; i < o.input_layouts().size(); ++i) {
-      if (!o.input_layouts()[i]) continue;
-      at::Tensor x = asDTensor(in[i], mesh, *o.input_layouts()[i]);
-      if (o.gradient_boundary()) x = redistribute(std::move(x), mesh, {*o.desired_input_layouts()[i]});
-      in[i] = to(std::move(x), mesh, *o.desired_input_layouts()[i], o.use_local_output());
-    }
-  });
-}
-
-void PrepareModuleOutput::apply(torch::nn::Module& m, const std::string& fqn, const DeviceMesh& mesh,
-                                std::optional<int>) const {
-  const auto o = options_;
-  auto& host = hooksOf(m, fqn, name());
-  host.post_hooks.push_back([o, mesh](at::Tensor& out) {
-    out = to(asDTensor(std::move(out), mesh, o.output_layouts()), mesh, o.desired_output_layouts(),
-             o.use_local_output());
-  });
-}
-
-void PrepareModuleInputOutput::apply(torch::nn::Module& m, const std::string& fqn,
-                                     const DeviceMesh& mesh, std::optional<int> src) const {
-  in_.apply(m, fqn, mesh, src);
-  out_.apply(m, fqn, mesh, src);
 }
 
 }  // namespace dtp

@@ -10,17 +10,43 @@
 
 namespace dtp {
 
-// A module whose children are exactly two nn::Linear (in registration order):
-// the first ColwiseParallel, the second RowwiseParallel, replicated input and
-// output (PyTorch's PairwiseParallel for an MLP). On a
-// dtp::nn::MultiheadAttention it splits the heads instead (see
-// nn/multihead_attention.h).
+// PyTorch 2.0's PairwiseParallel: on a dtp::nn::MultiheadAttention it splits
+// the heads (nn/multihead_attention.h); on a module with two or more direct
+// nn::Linear children (an MLP) it pairs them in registration order, Colwise
+// then Rowwise; on any other module it looks into each child, at any depth
+// (NOTE: [PairwiseParallel's search]). Input and output are replicated; a
+// module where it finds nothing is an error (PyTorch does nothing).
 class PairwiseParallel : public ParallelStyle {
  public:
+  PairwiseParallel() = default;
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
   std::string name() const override { return "PairwiseParallel"; }
+  // The first Colwise's input layout and the last Rowwise's output layout.
+  Placement input_layout() const { return input_; }
+  Placement output_layout() const { return output_; }
+
+ protected:
+  PairwiseParallel(Placement input, Placement output) : input_(input), output_(output) {}
+
+ private:
+  Placement input_ = Replicate(), output_ = Replicate();
 };
+
+namespace legacy {
+
+// PyTorch 2.0's SequenceParallel (not today's, dtp::SequenceParallel):
+// PairwiseParallel whose input and output are sharded on dim 0, the sequence
+// of a [seq, batch, hidden] activation. The first Colwise all-gathers the
+// input (make_input_reshard_replicate), the last Rowwise reduce-scatters its
+// output and returns the local shard (make_output_reshard_tensor).
+class SequenceParallel : public PairwiseParallel {
+ public:
+  SequenceParallel();
+  std::string name() const override { return "legacy::SequenceParallel"; }
+};
+
+}  // namespace legacy
 
 at::Tensor make_input_replicate_1d(const at::Tensor& input, const DeviceMesh& mesh);
 at::Tensor make_input_shard_1d(const at::Tensor& input, const DeviceMesh& mesh, int64_t dim = 0);

@@ -13,8 +13,11 @@
 // reductions none/sum/mean are supported. Label smoothing is exact with
 // reductions none and sum (its smoothing term costs a few more all-reduces;
 // run backward inside the guard too); with a mean it is a clear error.
-// Logits must be 2-D [N, C] (or 1-D [C]) with the class dim sharded: flatten
-// batch and sequence first.
+// Logits are shaped as cross_entropy takes them: [N, C], [C], or
+// [N, C, d1, ...] (the class dim is 1, or 0 for 1-D), sharded on the class dim
+// (logits sharded on another dim only are an error, as in PyTorch). 2-D
+// logits take the fused path of loss_parallel_cross_entropy; others the
+// guard's rules (same collectives and values).
 #pragma once
 
 #include "dtp/dtensor.h"

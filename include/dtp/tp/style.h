@@ -8,6 +8,8 @@
 
 #include <torch/arg.h>
 
+#include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,8 +81,10 @@ struct SequenceParallelOptions {
   TORCH_ARG(bool, use_local_output) = false;
 };
 
-// Norms and dropout on sequence-sharded activations: parameters replicated,
-// input Shard(sequence_dim) (a plain tensor is taken as this rank's shard).
+// Norms and dropout on sequence-sharded activations: parameters replicated;
+// forward's first argument becomes Shard(sequence_dim): a plain tensor is
+// taken as this rank's shard, a DTensor in another layout is redistributed
+// (Replicate -> S(d): a local chunk; backward all-gathers its gradient).
 class SequenceParallel : public ParallelStyleWith<SequenceParallel, SequenceParallelOptions> {
  public:
   static constexpr const char* kName = "SequenceParallel";
@@ -89,12 +93,35 @@ class SequenceParallel : public ParallelStyleWith<SequenceParallel, SequencePara
              std::optional<int> src_data_rank) const override;
 };
 
-// One entry per tensor argument of forward; nullopt leaves that argument alone.
-using Layouts = std::vector<std::optional<Placement>>;
+// Layouts of a forward's arguments or outputs, one entry each, in order;
+// nullopt leaves one alone (PyTorch's None placeholder). A single Placement
+// is a one-entry list, as in PyTorch:
+//   .input_layouts({Shard(1), std::nullopt})    .output_layouts(Replicate())
+struct Layouts : std::vector<std::optional<Placement>> {
+  Layouts() = default;
+  Layouts(Placement p) : std::vector<std::optional<Placement>>{p} {}  // NOLINT: implicit, as PyTorch's
+  Layouts(std::initializer_list<std::optional<Placement>> l) : std::vector<std::optional<Placement>>(l) {}
+};
 
+// Layouts of forward arguments by name (PyTorch's input_kwarg_layouts). C++
+// has no keyword arguments: a module names its forward's arguments once with
+// DTP_FORWARD_ARGS (nn/hooked.h), and these keys are those names.
+using KwargLayouts = std::map<std::string, Placement>;
+
+// NOTE: [Argument positions] input_layouts counts every argument of forward,
+// as PyTorch counts every positional argument: a non-tensor argument takes
+// nullopt (a layout given for one is an error), an absent
+// std::optional<at::Tensor> or undefined tensor is left alone. It has one
+// entry per argument of the call, or fewer when the rest are keyword
+// arguments: the module names its arguments and input_kwarg_layouts keys
+// them (arguments after input_layouts that it does not key pass through, as
+// PyTorch's unlisted kwargs do). Empty input_layouts (PyTorch's None) leaves
+// the positional arguments alone.
 struct PrepareModuleInputOptions {
   TORCH_ARG(Layouts, input_layouts);
   TORCH_ARG(Layouts, desired_input_layouts);
+  TORCH_ARG(KwargLayouts, input_kwarg_layouts);
+  TORCH_ARG(KwargLayouts, desired_input_kwarg_layouts);
   TORCH_ARG(bool, use_local_output) = false;
   // Megatron's f: redistribute even where the input already has the desired
   // layout, so that the gradients of everything inside the module meet here
@@ -104,9 +131,9 @@ struct PrepareModuleInputOptions {
   TORCH_ARG(bool, gradient_boundary) = false;
 };
 
-// Turns forward's tensor arguments into DTensors with input_layouts (plain
-// tensors are this rank's shard) and redistributes them to the desired ones.
-// C++ forwards have no keyword arguments: input_kwarg_layouts has no analogue.
+// Turns forward's arguments into DTensors with input_layouts (plain tensors
+// are this rank's shard) and redistributes them to the desired ones. See
+// NOTE: [Argument positions].
 class PrepareModuleInput : public ParallelStyleWith<PrepareModuleInput, PrepareModuleInputOptions> {
  public:
   static constexpr const char* kName = "PrepareModuleInput";
@@ -115,9 +142,13 @@ class PrepareModuleInput : public ParallelStyleWith<PrepareModuleInput, PrepareM
              std::optional<int> src_data_rank) const override;
 };
 
+// output_layouts and desired_output_layouts are required (PyTorch has no
+// default): one entry per output of forward (NOTE: [Forward slots] in
+// nn/hooked.h: a std::tuple or std::vector<at::Tensor> has several), nullopt
+// for one to leave alone.
 struct PrepareModuleOutputOptions {
-  TORCH_ARG(Placement, output_layouts);
-  TORCH_ARG(Placement, desired_output_layouts);
+  TORCH_ARG(Layouts, output_layouts);
+  TORCH_ARG(Layouts, desired_output_layouts);
   TORCH_ARG(bool, use_local_output) = true;
 };
 
@@ -129,10 +160,23 @@ class PrepareModuleOutput : public ParallelStyleWith<PrepareModuleOutput, Prepar
              std::optional<int> src_data_rank) const override;
 };
 
+// PyTorch's PrepareModuleInputOutput keywords in one struct.
+struct PrepareModuleInputOutputOptions {
+  TORCH_ARG(Layouts, input_layouts);
+  TORCH_ARG(Layouts, desired_input_layouts);
+  TORCH_ARG(KwargLayouts, input_kwarg_layouts);
+  TORCH_ARG(KwargLayouts, desired_input_kwarg_layouts);
+  TORCH_ARG(bool, use_local_input) = false;
+  TORCH_ARG(Layouts, output_layouts);
+  TORCH_ARG(Layouts, desired_output_layouts);
+  TORCH_ARG(bool, use_local_output) = true;
+};
+
 class PrepareModuleInputOutput : public ParallelStyle {
  public:
   PrepareModuleInputOutput(PrepareModuleInputOptions in, PrepareModuleOutputOptions out)
-      : in_(std::move(in)), out_(out) {}
+      : in_(std::move(in)), out_(std::move(out)) {}
+  explicit PrepareModuleInputOutput(const PrepareModuleInputOutputOptions& o);
   void apply(torch::nn::Module& module, const std::string& fqn, const DeviceMesh& mesh,
              std::optional<int> src_data_rank) const override;
   std::string name() const override { return "PrepareModuleInputOutput"; }

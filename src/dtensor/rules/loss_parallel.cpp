@@ -77,6 +77,20 @@ std::optional<ClassSharding> classSharding(const DTensorSpec& s, int64_t class_d
   return cs;
 }
 
+// As PyTorch's loss_parallel: logits sharded, but not on the class dim (on
+// any mesh dim, even of one rank), are refused. [S(0)] 2-D logits on a 1-D
+// mesh are an error; [S(0), S(1)] on (dp, tp) with tp = 1 is not.
+void checkShardedOnClassDim(const DTensorSpec& s, int64_t class_dim) {
+  bool sharded = false, on_class = false;
+  for (const auto& p : s.placements) {
+    sharded |= p.is_shard();
+    on_class |= p.is_shard() && p.dim == class_dim;
+  }
+  TORCH_CHECK(!sharded || on_class, "loss_parallel: expected logits sharded on the class dim ", class_dim,
+              ", got ", s.str(), ". Shard the logits on the class dim (ColwiseParallel on the output projection, "
+              "output_layouts(Shard(-1))), or compute the loss outside dtp::LossParallelGuard.");
+}
+
 void allReduce(const DTensorSpec& s, const std::vector<size_t>& dims, at::Tensor& t, ReduceOp op) {
   for (size_t m : dims) s.mesh.get_group(m).all_reduce(t, op);
 }
@@ -230,6 +244,7 @@ bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto* impl = maybeGetDTensorImpl(self);
   if (impl == nullptr) return false;
   const int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), self.dim());
+  checkShardedOnClassDim(impl->spec(), dim);
   auto cs = classSharding(impl->spec(), dim);
   if (!cs) return false;
   const bool half_to_float = args[2].toBool();
