@@ -130,8 +130,16 @@ inline void pointwiseSamples(Table& t) {
     t.add(op, {T(s), Pos({7}, 1)}, P());
   }
   t.add("aten::div.out", {T(s), Pos(s, 1), T(s, 2)}, P());
-  for (const char* op : {"aten::addcmul", "aten::addcmul_"}) t.add(op, {T(s), T(s, 1), T({7}, 2), 0.5}, P());
-  for (const char* op : {"aten::addcdiv", "aten::addcdiv_"}) t.add(op, {T(s), T(s, 1), Pos({7}, 2), 0.5}, P());
+  // [5,1] broadcasts too, and leaves a rank of 4 empty in both dims (NOTE:
+  // [Empty shards in the sweep] in op_sweep_test.cpp), as [7] does not.
+  for (const char* op : {"aten::addcmul", "aten::addcmul_"}) {
+    t.add(op, {T(s), T(s, 1), T({7}, 2), 0.5}, P());
+    t.add(op, {T(s), T(s, 1), T({5, 1}, 2), 0.5});
+  }
+  for (const char* op : {"aten::addcdiv", "aten::addcdiv_"}) {
+    t.add(op, {T(s), T(s, 1), Pos({7}, 2), 0.5}, P());
+    t.add(op, {T(s), T(s, 1), Pos({5, 1}, 2), 0.5});
+  }
   for (const char* op : {"aten::masked_fill.Scalar", "aten::masked_fill_.Scalar"}) {
     t.add(op, {T(s), Mask(s), 0.0}, P());
     t.add(op, {T(s), Mask({7}), 1.5}, P());
@@ -162,6 +170,7 @@ inline void pointwiseSamples(Table& t) {
   t.add("aten::pow.Tensor_Scalar", {Pos(s), 0.5});
   t.add("aten::pow_.Scalar", {Pos(s), 1.5});
   t.add("aten::pow.Tensor_Tensor", {Pos(s), T({7}, 1)});
+  t.add("aten::pow.Tensor_Tensor", {Pos(s), T({5, 1}, 1)});
   t.add("aten::pow.Scalar", {2.0, T(s)});
   for (const char* op : {"aten::add.Scalar", "aten::add_.Scalar", "aten::sub.Scalar", "aten::rsub.Scalar"})
     t.add(op, {T(s), 1.5}, P());
@@ -177,6 +186,7 @@ inline void pointwiseSamples(Table& t) {
   t.add("aten::clamp_min", {T(s), -0.2});
   t.add("aten::clamp_max", {T(s), 0.3});
   t.add("aten::clamp.Tensor", {T(s), T(s, 1) - 0.5, T({7}, 2) + 0.5});
+  t.add("aten::clamp.Tensor", {T(s), T(s, 1) - 0.5, T({5, 1}, 2) + 0.5});
   t.add("aten::where.self", {Mask(s), T(s), T(s, 1)});
   t.add("aten::where.self", {Mask({7}), T(s), T({5, 1}, 1)});
   t.add("aten::where.ScalarOther", {Mask(s), T(s), 0.25});
@@ -229,6 +239,7 @@ inline void pointwiseSamples(Table& t) {
   }
   t.add("aten::copysign.Scalar", {T(s), -1.0});
   t.add("aten::lerp.Tensor", {T(s), T(s, 1), T({7}, 2)});
+  t.add("aten::lerp.Tensor", {T(s), T(s, 1), T({5, 1}, 2)});
   t.add("aten::xlogy.Tensor", {T(s), Pos(s, 1)});
   for (const char* op : {"aten::fmod.Scalar", "aten::remainder.Scalar"}) t.add(op, {T(s), 0.3}, P());
   // Activation backwards: (grad, input or output).
@@ -253,8 +264,10 @@ inline void matrixSamples(Table& t) {
   t.add("aten::mm", {T({5, 0}), T({0, 3}, 1)});
   t.add("aten::bmm", {T({2, 5, 7}), T({2, 7, 3}, 1)});
   t.add("aten::dot", {T({7}), T({7}, 1)}, P());
+  t.add("aten::dot", {T({5}), T({5}, 1)}, P());
   t.add("aten::dot", {T({0}), T({0}, 1)});
   t.add("aten::mv", {T({5, 7}), T({7}, 1)}, P());
+  t.add("aten::mv", {T({7, 5}), T({5}, 1)}, P());
   t.add("aten::addmm", {T({3}, 2), T({5, 7}), T({7, 3}, 1)});
   t.add("aten::addmm", {T({5, 3}, 2), T({5, 7}), T({7, 3}, 1), 0.5, 2.0});
   t.add("aten::baddbmm", {T({2, 5, 3}, 2), T({2, 5, 7}), T({2, 7, 3}, 1)});
@@ -439,12 +452,18 @@ inline void indexingSamples(Table& t) {
 
 inline void nnSamples(Table& t) {
   t.add("aten::embedding", {T({10, 4}), Idx({3, 5}, 10)});
+  // Vocabulary 9: rows 3,3,3,0 on 4 ranks (#55: the empty shard's lookup).
+  t.add("aten::embedding", {T({9, 4}), Idx({3, 5}, 9)});
   t.add("aten::embedding", {T({10, 4}), Idx({7}, 10), 3});
   t.add("aten::embedding_dense_backward", {T({3, 5, 4}), Idx({3, 5}, 10), 10, -1, false});
   const at::Tensor x = T({5, 7}), w = Pos({7}, 1), b = T({7}, 2);
   t.add("aten::native_layer_norm", {x, L({7}), w, b, 1e-5});
   t.add("aten::native_layer_norm", {T({2, 3, 4}), L({3, 4}), IV(), IV(), 1e-5});
+  // Weight and bias of 5: 2,2,1,0 on 4 ranks.
+  const at::Tensor x5 = T({7, 5}), w5 = Pos({5}, 1), b5 = T({5}, 2);
+  t.add("aten::native_layer_norm", {x5, L({5}), w5, b5, 1e-5});
   auto [y, mean, rstd] = at::native_layer_norm(x, {7}, w, b, 1e-5);
+  auto [y5, mean5, rstd5] = at::native_layer_norm(x5, {5}, w5, b5, 1e-5);
   // Backward ops run forward only here (libtorch has no derivative for
   // some of their arguments); their forward ops' backward checks them.
   Opts ln_bwd = NoGrad();
@@ -453,19 +472,27 @@ inline void nnSamples(Table& t) {
         ln_bwd);
   t.add("aten::native_layer_norm_backward", {T({5, 7}, 3), x, L({7}), mean, rstd, w, b, Bools({true, false, false})},
         ln_bwd);
+  t.add("aten::native_layer_norm_backward",
+        {T({7, 5}, 3), x5, L({5}), mean5, rstd5, w5, b5, Bools({true, true, true})}, ln_bwd);
   // Group norm, [N, C, HxW] with 2 groups: batch-sharded or replicated.
   const at::Tensor gx = T({5, 4, 3}), gw = Pos({4}, 1), gb = T({4}, 2);
   Opts gn;
   gn.seeds = {0};  // the output; with mean and rstd too libtorch takes a double-backward path
   t.add("aten::native_group_norm", {gx, gw, gb, 5, 4, 3, 2, 1e-5}, gn);
   t.add("aten::native_group_norm", {T({3, 4, 2, 2}), IV(), IV(), 3, 4, 4, 4, 1e-5}, gn);
+  // 6 channels in 3 groups: weight and bias 2,2,2,0 on 4 ranks.
+  const at::Tensor gx6 = T({5, 6, 2}), gw6 = Pos({6}, 1), gb6 = T({6}, 2);
+  t.add("aten::native_group_norm", {gx6, gw6, gb6, 5, 6, 2, 3, 1e-5}, gn);
   auto [gy, gmean, grstd] = at::native_group_norm(gx, gw, gb, 5, 4, 3, 2, 1e-5);
+  auto [gy6, gmean6, grstd6] = at::native_group_norm(gx6, gw6, gb6, 5, 6, 2, 3, 1e-5);
   Opts gn_bwd = NoGrad();
   gn_bwd.tied = {{0, 1}, {2, 3}};  // (grad_out, input), (mean, rstd)
   t.add("aten::native_group_norm_backward",
         {T({5, 4, 3}, 3), gx, gmean, grstd, gw, 5, 4, 3, 2, Bools({true, true, true})}, gn_bwd);
   t.add("aten::native_group_norm_backward",
         {T({5, 4, 3}, 3), gx, gmean, grstd, gw, 5, 4, 3, 2, Bools({true, false, true})}, gn_bwd);
+  t.add("aten::native_group_norm_backward",
+        {T({5, 6, 2}, 3), gx6, gmean6, grstd6, gw6, 5, 6, 2, 3, Bools({true, true, true})}, gn_bwd);
   // Convolutions (conv1d and conv2d; tests/conv_test.cpp has more).
   const at::Tensor x1 = T({4, 3, 7}), w1 = T({5, 3, 3}, 1), b1 = T({5}, 2);
   t.add("aten::convolution", {x1, w1, b1, L({1}), L({0}), L({1}), false, L({0}), 1});
@@ -500,6 +527,8 @@ inline void nnSamples(Table& t) {
   const at::Tensor logp = at::log_softmax(T({5, 7}), 1), target = Idx({5}, 7);
   for (int64_t reduction : {0, 1, 2}) t.add("aten::nll_loss_forward", {logp, target, IV(), reduction, -100});
   t.add("aten::nll_loss_forward", {logp, target, Pos({7}), 1, 2});
+  // Class weights of 5: 2,2,1,0 on 4 ranks.
+  t.add("aten::nll_loss_forward", {at::log_softmax(T({7, 5}), 1), Idx({7}, 5), Pos({5}), 1, -100});
   auto [loss, total] = at::nll_loss_forward(logp, target, {}, 1, -100);
   t.add("aten::nll_loss_backward", {at::ones({}, at::kDouble), logp, target, IV(), 1, -100, total}, NoGrad());
   t.add("aten::nll_loss_backward", {T({5}, 1), logp, target, IV(), 0, -100, total}, NoGrad());

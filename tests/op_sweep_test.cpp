@@ -613,6 +613,31 @@ TEST(OpSweep, EverySupportedOpHasSamples) {
   for (const auto& op : supportedOps()) EXPECT_TRUE(sampled.count(op)) << op << " has no sample in tests/op_sweep_samples.h";
 }
 
+// NOTE: [Empty shards in the sweep] Each tensor argument of each op, in
+// some sample, has a dim that leaves a rank of mesh (4) empty when sharded
+// (f64[5,7](S(0)) on 4 ranks -> local rows 2,2,1,0; 9 -> 3,3,3,0; 10 ->
+// 3,3,3,1 does not), so the sweep runs every op with an empty shard of
+// every argument: an op that fails there (#55: embedding's lookup on a
+// [0, D] vocabulary shard) shows. A zero-size dim (every rank empty) does
+// not count.
+TEST(OpSweep, EveryArgumentMeetsAnEmptyShard) {
+  auto leaves_a_rank_empty = [](int64_t n) { return n > 0 && dtp::test::chunk_sizes(n, 4).back() == 0; };
+  std::map<std::pair<std::string, size_t>, bool> met;  // (op, tensor slot) -> some sample's dim leaves one empty
+  for (const Sample& s : samples()) {
+    const std::vector<at::Tensor> ts = tensorsOf(s.args);
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const bool plain = std::find(s.opts.plain.begin(), s.opts.plain.end(), static_cast<int>(i)) != s.opts.plain.end();
+      if (plain || !ts[i].defined() || ts[i].dim() == 0) continue;
+      bool any = false;
+      for (int64_t d = 0; d < ts[i].dim(); ++d) any = any || leaves_a_rank_empty(ts[i].size(d));
+      met[{s.op, i}] = met[{s.op, i}] || any;
+    }
+  }
+  for (const auto& [key, ok] : met)
+    EXPECT_TRUE(ok) << key.first << ": tensor argument " << key.second << " has no dim that leaves a rank of mesh (4) "
+                    << "empty in any sample. Add a sample with such a size (5, 6 or 9: NOTE: [Empty shards in the sweep]).";
+}
+
 TEST(OpSweep, EveryCaseMatchesOneDeviceOrNamesItsOp) {
   const Sweep& sw = sweep();
   const Totals t = totals(sw);

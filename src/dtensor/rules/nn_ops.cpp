@@ -81,6 +81,18 @@ void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     op.callBoxed(stack);
     return;
   }
+  if (rows == 0) {
+    // NOTE: [Empty vocabulary shard] f64[9,D](S(0)) on 4 ranks -> local
+    // rows 3,3,3,0: the last rank has no row to look up (the lookup on a
+    // [0, D] weight fails), every id is another rank's, and its part of the
+    // P(sum) output is zeros. Its gradient is its [0, D] shard: the backward
+    // handler below and the general rule both narrow to local rows.
+    auto shape = indices.sizes().vec();
+    shape.push_back(weight.size(1));
+    torch::jit::drop(*stack, nargs);
+    stack->emplace_back(at::zeros(shape, weight.options()));
+    return;
+  }
   auto [local_idx, outside] = localRowIndices(indices, start, rows, 0);
   at::Tensor out = at::embedding(weight, local_idx);
   out.masked_fill_(outside.unsqueeze(-1), 0);

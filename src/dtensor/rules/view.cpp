@@ -75,8 +75,19 @@ std::vector<Row> viewRows(const OpCall& call, int64_t m) {
       const bool one_to_one = nonOne(a, i0, i) == 1 && nonOne(b, j0, j) == 1;
       const int64_t w = rules::shardCount(call, 0, static_cast<int64_t>(fi), m);
       if (one_to_one || (a[fi] % w == 0 && b[fj] % w == 0)) map[fi] = static_cast<int64_t>(fj);
+    } else if (i - i0 == 1 && j - j0 == 1) {
+      map[i0] = static_cast<int64_t>(j0);  // a lone size-1 dim to a lone one: see below
     }
   }
+  // A shard of a size-1 dim is the whole tensor on the first rank and nothing
+  // on the others (f64[6,1,4](S(1)) on 2 ranks -> local sizes 1,0 of dim 1),
+  // as a shard of any size-1 dim is: it stays, on the output's size-1 dim
+  // in its place or else the first one ([6,1,4] -> [6,1,1,4] as nll_loss_nd
+  // views 3-D logits; [1,1] -> [1] as sum_to views a bias's gradient),
+  // instead of being gathered.
+  const auto first_one = std::find(b.begin(), b.end(), 1);
+  for (size_t d = 0; d < a.size(); ++d)
+    if (a[d] == 1 && map[d] < 0 && first_one != b.end()) map[d] = first_one - b.begin();
   return dimMapRows(call, m, map);
 }
 
