@@ -2,9 +2,9 @@
 // on small files written here. Each expectation is worked out by hand from
 // Hugging Face's `tokenizers` semantics; tests/tokenizers/run_reference.sh
 // compares real files against Hugging Face's own implementations.
-#include "dtp/models/chat.h"
-#include "dtp/models/hf_tokenizer.h"
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/chat.h"
+#include "dtp/text/hf_tokenizer.h"
+#include "dtp/text/tokenizer.h"
 #include "files.h"
 
 #include <gtest/gtest.h>

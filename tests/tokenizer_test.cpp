@@ -1,7 +1,7 @@
 // Tokenizers: sentencepiece ids against spm_encode's, round trips, BOS, and
 // the errors for files dtp cannot read. The fixture is
 // tests/data/tokenizer/tiny.model (see the README beside it).
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/tokenizer.h"
 #include "files.h"
 
 #include <gtest/gtest.h>

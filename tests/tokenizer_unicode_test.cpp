@@ -1,6 +1,6 @@
 // The Unicode classes of tokenizer.json split patterns (\s, \p{L}, \p{N}):
 // dtp matches the code points Hugging Face's tokenizers match (NOTE: [The
-// reference's Unicode classes] in src/models/hf/regex.cpp), whatever the
+// reference's Unicode classes] in src/text/hf/regex.cpp), whatever the
 // Unicode version of the PCRE2 it runs on.
 //  - the table of differences is generated here: every code point where
 //    PCRE2's own class disagrees with the reference's (unicode_classes.inc,
@@ -9,8 +9,8 @@
 //  - the reference's table is checked against Debian's Unicode data
 //    (unicode-data: UnicodeData.txt and PropList.txt, an older Unicode
 //    version), on every code point that data assigns.
-#include "models/hf/regex.h"
-#include "models/hf/unicode_text.h"
+#include "text/hf/regex.h"
+#include "text/hf/unicode_text.h"
 
 #include <gtest/gtest.h>
 

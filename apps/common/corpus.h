@@ -2,7 +2,7 @@
 // the ids of a model's tokenizer (--init-from-hf with a tokenizer.model).
 #pragma once
 
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/tokenizer.h"
 
 #include <ATen/ATen.h>
 

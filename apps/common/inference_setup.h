@@ -9,12 +9,12 @@
 #include "model_flags.h"
 
 #include "dtp/dcp/checkpoint.h"
-#include "dtp/models/chat.h"
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/parallelize.h"
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/chat.h"
+#include "dtp/text/tokenizer.h"
 
 #include <filesystem>
 #include <memory>

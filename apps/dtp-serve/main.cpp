@@ -20,13 +20,13 @@
 
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
-#include "dtp/models/chat.h"
 #include "dtp/models/checkpoint.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
-#include "dtp/models/hf_tokenizer.h"
 #include "dtp/models/llama.h"
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/chat.h"
+#include "dtp/text/hf_tokenizer.h"
+#include "dtp/text/tokenizer.h"
 
 #include <httplib.h>
 

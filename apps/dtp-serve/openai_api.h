@@ -6,8 +6,8 @@
 
 #include "scheduler.h"
 
-#include "dtp/models/chat.h"
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/chat.h"
+#include "dtp/text/tokenizer.h"
 
 #include <cstdint>
 #include <optional>

@@ -7,7 +7,7 @@
 #include "histogram.h"
 #include "text_stream.h"
 
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/tokenizer.h"
 
 #include <atomic>
 #include <chrono>

@@ -15,10 +15,10 @@
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
 #include "dtp/models/parallelize.h"
-#include "dtp/models/tokenizer.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/optim/clip_grad.h"
 #include "dtp/random.h"
+#include "dtp/text/tokenizer.h"
 #include "dtp/trace.h"
 
 #include <CLI/CLI.hpp>

@@ -3,8 +3,9 @@
 # inside WORK, configures tests/consumer against it (find_package(dtp)),
 # builds one program per exported target and runs each, then runs one
 # written against the previous release's headers (release_10df3d0.cpp, on 4
-# ranks). Everything it writes stays in WORK (in the build tree), which a
-# passing run removes.
+# ranks) and one using the tokenizers' headers from before they moved to
+# dtp::text (moved_headers.cpp). Everything it writes stays in WORK (in the
+# build tree), which a passing run removes.
 #
 # Usage: run.sh BUILD_DIR CONSUMER_SOURCE_DIR WORK [cmake -D options for the consumer...]
 set -euo pipefail
@@ -30,7 +31,9 @@ echo "== run"
 "$dtprun" -n 2 "$work/build/use_dtp"
 "$dtprun" -n 2 "$work/build/use_dcp" "$work/files"
 "$work/build/use_inference"
+"$work/build/use_text"
 "$work/build/use_models"
+"$work/build/use_moved_headers"
 "$dtprun" -n 4 "$work/build/use_release_10df3d0"
 rm -rf "$work"
 echo "every target linked alone and ran"

@@ -12,10 +12,12 @@ set -euo pipefail
 root=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
 
-# Bottom first. dtp::io is comm-free (libtorch only); dtp::dtp is comm .. fsdp;
-# dtp::dcp, dtp::inference and dtp::models sit above it.
+# Bottom first. dtp::io and dtp::text (tokenizers, chat templates) are
+# comm-free (libtorch only); dtp::dtp is comm .. fsdp; dtp::dcp,
+# dtp::inference and dtp::models sit above it.
 LAYERS='
 io:
+text:
 comm:
 mesh:      comm
 dtensor:   comm mesh
@@ -29,7 +31,7 @@ tp:        comm mesh dtensor nn
 fsdp:      comm mesh dtensor nn
 dcp:       comm mesh dtensor nn io
 inference: comm mesh dtensor
-models:    comm mesh dtensor debug nn ep optim ac pp tp fsdp dcp inference io
+models:    comm mesh dtensor debug nn ep optim ac pp tp fsdp dcp inference io text
 '
 # The folder of each header directly in include/dtp/.
 TOP_HEADERS='

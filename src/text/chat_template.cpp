@@ -6,7 +6,7 @@
 // the template's text. Everything else is refused by name rather than
 // guessed: the families' output is compared with Hugging Face's Jinja
 // rendering (@huggingface/transformers) in tests/tokenizers/.
-#include "dtp/models/chat.h"
+#include "dtp/text/chat.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

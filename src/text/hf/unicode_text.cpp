@@ -1,4 +1,4 @@
-#include "models/hf/unicode_text.h"
+#include "text/hf/unicode_text.h"
 
 #include <c10/util/Exception.h>
 
@@ -100,7 +100,7 @@ void append_utf8(std::string& out, char32_t cp) {
 }
 
 namespace {
-#include "models/hf/unicode_classes.inc"
+#include "text/hf/unicode_classes.inc"
 }  // namespace
 
 CodePointRanges reference_ranges(CharClass c) {

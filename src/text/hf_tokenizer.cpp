@@ -1,13 +1,13 @@
-// HfTokenizer: tokenizer.json read into the stages of src/models/hf/ and run
+// HfTokenizer: tokenizer.json read into the stages of src/text/hf/ and run
 // in Hugging Face's order (TokenizerImpl::encode_single_sequence): added
 // tokens, normalizer, added tokens of the normalized text, pre-tokenizer,
 // model, post-processor.
-#include "dtp/models/hf_tokenizer.h"
+#include "dtp/text/hf_tokenizer.h"
 
-#include "models/hf/bpe.h"
-#include "models/hf/pipeline.h"
-#include "models/hf/regex.h"
-#include "models/hf/unicode_text.h"
+#include "text/hf/bpe.h"
+#include "text/hf/pipeline.h"
+#include "text/hf/regex.h"
+#include "text/hf/unicode_text.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>

@@ -2,7 +2,7 @@
 // of sentencepiece_shim.h. Built as a MODULE and loaded with dlmopen only
 // (NOTE: [Sentencepiece in its own namespace] in tokenizer.cpp). Nothing here
 // may throw across the interface: each entry catches and reports.
-#include "models/sentencepiece_shim.h"
+#include "text/sentencepiece_shim.h"
 
 #include <sentencepiece_processor.h>
 

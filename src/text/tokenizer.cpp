@@ -1,8 +1,8 @@
-#include "dtp/models/tokenizer.h"
+#include "dtp/text/tokenizer.h"
 
-#include "dtp/models/hf_tokenizer.h"
+#include "dtp/text/hf_tokenizer.h"
 
-#include "models/sentencepiece_shim.h"
+#include "text/sentencepiece_shim.h"
 
 #include <c10/util/Exception.h>
 #include <dlfcn.h>

@@ -1,6 +1,6 @@
-#include "models/hf/regex.h"
+#include "text/hf/regex.h"
 
-#include "models/hf/unicode_text.h"
+#include "text/hf/unicode_text.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,7 @@
-#include "models/hf/pipeline.h"
+#include "text/hf/pipeline.h"
 
-#include "models/hf/regex.h"
-#include "models/hf/unicode_text.h"
+#include "text/hf/regex.h"
+#include "text/hf/unicode_text.h"
 
 #include <c10/util/Exception.h>
 
