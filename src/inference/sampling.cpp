@@ -20,7 +20,7 @@ struct Shard {
   ProcessGroup group;
 };
 
-Shard shardOf(const at::Tensor& logits) {
+Shard shardOf(const at::Tensor& logits, const char* api) {
   Shard s;
   const int64_t last = logits.dim() - 1;
   if (!is_dtensor(logits)) {
@@ -32,11 +32,11 @@ Shard shardOf(const at::Tensor& logits) {
   s.vocab = spec.shape.back();
   for (size_t d = 0; d < spec.placements.size(); ++d) {
     const Placement& p = spec.placements[d];
-    TORCH_CHECK(!p.is_partial(), "sample: logits ", spec.str(), " are Partial. Redistribute them first.");
+    TORCH_CHECK(!p.is_partial(), api, ": logits ", spec.str(), " are Partial. Redistribute them first.");
     if (!p.is_shard()) continue;
-    TORCH_CHECK(p.dim == last || p.dim == -1, "sample: logits ", spec.str(), " are sharded on dim ", p.dim,
+    TORCH_CHECK(p.dim == last || p.dim == -1, api, ": logits ", spec.str(), " are sharded on dim ", p.dim,
                 ", expected the vocabulary (last) dim or replicated.");
-    TORCH_CHECK(!s.group.valid(), "sample: logits ", spec.str(), " are sharded over two mesh dims. NYI.");
+    TORCH_CHECK(!s.group.valid(), api, ": logits ", spec.str(), " are sharded over two mesh dims. NYI.");
     s.group = spec.mesh.get_group(static_cast<int64_t>(d));
   }
   s.offset = spec.local_offset().back();
@@ -101,7 +101,7 @@ std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, 
               ", top_k=", o.top_k, ", top_p=", o.top_p, ": expected temperature >= 0, top_k >= 0, 0 < top_p <= 1.");
   TORCH_CHECK(o.temperature == 0.0 || std::isnormal(o.temperature), "sample: temperature=", o.temperature,
               " is subnormal: logits / temperature overflow. Use temperature=0 for greedy decoding.");
-  const Shard s = shardOf(logits);
+  const Shard s = shardOf(logits, "sample");
   const int64_t batch = s.local.size(0), nLocal = s.local.size(1);
   const bool greedy = o.temperature == 0.0;
   const int64_t k = greedy ? 1 : o.top_k;
@@ -136,6 +136,127 @@ std::vector<int64_t> sample(const at::Tensor& logits, const SamplingOptions& o, 
   const at::Tensor picked = idx.gather(1, pick).cpu().contiguous();  // [B, 1]
   const auto p = picked.accessor<double, 2>();
   for (int64_t b = 0; b < batch; ++b) out[b] = static_cast<int64_t>(p[b][0]);
+  return out;
+}
+
+// NOTE: [Logprobs in one all-gather]
+// log_softmax(x)_i = x_i - lse(x), and the log-sum-exp of a row is the
+// log-sum-exp of its shards' log-sum-exps. So each rank packs, per row b,
+//   [b, 0]      (lse of its shard, -inf when empty; 0)
+//   [b, 1]      (the chosen token's logit; 1) if its shard holds the token,
+//               else (0; 0)
+//   [b, 2 + j]  (logit; vocab id) of its j-th best, j < min(k, V_r)
+// and one all-gather joins the pieces (rank r's of 2 + min(k, V_r) entries);
+// every rank then reads the same numbers in the same order. E.g. V = 9 on 4
+// ranks (shards 3, 3, 3, 0), k = 2: pieces of 4, 4, 4 and 2 entries. The
+// other way (an all-reduce of the max, one of the sum of exp(x - max) and
+// the masked chosen logit, an all-gather of the candidates) takes three
+// collectives, each a round trip, for the same result. Each shard's best
+// are its first in the canonical order (equal logits by lower id), so the
+// merged top-k is the whole row's, ties at the cut included.
+namespace {
+
+// Row-wise, the first m of x [B, n] (m <= n) in the canonical order, as
+// (values, column indices); their order among themselves is not kept.
+std::pair<at::Tensor, at::Tensor> bestOf(const at::Tensor& x, int64_t m) {
+  auto [val, idx] = x.topk(m, -1);
+  // topk breaks ties at the cut in no set order: when a value equal to the
+  // m-th was left out (or the cut is NaN), take a stable sort's first m.
+  const at::Tensor cut = val.narrow(1, m - 1, 1);
+  const bool exact = !at::isnan(cut).any().item<bool>() && (x == cut).sum(-1).equal((val == cut).sum(-1));
+  if (exact) return {val, idx};
+  auto [sorted, order] = at::sort(x, /*stable=*/true, -1, /*descending=*/true);
+  return {sorted.narrow(1, 0, m), order.narrow(1, 0, m)};
+}
+
+}  // namespace
+
+std::vector<TokenLogprobs> logprobs(const at::Tensor& logits, const std::vector<int64_t>& tokens, int64_t top_k) {
+  TORCH_CHECK(logits.dim() == 2 || (logits.dim() == 3 && logits.size(1) == 1), "logprobs: logits must be [B, V] or "
+              "[B, 1, V], got ", logits.sizes(), ".");
+  TORCH_CHECK(top_k >= 0 && top_k <= kMaxTopLogprobs, "logprobs: top_k for the top logprobs: got ", top_k,
+              ", expected 0 to ", kMaxTopLogprobs, " (OpenAI's limit). Ask for fewer.");
+  if (is_dtensor(logits)) {
+    const DTensorSpec& spec = dtensor_spec(logits);
+    TORCH_CHECK(spec.mesh.ndim() == 1, "logprobs: mesh for logits ", spec.str(), ": got ", spec.mesh.ndim(),
+                " dims, expected 1 (the vocabulary's). Pass the logits on a 1-D mesh (e.g. mesh[\"tp\"]) or "
+                "to_local() over the other dims.");
+  }
+  const Shard s = shardOf(logits, "logprobs");
+  const int64_t batch = s.local.size(0), nLocal = s.local.size(1);
+  TORCH_CHECK(static_cast<int64_t>(tokens.size()) == batch, "logprobs: chosen tokens for logits [", batch, ", ",
+              s.vocab, "]: got ", tokens.size(), ", expected one per row (", batch, ").");
+  for (size_t b = 0; b < tokens.size(); ++b) {
+    TORCH_CHECK(tokens[b] >= 0 && tokens[b] < s.vocab, "logprobs: chosen token of row ", b, ": got ", tokens[b],
+                ", expected 0 <= id < ", s.vocab, " (the vocabulary). Pass ids the logits' vocabulary holds.");
+  }
+  // See NOTE: [Logprobs in one all-gather].
+  const std::vector<int64_t> best = perRank(s, top_k);
+  std::vector<int64_t> sizes;
+  for (int64_t n : best) sizes.push_back(2 + (top_k > 0 ? n : 0));
+  const int64_t rank = s.group.valid() ? s.group.rank() : 0;
+  const int64_t mine = sizes[rank] - 2;
+  at::Tensor piece = at::zeros({batch, 2 + mine, 2}, at::kDouble);
+  if (nLocal == 0) {
+    piece.select(1, 0).select(-1, 0).fill_(-std::numeric_limits<double>::infinity());
+  } else {
+    const at::Tensor x = s.local.to(at::kDouble);
+    piece.select(1, 0).select(-1, 0).copy_(at::logsumexp(x, {-1}));
+    std::vector<int64_t> held;  // the rows whose chosen token this shard holds
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t col = tokens[b] - s.offset;
+      if (col >= 0 && col < nLocal) held.push_back(b);
+    }
+    if (!held.empty()) {
+      std::vector<int64_t> cols;
+      for (int64_t b : held) cols.push_back(tokens[b] - s.offset);
+      const at::Tensor rows = at::tensor(held, at::kLong).to(x.device());
+      const at::Tensor chosen = x.index({rows, at::tensor(cols, at::kLong).to(x.device())}).cpu();
+      const at::Tensor rowsCpu = at::tensor(held, at::kLong);
+      piece.select(1, 1).select(-1, 0).index_copy_(0, rowsCpu, chosen);
+      piece.select(1, 1).select(-1, 1).index_fill_(0, rowsCpu, 1.0);
+    }
+    if (mine > 0) {
+      auto [val, idx] = bestOf(x, mine);
+      piece.narrow(1, 2, mine).select(-1, 0).copy_(val);
+      piece.narrow(1, 2, mine).select(-1, 1).copy_(idx.to(at::kDouble) + static_cast<double>(s.offset));
+    }
+  }
+  const at::Tensor all = gather(s, piece, sizes).cpu().contiguous();  // [B, sum(sizes), 2]
+  // Each rank's lse and chosen entries, then the candidates of all ranks.
+  std::vector<int64_t> heads, cands;
+  int64_t start = 0;
+  for (int64_t n : sizes) {
+    heads.push_back(start);
+    for (int64_t j = 2; j < n; ++j) cands.push_back(start + j);
+    start += n;
+  }
+  const at::Tensor headIdx = at::tensor(heads, at::kLong);
+  const at::Tensor lse = at::logsumexp(all.index_select(1, headIdx).select(-1, 0), {-1});  // [B]
+  const at::Tensor chosen = all.index_select(1, headIdx + 1);                             // [B, w, 2]
+  const int64_t k = std::min(top_k, s.vocab);
+  at::Tensor topVal = at::zeros({batch, 0}, at::kDouble), topIdx = topVal;
+  if (k > 0) {
+    std::tie(topVal, topIdx) = canonical(all.index_select(1, at::tensor(cands, at::kLong)));
+    topVal = topVal.narrow(1, 0, k) - lse.unsqueeze(1);
+    topIdx = topIdx.narrow(1, 0, k);
+  }
+  const auto tv = topVal.accessor<double, 2>(), ti = topIdx.accessor<double, 2>();
+  const auto l = lse.accessor<double, 1>();
+  const auto c = chosen.accessor<double, 3>();
+  std::vector<TokenLogprobs> out(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    out[b].token = tokens[b];
+    int64_t owner = -1;
+    for (int64_t r = 0; r < c.size(1); ++r) {
+      if (c[b][r][1] == 1.0) owner = r;
+    }
+    TORCH_INTERNAL_ASSERT(owner >= 0, "logprobs: no rank holds token ", tokens[b], " of row ", b);
+    out[b].logprob = c[b][owner][0] - l[b];
+    for (int64_t j = 0; j < k; ++j) {
+      out[b].top.push_back({static_cast<int64_t>(ti[b][j]), tv[b][j]});
+    }
+  }
   return out;
 }
 
