@@ -128,9 +128,11 @@ TEST(EmptyShardTest, VocabShardedEmbeddingOpOnTwoDimensionalMesh) {
       EXPECT_CLOSE(full, ry, 0.0, 1e-15);
       CommCounter bwd;
       (full * g).sum().backward();
-      // Replicated ids: the vocab-sharded backward, nothing moves. S(0)R ids: the
-      // general rule's P(sum) gradient reduced to the weight's S(0)S(0).
-      if (!batch_sharded) EXPECT_EQ(bwd.total_count(), 0) << bwd.str();
+      // Replicated ids: the vocab-sharded backward, nothing moves. S(0)R ids:
+      // the general rule's [3, 5] gradient, P(sum) over the batch's mesh dim,
+      // reduce-scattered to the weight's S(0) there.
+      EXPECT_EQ(bwd.total_count(), batch_sharded ? 1 : 0) << bwd.str();
+      if (batch_sharded) EXPECT_EQ(bwd.count(CollectiveType::ReduceScatter), 1) << bwd.str();
       EXPECT_EQ(placements(dw.grad()), (Placements{Shard(0), Shard(0)}));
       EXPECT_CLOSE(full_tensor(dw.grad()), rw.grad(), 0.0, 1e-15);
     }
