@@ -10,13 +10,16 @@
 // sweep (op_sweep_test.cpp) checks the same for every op with a rule.
 #include "close.h"
 #include "dist.h"
+#include "llama_util.h"
 #include "parity.h"
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 #include "dtp/fsdp/fully_shard.h"
 #include "dtp/inference/sampling.h"
+#include "dtp/models/llama.h"
 #include "dtp/models/moe.h"
+#include "dtp/models/parallelize.h"
 #include "dtp/nn/modules.h"
 #include "dtp/optim/adamw.h"
 #include "dtp/optim/clip_grad.h"
@@ -255,6 +258,56 @@ TEST(EmptyShardTest, SequenceParallelWithFewerPositionsThanRanks) {
       EXPECT_CLOSE(full_tensor(ln->bias.grad()), ref->bias.grad(), 0.0, 1e-14);
     });
   }
+}
+
+// The reference Llama with a vocabulary of 9 at tp 4 (SP on): the Rowwise
+// embedding, the Colwise output head and loss_parallel each meet the empty
+// vocabulary shard of rank 3. One forward and backward equal one device's in
+// float64, with as many collectives of each kind as with the usual
+// vocabulary of 67 (whose shards are all full).
+TEST(EmptyShardTest, LlamaWithFewerVocabularyRowsPerRankTrainsLikeOneDevice) {
+  const int w = 4;
+  auto step = [](models::Llama& model, const at::Tensor& batch) {
+    const at::Tensor loss = models::llama_loss(model(batch.narrow(1, 0, dtp::test::kSeq)),
+                                               batch.narrow(1, 1, dtp::test::kSeq));
+    loss.backward();
+    std::vector<std::pair<std::string, at::Tensor>> grads;
+    for (auto& [name, p] : model->unique_named_parameters())
+      grads.emplace_back(name, is_dtensor(p) ? full_tensor(p.grad()) : p.grad().clone());
+    return std::make_pair(is_dtensor(loss) ? full_tensor(loss).item<double>() : loss.item<double>(), grads);
+  };
+  models::LlamaConfig c = dtp::test::small_llama_config(w);
+  c.dtype = at::kDouble;
+  c.vocab_size = 9;
+  const at::Tensor batch = dtp::test::llama_batch(c.vocab_size, 0);
+  models::Llama one(c);
+  const auto want = step(one, batch);
+  runRanks(w, "vocabulary 9 on 4 ranks", [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {w}, {"tp"});
+    auto counts = [&](const models::LlamaConfig& config, const at::Tensor& b) {
+      models::Llama model(config);
+      models::apply_tensor_parallel(model, mesh, models::TensorParallelOptions{true, dtp::test::kSeq});
+      CommCounter comm;
+      auto got = step(model, b);
+      std::vector<int64_t> per_type;  // bytes differ with the vocabulary (the embedding's gradient), counts not
+      for (auto t : {CollectiveType::AllReduce, CollectiveType::AllGather, CollectiveType::ReduceScatter,
+                     CollectiveType::AllToAll})
+        per_type.push_back(comm.count(t));
+      return std::make_tuple(per_type, comm.total_count(), got, chunk_size(config.vocab_size, w, rank) ==
+                             to_local(model->tok_embeddings->weight).size(0));
+    };
+    models::LlamaConfig full = c;
+    full.vocab_size = 67;
+    const auto [want_comm, want_total, unused, full_ok] = counts(full, dtp::test::llama_batch(67, 0));
+    const auto [comm, total, got, sharded_ok] = counts(c, batch);
+    EXPECT_TRUE(full_ok && sharded_ok) << "the embedding is vocabulary-sharded";
+    EXPECT_EQ(comm, want_comm) << "all_reduce, all_gather, reduce_scatter, all_to_all";
+    EXPECT_EQ(total, want_total);
+    EXPECT_NEAR(got.first, want.first, 1e-12);
+    ASSERT_EQ(got.second.size(), want.second.size());
+    for (size_t i = 0; i < got.second.size(); ++i)
+      EXPECT_CLOSE(got.second[i].second, want.second[i].second, 0.0, 1e-12) << got.second[i].first;
+  });
 }
 
 // ---------------------------------------------------------------------------
