@@ -47,10 +47,34 @@ struct Slots : std::vector<at::Tensor> {
   bool is_tensor(size_t i) const { return kinds[i] != SlotKind::kOther; }
 };
 
+// An output hook: a callable taking the outputs' Slots&. One taking the
+// output as at::Tensor& (the previous release's form) still converts, for
+// a forward with one tensor output, until the next release.
+class PostHook {
+ public:
+  template <class F, std::enable_if_t<std::is_invocable_v<F&, Slots&>, int> = 0>
+  PostHook(F f) : fn_(std::move(f)) {}  // NOLINT: implicit, as std::function's
+#ifndef DTP_NO_DEPRECATED
+  template <class F,
+            std::enable_if_t<!std::is_invocable_v<F&, Slots&> && std::is_invocable_v<F&, at::Tensor&>, int> = 0>
+  [[deprecated("an output hook takes dtp::nn::Slots& (one slot per output, NOTE: [Forward slots]); the at::Tensor& "
+               "form is removed in the next release")]] PostHook(F f)  // NOLINT
+      : fn_([f = std::move(f)](Slots& out) mutable {
+          TORCH_CHECK(out.size() == 1 && out.is_tensor(0), "Hooked: an output hook taking at::Tensor& needs a forward "
+                      "returning one tensor; this one returns ", out.size(), " outputs. Take dtp::nn::Slots& instead.");
+          f(out[0]);
+        }) {}
+#endif
+  void operator()(Slots& outputs) const { fn_(outputs); }
+
+ private:
+  std::function<void(Slots&)> fn_;
+};
+
 // What a module needs to run hooks.
 struct HookHost {
   using PreHook = std::function<void(Slots& inputs)>;
-  using PostHook = std::function<void(Slots& outputs)>;
+  using PostHook = nn::PostHook;
   // The module's call (pre-hooks, forward, post-hooks) on these input slots'
   // tensors, returning its output slots' tensors; it may run again later
   // (checkpoint's recompute in backward).
