@@ -87,11 +87,15 @@ at::Tensor& firstInput(nn::Slots& in, const std::string& style, const std::strin
   return in[0];
 }
 
-// The one output Colwise and Rowwise prepare.
-at::Tensor& onlyOutput(nn::Slots& out, const std::string& style, const std::string& fqn) {
-  TORCH_CHECK(out.size() == 1 && out.is_tensor(0), style, ": the forward of '", fqn, "' returns ", out.size(),
-              " outputs; this style prepares one tensor output. Use PrepareModuleOutput with one layout per output.");
-  return out[0];
+// Colwise's and Rowwise's output hook: the forward's one tensor output to
+// `layout`, local when `use_local`.
+nn::PostHook outputTo(const std::string& style, const std::string& fqn, const DeviceMesh& mesh, Placement layout,
+                      bool use_local) {
+  return [style, fqn, mesh, layout, use_local](nn::Slots& out) {
+    TORCH_CHECK(out.size() == 1 && out.is_tensor(0), style, ": the forward of '", fqn, "' returns ", out.size(),
+                " outputs; this style prepares one tensor output. Use PrepareModuleOutput with one layout per output.");
+    out[0] = to_layout(std::move(out[0]), mesh, layout, use_local);
+  };
 }
 
 }  // namespace
@@ -112,10 +116,7 @@ void ColwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
     at::Tensor& x = firstInput(in, n, fqn);
     x = relayout(as_dtensor(x, mesh, o.input_layouts()), mesh, Replicate());
   });
-  host.post_hooks.push_back([o, mesh, fqn, n = name()](nn::Slots& out) {
-    at::Tensor& y = onlyOutput(out, n, fqn);
-    y = to_layout(std::move(y), mesh, o.output_layouts(), o.use_local_output());
-  });
+  host.post_hooks.push_back(outputTo(name(), fqn, mesh, o.output_layouts(), o.use_local_output()));
 }
 
 void RowwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const DeviceMesh& mesh,
@@ -141,10 +142,7 @@ void RowwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
                                                            o.input_layouts().dim == x.dim() - 1);
     x = relayout(as_dtensor(x, mesh, o.input_layouts(), last_dim ? in_size : std::nullopt), mesh, desired_input);
   });
-  host.post_hooks.push_back([o, mesh, fqn, n = name()](nn::Slots& out) {
-    at::Tensor& y = onlyOutput(out, n, fqn);
-    y = to_layout(std::move(y), mesh, o.output_layouts(), o.use_local_output());
-  });
+  host.post_hooks.push_back(outputTo(name(), fqn, mesh, o.output_layouts(), o.use_local_output()));
 }
 
 void SequenceParallel::apply(torch::nn::Module& m, const std::string& fqn, const DeviceMesh& mesh,
@@ -158,7 +156,7 @@ void SequenceParallel::apply(torch::nn::Module& m, const std::string& fqn, const
     at::Tensor& x = firstInput(in, n, fqn);
     if (!x.defined()) return;
     const Placement seq = Shard(c10::maybe_wrap_dim(o.sequence_dim(), x.dim()));
-    x = is_dtensor(x) ? relayout(std::move(x), mesh, seq) : as_dtensor(x, mesh, seq);
+    x = relayout(as_dtensor(x, mesh, seq), mesh, seq);
   });
   if (o.use_local_output()) {
     host.post_hooks.push_back([](nn::Slots& out) {
