@@ -341,6 +341,17 @@ TEST(BlockPoolTest, MisuseIsNamed) {
   EXPECT_NE(error.find("got 3 tokens cached, expected 0 to min(3, 2)"), std::string::npos) << error;
   error = what([&] { BlockPool(4, 0, /*prefix_caching=*/true); });
   EXPECT_NE(error.find("dtp::inference: BlockPool for 4 blocks of 0 tokens"), std::string::npos) << error;
+
+  // A refused hold holds nothing.
+  BlockPool cached(4, 2, /*prefix_caching=*/true);
+  Ids a = admitAndPrefill(cached, {1, 2, 3});
+  const int64_t full = a[0], partial = a[1];
+  cached.give_back(a);
+  error = what([&] { cached.hold({full, partial}); });
+  EXPECT_NE(error.find("BlockPool::hold for block " + std::to_string(partial) + ": got a free block"),
+            std::string::npos) << error;
+  EXPECT_EQ(cached.refcount(full), 0);
+  EXPECT_EQ(cached.free(), 4);
 }
 
 // The obvious prefix cache: every lookup scans the pool; a block's content

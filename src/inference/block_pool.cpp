@@ -30,7 +30,10 @@ BlockPool::BlockPool(int64_t num_blocks, int64_t block_size, bool prefix_caching
   blocks_.resize(num_blocks);
   free_.reserve(num_blocks);
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 first
-  if (caching_) tokens_.resize(num_blocks * block_size);
+  if (caching_) {
+    tokens_.resize(num_blocks * block_size);
+    by_hash_.reserve(num_blocks);
+  }
 }
 
 void BlockPool::checkBlock(int64_t block, const char* api) const {
@@ -137,11 +140,14 @@ std::vector<int64_t> BlockPool::match(const std::vector<int64_t>& tokens) const 
 }
 
 void BlockPool::hold(const std::vector<int64_t>& blocks) {
-  for (int64_t block : blocks) checkBlock(block, "hold");
+  for (int64_t block : blocks) {
+    checkBlock(block, "hold");
+    TORCH_CHECK(blocks_[block].ref > 0 || blocks_[block].cached, "dtp::inference: BlockPool::hold for block ", block,
+                ": got a free block, expected a cached one from match() or one held already. Take new blocks with "
+                "take().");
+  }
   for (int64_t block : blocks) {
     Block& b = blocks_[block];
-    TORCH_CHECK(b.ref > 0 || b.cached, "dtp::inference: BlockPool::hold for block ", block, ": got a free block, "
-                "expected a cached one from match() or one held already. Take new blocks with take().");
     if (b.ref++ == 0) unlink(block);
   }
 }

@@ -10,7 +10,7 @@
 // chained hash, hash(parent's hash, tokens) from a fixed root: the same on
 // every rank and every run (no seed, no pointers), because every rank runs
 // the same allocations in the same order and must take the same decisions
-// (NOTE: [Serving step]). A hash only finds a candidate: a cached block also
+// (NOTE: [Serving step] in model_runner.h). A hash only finds a candidate: a cached block also
 // keeps its tokens and its parent's registration (a number never reused),
 // and a match compares both, so a collision can never hand out another
 // prefix's keys and values. Rules:
