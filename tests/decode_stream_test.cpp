@@ -302,6 +302,24 @@ TEST_F(DecodeStreamDerivedTest, StripAtBothEndsAndNoByteFallback) {
   EXPECT_EQ(s.flush(), "") << "the end's space is stripped, as decode strips it";
 }
 
+TEST_F(DecodeStreamDerivedTest, StripOfMoreCharactersThanTheContextsIdsHold) {
+  // Strip(" ", start 8) after Fuse: four "▁" of context decode to "", so the
+  // context reaches further back, to an id whose text the strip stops at.
+  const HfTokenizer tok(write({{"type", "Sequence"},
+                               {"decoders",
+                                {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
+                                 {{"type", "ByteFallback"}},
+                                 {{"type", "Fuse"}},
+                                 {{"type", "Strip"}, {"content", " "}, {"start", 8}, {"stop", 0}}}}}));
+  const int64_t space = *tok.token_to_id("▁"), a = *tok.token_to_id("▁A"), b = *tok.token_to_id("▁B");
+  Ids ids(12, space);
+  ids.push_back(a);
+  ids.insert(ids.end(), 6, space);
+  ids.push_back(b);
+  for (const bool skip : {true, false}) expectStreamsAsDecode(tok, ids, skip, "spaces around A and B");
+  expectCorpusStreams(tok, 64);
+}
+
 TEST(DecodeStreamTest, WindowStaysBoundedOverALongSequence) {
   REQUIRE_FILE(npmFile("tokenizer-llama3"));
   const HfTokenizer tok(npmFile("tokenizer-llama3"));

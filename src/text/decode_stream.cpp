@@ -86,15 +86,23 @@ std::string DecodeStream::step(int64_t id) {
 }
 
 // After a send: the window keeps its last kContextIds visible ids (and the
-// invisible ones among them), which become the context.
+// invisible ones among them), more while their text is "" (a start rule
+// took all of it, e.g. Strip(start 8) over four "▁"), and they become the
+// context. See NOTE: [Decode stream window], (2).
 void DecodeStream::keepContext() {
   size_t from = ids_.size(), seen = 0;
   while (from > 0 && seen < kContextIds) seen += visible_[--from] ? 1 : 0;
-  if (from == 0) return;  // prefix_text_ is the whole window's text already
-  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(from));
-  visible_.erase(visible_.begin(), visible_.begin() + static_cast<std::ptrdiff_t>(from));
-  read_ = ids_.size();
-  prefix_text_ = tokenizer_.decode(ids_, skip_special_tokens_);
+  for (; from > 0; --from) {
+    const std::vector<int64_t> context(ids_.begin() + static_cast<std::ptrdiff_t>(from), ids_.end());
+    std::string text = tokenizer_.decode(context, skip_special_tokens_);
+    if (text.empty()) continue;
+    ids_ = context;
+    visible_.erase(visible_.begin(), visible_.begin() + static_cast<std::ptrdiff_t>(from));
+    read_ = ids_.size();
+    prefix_text_ = std::move(text);
+    return;
+  }
+  // from == 0: the whole window stays the context; prefix_text_ is its text.
 }
 
 std::string DecodeStream::flush() {

@@ -31,7 +31,8 @@ namespace dtp::models {
 //    sent already. On a new id, if the text is not held (below), the window
 //    is decoded and what follows prefix_text is sent: decode(window) minus
 //    decode(context). Then the window keeps only its last kContextIds ids
-//    with visible text (decode_token not ""), which become the context.
+//    with visible text (decode_token not ""), and more while their decode
+//    is "", which become the context.
 //    Each step decodes two windows of at most kContextIds + 1 ids.
 //  - Held (nothing sent, nothing decoded, the window grows) while
 //     (a) the bytes of the ids so far (decode_token's) end inside a UTF-8
@@ -59,8 +60,9 @@ namespace dtp::models {
 //      the start of the text (sentencepiece drops the first piece's "▁",
 //      Hugging Face's Metaspace decoder the first token's, Strip(start) after
 //      Fuse the first characters): the context starts with the same ids in
-//      both decodes, and kContextIds visible ids cover what the start rules
-//      remove, so the start effects cancel. A window that starts inside a
+//      both decodes, and its decode is not "", so the start rules stopped
+//      inside it (Strip stops at a character it keeps or after its count,
+//      the others touch the first visible id only): they cancel. A window that starts inside a
 //      UTF-8 character decodes its first bytes to U+FFFD in both decodes,
 //      and resynchronizes at the first lead byte (r is a settled point);
 //      Strip(stop) at the end is the same in both.
