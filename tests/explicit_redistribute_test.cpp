@@ -11,7 +11,7 @@
 
 #include "dtp/explicit_redistribute.h"
 #include "dtp/models/generate.h"
-#include "dtp/models/kv_cache.h"
+#include "dtp/inference/kv_cache.h"
 #include "dtp/models/parallelize.h"
 
 #include <memory>

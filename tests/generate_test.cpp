@@ -301,7 +301,8 @@ TEST(GenerateTest, BadInputIsANamedError) {
   });
   // A prompt longer than the model's rotary tables.
   KVCache big(1, 64);
-  expect_error([&] { generate(model, big, {std::vector<int64_t>(40, 1)}, o); }, {"exceeds max_seq_len=32"});
+  expect_error([&] { generate(model, big, {std::vector<int64_t>(40, 1)}, o); },
+               {"the longest prompt (40 tokens) plus max_new_tokens=4 is 44 positions", "attends 32 (max_seq_len)"});
 }
 
 }  // namespace

@@ -176,13 +176,14 @@ TEST_F(OneTimeApisTest, HfConfigValuesOfAnotherTypeAreNamed) {
 TEST_F(OneTimeApisTest, CacheReuseAndTinyTemperaturesAreNamed) {
   Llama model(config());
   KVCache cache(1, 16);
-  GenerateOptions o;
-  o.max_new_tokens = 2;
-  generate(model, cache, {{1, 5}}, o);
+  at::NoGradGuard no_grad;
+  cache.reset(1);
+  model->forward(at::tensor({1, 5}, at::kLong).view({1, 2}), cache, {2});
   LlamaConfig f32 = config();
   f32.dtype = at::kFloat;
   Llama other(f32);
-  expect_error([&] { generate(other, cache, {{1, 5}}, o); },
+  cache.reset(1);
+  expect_error([&] { other->forward(at::tensor({1, 5}, at::kLong).view({1, 2}), cache, {2}); },
                {"KVCache: layer 0 holds", "in Double", "this model's are", "in Float", "Build a KVCache for each model"});
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
   const at::Tensor logits = at::tensor({1.0, 500.0, -3.0}, at::kDouble).view({1, 3});

@@ -8,7 +8,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
-#include "dtp/models/kv_cache.h"
+#include "dtp/inference/kv_cache.h"
 #include "dtp/models/llama.h"
 
 #include <ATen/ATen.h>

@@ -7,7 +7,7 @@
 #include "dtensor/sharding_prop.h"
 #include "dtp/device_mesh.h"
 #include "dtp/models/generate.h"
-#include "dtp/models/kv_cache.h"
+#include "dtp/inference/kv_cache.h"
 #include "dtp/models/llama.h"
 #include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"

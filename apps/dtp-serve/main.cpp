@@ -1,8 +1,9 @@
 // dtp-serve: OpenAI's HTTP API over a model run with tensor parallelism.
 //   dtprun -n 2 dtp-serve --hf Qwen2.5-0.5B-Instruct --port 8000
 //   curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "The capital of France is", "max_tokens": 8}'
-// Rank 0 serves HTTP (127.0.0.1 unless --host says otherwise) and plans each
-// step; every rank runs it (NOTE: [Serving step] in engine.h) on a paged KV
+// Rank 0 serves HTTP (127.0.0.1 unless --host says otherwise) and leads the
+// engine (dtp/inference/engine.h): it plans each step and every rank runs it
+// (NOTE: [Serving step] in src/inference/model_runner.h) on a paged KV
 // cache (--block-size, --kv-cache-mib per rank), prefilling long prompts in
 // --prefill-chunk pieces. SIGINT or SIGTERM: queued requests get 503,
 // running ones finish (up to --shutdown-grace-s), then every rank exits 0.
@@ -12,15 +13,15 @@
 #include "../common/inference_setup.h"
 #include "../common/model_flags.h"
 #include "chat_page.h"
-#include "engine.h"
 #include "http_stop.h"
 #include "openai_api.h"
 #include "rank_watch.h"
-#include "scheduler.h"
 
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
+#include "dtp/inference/engine.h"
 #include "dtp/models/checkpoint.h"
+#include "dtp/models/engine_model.h"
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
@@ -52,8 +53,8 @@ int main(int argc, char** argv) {
   apps::ModelFlags model_flags;
   std::string checkpoint, hf, tokenizer_path, device = "cpu", host = "127.0.0.1", served_model_name;
   int port = 8000;
-  int64_t context = 0, max_queue = 256, http_threads = 64, ep = 1;
-  serve::EngineOptions eo;
+  int64_t context = 0, http_threads = 64, ep = 1;
+  inference::EngineOptions eo;
   double grace_s = 2.0;
   CLI::App app{"dtp-serve: OpenAI's HTTP API (/v1/completions, /v1/chat/completions, /v1/models) over a model run "
                "with tensor parallelism on every rank of dtprun"};
@@ -84,7 +85,10 @@ int main(int argc, char** argv) {
                  "[default: room for --max-batch sequences of --context tokens]")->check(apps::kPositive);
   app.add_option("--kv-cache-blocks", eo.kv_cache_blocks, "The paged KV cache in blocks (instead of --kv-cache-mib)")
       ->check(apps::kPositive)->excludes("--kv-cache-mib");
-  app.add_option("--max-queue", max_queue, "Waiting requests before 429")->check(apps::kPositive)->capture_default_str();
+  app.add_flag("--enable-prefix-caching", eo.prefix_caching, "Keep full KV blocks of finished prompts and reuse them "
+               "for later requests with the same prefix (vLLM's automatic prefix caching; /metrics counts "
+               "dtp_serve_prefix_cache_queries_total and _hits_total)");
+  app.add_option("--max-queue", eo.max_queue, "Waiting requests before 429")->check(apps::kPositive)->capture_default_str();
   app.add_option("--http-threads", http_threads, "HTTP worker threads (each open request holds one)")
       ->check(apps::kPositive)->capture_default_str();
   app.add_option("--shutdown-grace-s", grace_s, "On SIGTERM, how long running requests may go on")
@@ -131,12 +135,9 @@ int main(int argc, char** argv) {
     Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
     eo.context = ctx;
-    eo.max_prefill = std::min(eo.max_prefill, eo.max_batch);
-    serve::Engine engine(model, eo);
-    std::optional<ProcessGroup> group;
-    if (world.size() > 1) group = world;
+    inference::Engine engine(engine_model(model), eo, world, tokenizer.get());
     const serve::RankPids pids = serve::gather_rank_pids(world);
-    if (rank != 0) return serve::follow_plans(engine, group);
+    if (rank != 0) return engine.follow();
 
     served.name = !served_model_name.empty() ? served_model_name
                   : !hf.empty() ? std::filesystem::path(hf).lexically_normal().filename().string()
@@ -147,10 +148,9 @@ int main(int argc, char** argv) {
     served.context = ctx;
     served.created = std::chrono::duration_cast<std::chrono::seconds>(
                          std::chrono::system_clock::now().time_since_epoch()).count();
-    serve::Scheduler scheduler(engine, *tokenizer, group, max_queue, grace_s);
     httplib::Server server;
     server.new_task_queue = [n = http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
-    serve::add_openai_routes(server, scheduler, served);
+    serve::add_openai_routes(server, engine, served);
     serve::register_chat_page(server);
     const int bound = port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
     TORCH_CHECK(bound > 0, "dtp-serve: --host ", host, " --port ", port, ": got a failed bind, expected a free "
@@ -158,9 +158,9 @@ int main(int argc, char** argv) {
     std::thread http([&] { server.listen_after_bind(); });
     std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", "
               << apps::layout_name(world.size(), ep) << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
-              << engine.blocks().total() << " blocks of " << eo.block_size << " tokens, "
-              << (engine.blocks().total() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
-              << " MiB per rank, prefill chunk " << eo.prefill_chunk << ", tokenizer "
+              << engine.num_blocks() << " blocks of " << eo.block_size << " tokens, "
+              << (engine.num_blocks() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
+              << " MiB per rank, prefill chunk " << eo.prefill_chunk << (eo.prefix_caching ? ", prefix caching" : "") << ", tokenizer "
               << tokenizer->name() << (served.chat ? std::string(", chat ") + served.chat->family_name() : "")
               << ")" << std::endl;
     // See NOTE: [A dead rank] in rank_watch.h.
@@ -173,11 +173,11 @@ int main(int argc, char** argv) {
         const std::string why = "dtp-serve: " + who + " exited, so the server stops (every rank runs every step). "
                                 "See that rank's output for why, then restart dtp-serve.";
         std::cerr << why << std::endl;
-        scheduler.rank_died(why);
+        engine.fail_all(why);
         return;
       }
     });
-    const int status = scheduler.serve(gStop);
+    const int status = engine.serve(gStop, grace_s);
     serving = false;
     watch.join();
     // The failed requests' handlers write their 503s before the server closes.

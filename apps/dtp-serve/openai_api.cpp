@@ -1,11 +1,16 @@
 #include "openai_api.h"
 
+#include "peer_watch.h"
+
 #include <c10/util/Exception.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -62,10 +67,53 @@ std::string kindOf(const json& j) {
 // The parameters both endpoints share, checked.
 struct Common {
   std::optional<int64_t> max_tokens;
-  SequenceSampling sampling;
+  inference::SamplingOptions sampling;
+  uint64_t seed = 0;
   std::vector<std::string> stop;
   bool stream = false, include_usage = false, return_token_ids = false;
+  bool return_tokens_as_token_ids = false;  // vLLM's: logprobs name tokens "token_id:<id>"
+  int64_t n = 1;          // choices (see NOTE: [n choices])
+  int64_t logprobs = -1;  // -1: none; else the top logprobs per token (RequestOptions::logprobs)
 };
+
+// vLLM's and OpenAI's bound on n is the server's; 16 keeps one request from
+// filling a batch of --max-batch 16 on its own.
+constexpr int64_t kMaxChoices = 16;
+
+// Chat: "logprobs": true and "top_logprobs": 0..20 (OpenAI's); completions:
+// "logprobs": 0..20 (OpenAI allows 5, vLLM 20, the engine's kMaxTopLogprobs).
+void parseLogprobs(const json& body, bool chat, Common& c) {
+  const std::string range = "[0, " + std::to_string(inference::kMaxTopLogprobs) + "]";
+  const bool has = body.contains("logprobs") && !body["logprobs"].is_null();
+  if (chat) {
+    if (has && !body["logprobs"].is_boolean()) {
+      throw badRequest("logprobs", "logprobs: got " + kindOf(body["logprobs"]) + ", expected a boolean (top_logprobs "
+                                   "says how many alternatives).");
+    }
+    const bool on = has && body["logprobs"].get<bool>();
+    if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+      const json& v = body["top_logprobs"];
+      if (!on) {
+        throw badRequest("top_logprobs", "top_logprobs: got " + kindOf(v) + " without logprobs, expected logprobs: true "
+                                         "with it. Set logprobs to true.");
+      }
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > inference::kMaxTopLogprobs) {
+        throw badRequest("top_logprobs", "top_logprobs: got " + kindOf(v) + ", expected an integer in " + range + ".");
+      }
+      c.logprobs = v.get<int64_t>();
+    } else if (on) {
+      c.logprobs = 0;
+    }
+    return;
+  }
+  if (!has) return;
+  const json& v = body["logprobs"];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > inference::kMaxTopLogprobs) {
+    throw badRequest("logprobs", "logprobs: got " + kindOf(v) + ", expected null or an integer in " + range +
+                                 " (the alternatives per token).");
+  }
+  c.logprobs = v.get<int64_t>();
+}
 
 Common parseCommon(const json& body, const ServedModel& model, bool chat) {
   Common c;
@@ -104,20 +152,20 @@ Common parseCommon(const json& body, const ServedModel& model, bool chat) {
   if (chat && !c.max_tokens) {
     if (auto m = integer("max_completion_tokens", 1)) c.max_tokens = m;
   }
-  if (auto t = number("temperature", 0.0, 2.0, false)) c.sampling.options.temperature = *t;
-  if (auto p = number("top_p", 0.0, 1.0, true)) c.sampling.options.top_p = *p;
+  if (auto t = number("temperature", 0.0, 2.0, false)) c.sampling.temperature = *t;
+  if (auto p = number("top_p", 0.0, 1.0, true)) c.sampling.top_p = *p;
   if (body.contains("top_k") && body["top_k"].is_number_integer() && body["top_k"].get<int64_t>() == -1) {
-    c.sampling.options.top_k = 0;  // vLLM's "no top-k"
+    c.sampling.top_k = 0;  // vLLM's "no top-k"
   } else if (auto k = integer("top_k", 0)) {
-    c.sampling.options.top_k = *k;
+    c.sampling.top_k = *k;
   }
   if (body.contains("seed") && !body["seed"].is_null()) {
     if (!body["seed"].is_number_integer()) throw badRequest("seed", "seed: got " + kindOf(body["seed"]) + ", expected an integer.");
-    c.sampling.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
+    c.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
                                                         : static_cast<uint64_t>(body["seed"].get<int64_t>());
   } else {
     static std::atomic<uint64_t> counter{std::random_device{}()};
-    c.sampling.seed = counter.fetch_add(0x9E3779B97F4A7C15ULL);
+    c.seed = counter.fetch_add(0x9E3779B97F4A7C15ULL);
   }
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& s = body["stop"];
@@ -141,13 +189,16 @@ Common parseCommon(const json& body, const ServedModel& model, bool chat) {
     c.include_usage = boolean(body["stream_options"], "include_usage", "stream_options.include_usage");
   }
   c.return_token_ids = boolean(body, "return_token_ids", "return_token_ids");
-  if (body.contains("n") && !body["n"].is_null() && body["n"] != 1) {
-    throw badRequest("n", "NYI: n: got " + kindOf(body["n"]) + ", expected 1 (one choice per request).");
+  c.return_tokens_as_token_ids = boolean(body, "return_tokens_as_token_ids", "return_tokens_as_token_ids");
+  if (body.contains("n") && !body["n"].is_null()) {
+    const json& v = body["n"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxChoices) {
+      throw badRequest("n", "n: got " + kindOf(v) + ", expected an integer in [1, " + std::to_string(kMaxChoices) +
+                                "]. Send several requests for more choices.");
+    }
+    c.n = v.get<int64_t>();
   }
-  const char* logprobs = "logprobs";
-  if (body.contains(logprobs) && !body[logprobs].is_null() && body[logprobs] != false) {
-    throw badRequest(logprobs, "NYI: logprobs: got " + kindOf(body[logprobs]) + ", expected null or false.");
-  }
+  parseLogprobs(body, chat, c);
   if (body.contains("echo") && body["echo"] == true) throw badRequest("echo", "NYI: echo: got true, expected false.");
   return c;
 }
@@ -231,17 +282,148 @@ std::vector<int64_t> chatIds(const json& body, const ServedModel& model) {
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
-json usageOf(const Request& r) {
-  const int64_t p = static_cast<int64_t>(r.prompt.size()), c = static_cast<int64_t>(r.generated.size());
-  return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
+// NOTE: [Logprobs in the answer] The engine gives, per drawn token, its
+// log-probability and the k best (token, logprob) pairs, best first
+// (RequestOptions::logprobs; the log-softmax of the raw logits, whatever the
+// temperature, as vLLM's default). Each token's text is the tokenizer's
+// decode_token(id) with special tokens spelled out (so <|im_end|> shows), as
+// vLLM shows them; a byte token that is part of a UTF-8 character is that
+// byte (chat's "bytes" carries it; the string shows U+FFFD). JSON has no
+// -inf: a token the model cannot draw shows vLLM's -9999.0.
+//   chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [k x {"token", "logprob", "bytes"}]}]}
+//   completions: {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{text: logprob} per token],
+//                 "text_offset": [...]}
+// Completions' top_logprobs holds the k best and the drawn token (OpenAI's
+// "up to logprobs + 1 elements"); two tokens with one text keep the better.
+// text_offset counts bytes of the choice's text (characters for ASCII).
+// With vLLM's return_tokens_as_token_ids, a token's text is "token_id:<id>"
+// (what a client that cannot decode ids, or a test, compares). So is an id
+// the tokenizer does not know: a model's vocabulary padded past its
+// tokenizer's (Qwen 2.5: 151936 rows, 151665 tokens; the tests' tiny model:
+// 256 rows, a ChatML tokenizer of 38) has such ids among the top logprobs;
+// chat's "bytes" is then null (OpenAI's "no bytes representation").
+struct TokenText {
+  const models::Tokenizer& tokenizer;
+  bool as_ids;
+  bool known(int64_t id) const { return id >= 0 && id < tokenizer.vocab_size(); }
+  std::string operator()(int64_t id) const {
+    if (as_ids || !known(id)) return "token_id:" + std::to_string(id);
+    return tokenizer.decode_token(id, /*skip_special_tokens=*/false);
+  }
+  json bytes(int64_t id) const;
+};
+
+double finiteLogprob(double x) { return std::max(x, -9999.0); }
+
+json TokenText::bytes(int64_t id) const {
+  if (!known(id)) return nullptr;
+  json b = json::array();
+  for (unsigned char ch : tokenizer.decode_token(id, /*skip_special_tokens=*/false)) b.push_back(static_cast<int>(ch));
+  return b;
 }
 
-std::atomic<int64_t> gNextId{1};
+json chatLogprobs(const std::vector<inference::TokenLogprobs>& lps, const TokenText& tokenizer) {
+  json content = json::array();
+  for (const auto& t : lps) {
+    json top = json::array();
+    for (const auto& a : t.top) {
+      const std::string text = tokenizer(a.token);
+      top.push_back({{"token", text}, {"logprob", finiteLogprob(a.logprob)}, {"bytes", tokenizer.bytes(a.token)}});
+    }
+    const std::string text = tokenizer(t.token);
+    content.push_back({{"token", text}, {"logprob", finiteLogprob(t.logprob)}, {"bytes", tokenizer.bytes(t.token)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
 
-void handle(const httplib::Request& req, httplib::Response& res, Scheduler& scheduler, const ServedModel& model,
+// `offset`: bytes of the choice's text before these tokens; advanced past them.
+json completionLogprobs(const std::vector<inference::TokenLogprobs>& lps, const TokenText& tokenizer, int64_t& offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), text_offset = json::array();
+  for (const auto& t : lps) {
+    const std::string text = tokenizer(t.token);
+    json alternatives = json::object();
+    for (const auto& a : t.top) {
+      const std::string key = tokenizer(a.token);
+      if (!alternatives.contains(key)) alternatives[key] = finiteLogprob(a.logprob);
+    }
+    if (!alternatives.contains(text)) alternatives[text] = finiteLogprob(t.logprob);
+    tokens.push_back(text);
+    token_logprobs.push_back(finiteLogprob(t.logprob));
+    top_logprobs.push_back(alternatives);
+    text_offset.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", text_offset}};
+}
+
+// One choice as the HTTP thread sees it: the engine's outputs for one of the
+// request's n engine requests, collected by its callback (on the engine's
+// thread).
+struct Choice {
+  std::string pending;  // settled text not yet streamed
+  std::string text;     // all of it
+  std::vector<int64_t> tokens;
+  std::vector<inference::TokenLogprobs> logprobs;
+  size_t streamed_logprobs = 0;  // of logprobs, those streamed
+  bool done = false, finish_streamed = false;
+  std::string finish_reason;
+  std::string error;  // the engine failed it: 503 with this
+};
+
+// NOTE: [n choices] A request with n > 1 is n engine requests with seeds
+// seed, seed + 1, ..., seed + n - 1 (vLLM's rule for its child requests), so
+// choice i equals a request with n = 1 and seed + i; greedy choices are
+// equal. The prompt counts once in the usage, the completion tokens of all
+// choices add up. A client that goes away cancels all n.
+struct Reply {
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<Choice> choices;
+  int64_t prompt_tokens = 0;
+
+  bool done() const {
+    return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.done; });
+  }
+  std::string error() const {
+    for (const Choice& c : choices) {
+      if (!c.error.empty()) return c.error;
+    }
+    return "";
+  }
+  // Whether a streamed chunk has something to carry.
+  bool news() const {
+    return std::any_of(choices.begin(), choices.end(), [](const Choice& c) {
+      return !c.pending.empty() || c.streamed_logprobs < c.logprobs.size() || (c.done && !c.finish_streamed);
+    });
+  }
+};
+
+json usageOf(const Reply& r) {
+  int64_t completion = 0;
+  for (const Choice& c : r.choices) completion += static_cast<int64_t>(c.tokens.size());
+  const int64_t p = r.prompt_tokens;
+  return {{"prompt_tokens", p}, {"completion_tokens", completion}, {"total_tokens", p + completion}};
+}
+
+// What one streamed chunk carries for one choice.
+struct Delta {
+  int64_t index = 0;
+  std::string text;
+  std::vector<inference::TokenLogprobs> logprobs;
+  bool finish = false;
+  std::string finish_reason;
+  std::vector<int64_t> tokens;  // all of the choice's, at its finish
+};
+
+void handle(const httplib::Request& req, httplib::Response& res, inference::Engine& engine, const ServedModel& model,
             bool chat) {
-  std::shared_ptr<Request> r;
+  auto r = std::make_shared<Reply>();
   Common c;
+  std::vector<int64_t> prompt;
+  std::vector<int64_t> request_ids;
+  auto cancelAll = [&engine](const std::vector<int64_t>& ids) {
+    for (int64_t id : ids) engine.cancel(id);
+  };
   try {
     json body;
     try {
@@ -252,7 +434,7 @@ void handle(const httplib::Request& req, httplib::Response& res, Scheduler& sche
     }
     if (!body.is_object()) throw badRequest("", "The body: got " + kindOf(body) + ", expected a JSON object.");
     c = parseCommon(body, model, chat);
-    std::vector<int64_t> prompt = chat ? chatIds(body, model) : promptIds(body, model);
+    prompt = chat ? chatIds(body, model) : promptIds(body, model);
     const int64_t n = static_cast<int64_t>(prompt.size());
     const char* prompt_param = chat ? "messages" : "prompt";
     if (n >= model.context) {
@@ -267,19 +449,47 @@ void handle(const httplib::Request& req, httplib::Response& res, Scheduler& sche
                                          std::to_string(model.context - n) + " (this model's maximum context length is " +
                                          std::to_string(model.context) + " tokens).");
     }
-    r = std::make_shared<Request>(gNextId++, c.stop);
-    r->prompt = std::move(prompt);
-    r->sampling = c.sampling;
-    r->max_tokens = max_tokens;
-    r->stop_tokens = chat ? model.chat_stop_tokens : model.stop_tokens;
-    switch (scheduler.submit(r)) {
-      case Scheduler::Submit::kQueued: break;
-      case Scheduler::Submit::kQueueFull:
-        throw ApiError{429, "dtp-serve: too many queued requests (--max-queue). Retry later.", "rate_limit_exceeded", "", ""};
-      case Scheduler::Submit::kStopping:
-        throw ApiError{503, "dtp-serve is shutting down.", "server_error", "", ""};
-      case Scheduler::Submit::kDead:
-        throw ApiError{503, scheduler.dead(), "server_error", "", ""};
+    inference::RequestOptions o;
+    o.sampling = c.sampling;
+    o.max_tokens = max_tokens;
+    o.stop = c.stop;
+    o.stop_tokens = chat ? model.chat_stop_tokens : model.stop_tokens;
+    o.logprobs = c.logprobs;
+    r->prompt_tokens = n;
+    r->choices.resize(static_cast<size_t>(c.n));  // before the first callback can run
+    for (int64_t i = 0; i < c.n; ++i) {
+      o.seed = c.seed + static_cast<uint64_t>(i);  // See NOTE: [n choices]
+      const inference::Ticket t = engine.enqueue(prompt, o, [r, i, want = c.logprobs](const inference::Output& out) {
+        std::lock_guard<std::mutex> lk(r->m);
+        Choice& ch = r->choices[static_cast<size_t>(i)];
+        ch.pending += out.text;
+        ch.text += out.text;
+        ch.tokens.insert(ch.tokens.end(), out.tokens.begin(), out.tokens.end());
+        if (want >= 0 && out.logprobs.size() != out.tokens.size() && ch.error.empty()) {
+          ch.error = "dtp-serve: the engine returned " + std::to_string(out.logprobs.size()) + " logprobs for " +
+                     std::to_string(out.tokens.size()) + " tokens, expected one per token (RequestOptions::logprobs " +
+                     std::to_string(want) + "). This is a bug: report it.";
+        } else if (want >= 0) {
+          ch.logprobs.insert(ch.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+        }
+        if (out.finished) {
+          ch.done = true;
+          ch.finish_reason = inference::finish_reason_name(out.finish_reason);
+          if (out.finish_reason == inference::FinishReason::kError) ch.error = out.error;
+        }
+        r->cv.notify_all();
+      });
+      if (t.refused != inference::Refusal::kNone) cancelAll(request_ids);  // all n or none
+      switch (t.refused) {
+        case inference::Refusal::kNone: break;
+        case inference::Refusal::kQueueFull:
+          throw ApiError{429, "dtp-serve: too many queued requests (--max-queue). Retry later.", "rate_limit_exceeded", "", ""};
+        case inference::Refusal::kStopping:
+          throw ApiError{503, "dtp-serve is shutting down.", "server_error", "", ""};
+        case inference::Refusal::kDead:
+          throw ApiError{503, t.why, "server_error", "", ""};
+      }
+      request_ids.push_back(t.id);
     }
   } catch (const ApiError& e) {
     sendError(res, e);
@@ -288,35 +498,56 @@ void handle(const httplib::Request& req, httplib::Response& res, Scheduler& sche
     sendError(res, badRequest(chat ? "messages" : "prompt", e.what()));
     return;
   }
-  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(r->id);
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(request_ids.front());
   const int64_t created = unixNow();
   const std::string object = chat ? "chat.completion" : "text_completion";
+  const TokenText tokenizer{*model.tokenizer, c.return_tokens_as_token_ids};
   if (!c.stream) {
+    // A client that goes away while it waits cancels the request
+    // (NOTE: [A client that hangs up] in peer_watch.h).
+    const PeerWatch peer(req.remote_addr, req.remote_port);
     std::unique_lock<std::mutex> lk(r->m);
-    r->cv.wait(lk, [&] { return r->done; });
-    if (r->error_status) {
-      sendError(res, ApiError{r->error_status, r->error_message, "server_error", "", ""});
+    while (!r->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return r->done(); })) {
+      if (peer.closed()) {
+        lk.unlock();
+        cancelAll(request_ids);
+        return;
+      }
+    }
+    if (!r->error().empty()) {
+      sendError(res, ApiError{503, r->error(), "server_error", "", ""});
       return;
     }
-    json choice = {{"index", 0}, {"finish_reason", r->finish_reason}, {"logprobs", nullptr}};
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", r->final_text}};
-    } else {
-      choice["text"] = r->final_text;
+    json choices = json::array();
+    for (size_t i = 0; i < r->choices.size(); ++i) {
+      const Choice& ch = r->choices[i];
+      json choice = {{"index", i}, {"finish_reason", ch.finish_reason}, {"logprobs", nullptr}};
+      if (c.logprobs >= 0) {
+        int64_t offset = 0;
+        choice["logprobs"] = chat ? chatLogprobs(ch.logprobs, tokenizer) : completionLogprobs(ch.logprobs, tokenizer, offset);
+      }
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", ch.text}};
+      } else {
+        choice["text"] = ch.text;
+      }
+      if (c.return_token_ids) choice["token_ids"] = ch.tokens;
+      choices.push_back(choice);
     }
-    if (c.return_token_ids) choice["token_ids"] = r->generated;
     json out = {{"id", id}, {"object", object}, {"created", created}, {"model", model.name},
-                {"choices", json::array({choice})}, {"usage", usageOf(*r)}};
-    if (c.return_token_ids) out["prompt_token_ids"] = r->prompt;
+                {"choices", choices}, {"usage", usageOf(*r)}};
+    if (c.return_token_ids) out["prompt_token_ids"] = prompt;
     res.set_content(dump(out), "application/json");
     return;
   }
-  // Server-sent events: one chunk per settled piece of text, then the
-  // finish reason, the usage if asked, and [DONE].
+  // Server-sent events: per choice, one chunk per settled piece of text (with
+  // its tokens' logprobs), then its finish reason; at the end the usage if
+  // asked, and [DONE]. Chunks carry their choice's index.
   auto started = std::make_shared<bool>(false);
+  auto offsets = std::make_shared<std::vector<int64_t>>(r->choices.size(), 0);  // completions' text_offset
   const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
-  auto chunk = [=, name = model.name](const json& delta_or_text, const json& finish) {
-    json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
+  auto chunk = [=, name = model.name](int64_t index, const json& delta_or_text, const json& finish, const json& logprobs) {
+    json choice = {{"index", index}, {"finish_reason", finish}, {"logprobs", logprobs}};
     if (chat) {
       choice["delta"] = delta_or_text;
     } else {
@@ -326,50 +557,86 @@ void handle(const httplib::Request& req, httplib::Response& res, Scheduler& sche
                 {"choices", json::array({choice})}};
   };
   res.set_header("Cache-Control", "no-cache");
+  // The client went away: every choice's row leaves.
+  auto cancel = [cancelAll, request_ids] { cancelAll(request_ids); };
   res.set_chunked_content_provider(
       "text/event-stream",
-      [r, c, chat, started, chunk, id, created, chunk_object, name = model.name](size_t, httplib::DataSink& sink) {
+      [r, c, chat, started, offsets, chunk, id, created, chunk_object, cancel, tokenizer,
+       name = model.name](size_t, httplib::DataSink& sink) {
         std::unique_lock<std::mutex> lk(r->m);
-        r->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return r->done || !r->pending.empty(); });
-        const std::string piece = std::move(r->pending);
-        r->pending.clear();
-        const bool done = r->done;
+        r->cv.wait_for(lk, std::chrono::milliseconds(200), [&] { return r->done() || r->news(); });
+        std::vector<Delta> deltas;
+        for (size_t i = 0; i < r->choices.size(); ++i) {
+          Choice& ch = r->choices[i];
+          Delta d;
+          d.index = static_cast<int64_t>(i);
+          d.text = std::move(ch.pending);
+          ch.pending.clear();
+          d.logprobs.assign(ch.logprobs.begin() + static_cast<std::ptrdiff_t>(ch.streamed_logprobs), ch.logprobs.end());
+          ch.streamed_logprobs = ch.logprobs.size();
+          // A failed choice gets no finish chunk: the error event ends the stream.
+          d.finish = ch.done && !ch.finish_streamed && ch.error.empty();
+          if (ch.done) ch.finish_streamed = true;
+          d.finish_reason = ch.finish_reason;
+          if (d.finish) d.tokens = ch.tokens;
+          if (!d.text.empty() || !d.logprobs.empty() || d.finish) deltas.push_back(std::move(d));
+        }
+        const bool done = r->done();
+        const std::string error = done ? r->error() : "";
         lk.unlock();
         std::string out;
-        if (!*started && chat) out += sse(chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr));
+        if (!*started && chat) {
+          for (size_t i = 0; i < offsets->size(); ++i) {
+            out += sse(chunk(static_cast<int64_t>(i), json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+          }
+        }
         *started = true;
-        if (!piece.empty()) out += sse(chunk(chat ? json{{"content", piece}} : json(piece), nullptr));
-        if (done) {
-          if (r->error_status) {
-            out += sse(errorBody(ApiError{r->error_status, r->error_message, "server_error", "", ""}));
-          } else {
-            json last = chunk(chat ? json::object() : json(""), r->finish_reason);
-            if (c.return_token_ids) last["choices"][0]["token_ids"] = r->generated;
-            out += sse(last);
-            if (c.include_usage) {
-              out += sse(json{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", name},
-                              {"choices", json::array()}, {"usage", usageOf(*r)}});
+        for (const Delta& d : deltas) {
+          if (!d.text.empty() || !d.logprobs.empty()) {
+            json logprobs = nullptr;
+            if (c.logprobs >= 0) {
+              logprobs = chat ? chatLogprobs(d.logprobs, tokenizer)
+                              : completionLogprobs(d.logprobs, tokenizer, (*offsets)[static_cast<size_t>(d.index)]);
             }
+            out += sse(chunk(d.index, chat ? json{{"content", d.text}} : json(d.text), nullptr, logprobs));
+          }
+          if (d.finish) {
+            json last = chunk(d.index, chat ? json::object() : json(""), d.finish_reason, nullptr);
+            if (c.return_token_ids) last["choices"][0]["token_ids"] = d.tokens;
+            out += sse(last);
+          }
+        }
+        if (done) {
+          if (!error.empty()) {
+            out += sse(errorBody(ApiError{503, error, "server_error", "", ""}));
+          } else if (c.include_usage) {
+            json usage;
+            {
+              std::lock_guard<std::mutex> g(r->m);
+              usage = usageOf(*r);
+            }
+            out += sse(json{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", name},
+                            {"choices", json::array()}, {"usage", usage}});
           }
           out += "data: [DONE]\n\n";
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
-          r->cancelled = true;  // the client went away: its row leaves at the next step
+          cancel();
           return false;
         }
         if (!sink.is_writable()) {
-          r->cancelled = true;
+          cancel();
           return false;
         }
         if (done) sink.done();
         return true;
       },
-      [r](bool success) {
-        if (!success) r->cancelled = true;
+      [cancel](bool success) {
+        if (!success) cancel();
       });
 }
 
-std::string metricsText(const Metrics& m) {
+std::string metricsText(const inference::EngineMetrics& m) {
   std::ostringstream o;
   auto counter = [&](const char* name, const char* help, double v, const char* type = "counter") {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
@@ -389,6 +656,10 @@ std::string metricsText(const Metrics& m) {
   counter("dtp_serve_kv_blocks_used", "Paged KV cache blocks held by sequences.", m.kv_blocks_used, "gauge");
   counter("dtp_serve_kv_blocks_total", "Paged KV cache blocks.", m.kv_blocks_total, "gauge");
   counter("dtp_serve_kv_block_size_tokens", "Tokens per KV block.", m.kv_block_size, "gauge");
+  // vLLM's vllm:prefix_cache_queries and vllm:prefix_cache_hits (--enable-prefix-caching).
+  counter("dtp_serve_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", m.prefix_cache_queries);
+  counter("dtp_serve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed again).",
+          m.prefix_cache_hits);
   o << m.ttft.text("dtp_serve_time_to_first_token_seconds", "From a request's arrival to its first token.")
     << m.itl.text("dtp_serve_inter_token_latency_seconds", "Between a request's consecutive tokens (a step, or a "
                   "preemption's wait).");
@@ -397,12 +668,12 @@ std::string metricsText(const Metrics& m) {
 
 }  // namespace
 
-void add_openai_routes(httplib::Server& server, Scheduler& scheduler, const ServedModel& model) {
+void add_openai_routes(httplib::Server& server, inference::Engine& engine, const ServedModel& model) {
   server.Post("/v1/completions", [&](const httplib::Request& q, httplib::Response& s) {
-    handle(q, s, scheduler, model, /*chat=*/false);
+    handle(q, s, engine, model, /*chat=*/false);
   });
   server.Post("/v1/chat/completions", [&](const httplib::Request& q, httplib::Response& s) {
-    handle(q, s, scheduler, model, /*chat=*/true);
+    handle(q, s, engine, model, /*chat=*/true);
   });
   server.Get("/v1/models", [&](const httplib::Request&, httplib::Response& s) {
     const json models = {{"object", "list"},
@@ -414,7 +685,7 @@ void add_openai_routes(httplib::Server& server, Scheduler& scheduler, const Serv
     s.set_content(dump(models), "application/json");
   });
   server.Get("/health", [&](const httplib::Request&, httplib::Response& s) {
-    const std::string dead = scheduler.dead();
+    const std::string dead = engine.dead();
     if (!dead.empty()) {
       sendError(s, ApiError{503, dead, "server_error", "", ""});
       return;
@@ -422,7 +693,7 @@ void add_openai_routes(httplib::Server& server, Scheduler& scheduler, const Serv
     s.set_content("{\"status\": \"ok\"}", "application/json");
   });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& s) {
-    s.set_content(metricsText(scheduler.metrics()), "text/plain; version=0.0.4");
+    s.set_content(metricsText(engine.metrics()), "text/plain; version=0.0.4");
   });
   server.set_error_handler([](const httplib::Request& q, httplib::Response& s) {
     if (s.status == 404 && s.body.empty()) {

@@ -1,11 +1,10 @@
 // dtp-serve's HTTP side on rank 0: OpenAI's API (/v1/completions,
 // /v1/chat/completions, /v1/models), /health and /metrics, over Debian's
 // cpp-httplib. Requests are validated here (a 4xx naming the field, in
-// OpenAI's error body) and handed to the Scheduler.
+// OpenAI's error body) and handed to the engine (dtp/inference/engine.h).
 #pragma once
 
-#include "scheduler.h"
-
+#include "dtp/inference/engine.h"
 #include "dtp/text/chat.h"
 #include "dtp/text/tokenizer.h"
 
@@ -31,6 +30,6 @@ struct ServedModel {
   int64_t created = 0;                    // unix time the server started
 };
 
-void add_openai_routes(httplib::Server& server, Scheduler& scheduler, const ServedModel& model);
+void add_openai_routes(httplib::Server& server, inference::Engine& engine, const ServedModel& model);
 
 }  // namespace dtp::serve

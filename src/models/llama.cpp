@@ -7,7 +7,7 @@
 
 #include "dtp/dcp/state_dict.h"
 #include "dtp/dtensor.h"
-#include "dtp/models/kv_cache.h"
+#include "dtp/inference/kv_cache.h"
 #include "dtp/module_utils.h"
 #include "dtp/tp/loss_parallel.h"
 

@@ -1,7 +1,7 @@
 // The reference Llama with a KV cache: prefill and decode
-// (NOTE: [KV cache positions] in include/dtp/models/kv_cache.h).
+// (NOTE: [KV cache positions] in include/dtp/inference/kv_cache.h).
 #include "dtp/dtensor.h"
-#include "dtp/models/kv_cache.h"
+#include "dtp/inference/kv_cache.h"
 #include "dtp/models/llama.h"
 
 #include <ATen/ATen.h>

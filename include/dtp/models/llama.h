@@ -24,9 +24,13 @@ namespace dtp::dcp {
 struct StateDictOptions;  // dtp/dcp/state_dict.h
 }  // namespace dtp::dcp
 
+namespace dtp::inference {
+class KVCache;  // dtp/inference/kv_cache.h
+}  // namespace dtp::inference
+
 namespace dtp::models {
 
-class KVCache;  // dtp/models/kv_cache.h
+using inference::KVCache;
 
 // Llama 3.1's rotary frequencies (Hugging Face's rope_type "llama3"):
 // wavelengths longer than original_max_position_embeddings / low_freq_factor
@@ -225,7 +229,7 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
 // apply_expert_parallel in this header, and KVCache, DeviceMesh,
 // dcp::StateDictOptions, fully_shard, replicate, checkpoint and
 // parallelize_module through it. They live in dtp/models/parallelize.h and
-// dtp/models/kv_cache.h now; until the next release this header still
+// dtp/inference/kv_cache.h now; until the next release this header still
 // includes both, after its own declarations (parallelize.h includes this
 // header, whose #pragma once ends the loop). With GCC, a translation unit
 // that reaches this header before dtp/models/parallelize.h gets a note (a
@@ -238,9 +242,9 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
 #pragma message(                                                                          \
     "dtp/models/llama.h: apply_tensor_parallel, TensorParallelOptions, apply_ac, apply_fsdp, "   \
     "apply_ddp and the other parallelizations moved to dtp/models/parallelize.h, and KVCache "   \
-    "to dtp/models/kv_cache.h; llama.h includes both until the next release. Include what "      \
+    "to dtp/inference/kv_cache.h; llama.h includes both until the next release. Include what "      \
     "you use, then define DTP_NO_DEPRECATED to build as the next release will (CHANGELOG.md)")
 #endif
-#include "dtp/models/kv_cache.h"
+#include "dtp/inference/kv_cache.h"
 #include "dtp/models/parallelize.h"
 #endif  // DTP_NO_DEPRECATED

@@ -2,13 +2,12 @@
 // sent now, and where a stop string ends it.
 //
 //   TextStream s(stops);
-//   s.update(tokenizer.decode(ids, /*skip_special_tokens=*/true));   // after each token
+//   s.append(decode_stream.step(id));  // after each token (dtp/text/decode_stream.h)
 //   send(s.take());                    // the new, settled part
 //   if (s.stopped()) ...               // a stop string was found: the text ends before it
 //
-// NOTE: [Settled text] The whole sequence is decoded again after each token
-// (decoding token by token is wrong for sentencepiece's leading space and
-// for characters split over byte tokens). Text is held back while
+// NOTE: [Settled text] The text grows by what DecodeStream settles per token
+// (its pieces concatenate to the decode of all ids). Text is held back while
 //  - it ends in an incomplete UTF-8 sequence (byte tokens) or in U+FFFD
 //    (a byte-fallback character whose other bytes may still come);
 //  - its end could be the start of a stop string.
@@ -18,13 +17,13 @@
 #include <string>
 #include <vector>
 
-namespace dtp::serve {
+namespace dtp::inference {
 
 class TextStream {
  public:
   explicit TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // The decoded text of all tokens so far.
-  void update(const std::string& text);
+  // More of the decoded text.
+  void append(const std::string& piece);
   // The settled text not yet taken; finish() settles all of it.
   std::string take();
   void finish() { final_ = true; }
@@ -42,4 +41,4 @@ class TextStream {
 // sequence (a trailing lead byte without all its continuation bytes).
 size_t complete_utf8_prefix(const std::string& s);
 
-}  // namespace dtp::serve
+}  // namespace dtp::inference

@@ -1,5 +1,5 @@
 // A latency histogram in Prometheus' shape (cumulative buckets, sum,
-// count), for dtp-serve's /metrics: time to first token and inter-token
+// count), for the engine's metrics (dtp-serve's /metrics): time to first token and inter-token
 // latency.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-namespace dtp::serve {
+namespace dtp::inference {
 
 class Histogram {
  public:
@@ -45,4 +45,4 @@ class Histogram {
   int64_t count_ = 0;
 };
 
-}  // namespace dtp::serve
+}  // namespace dtp::inference

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace dtp::serve {
+namespace dtp::inference {
 
 size_t complete_utf8_prefix(const std::string& s) {
   // Look back at most 3 bytes for a lead byte whose sequence is cut.
@@ -16,9 +16,9 @@ size_t complete_utf8_prefix(const std::string& s) {
   return n;
 }
 
-void TextStream::update(const std::string& text) {
+void TextStream::append(const std::string& piece) {
   if (stopped_) return;
-  text_ = text;
+  text_ += piece;
   // A stop string may end in the new text only, but may start up to its
   // length before it.
   size_t longest = 0;
@@ -61,4 +61,4 @@ std::string TextStream::take() {
   return out;
 }
 
-}  // namespace dtp::serve
+}  // namespace dtp::inference

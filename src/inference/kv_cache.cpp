@@ -1,11 +1,11 @@
-#include "dtp/models/kv_cache.h"
+#include "dtp/inference/kv_cache.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 
-namespace dtp::models {
+namespace dtp::inference {
 namespace {
 thread_local KVCache* tActive = nullptr;
 }  // namespace
@@ -160,4 +160,4 @@ KVCache* KVCache::active() { return tActive; }
 KVCache::Activate::Activate(KVCache* c) : prev(tActive) { tActive = c; }
 KVCache::Activate::~Activate() { tActive = prev; }
 
-}  // namespace dtp::models
+}  // namespace dtp::inference

@@ -1,0 +1,108 @@
+// A KV cache for the reference Llama (library dtp::inference; the name
+// stays reachable as dtp::models::KVCache): per layer, this rank's KV heads of
+// every cached token, preallocated for max_batch x max_seq on first use.
+//
+//   models::KVCache cache(/*max_batch=*/4, /*max_seq=*/256);
+//   at::Tensor logits = model->forward(prompts, cache, lengths);   // prefill: [B, 1, vocab]
+//   logits = model->forward(next_tokens, cache, {1, 1, 1, 1});     // decode: one token each
+//
+// NOTE: [KV cache positions] Sequence b's tokens sit at positions
+// lengths()[b], lengths()[b] + 1, ... of this call (its own rotary offset);
+// a call writes all S positions of its [B, S] tokens (right padding
+// included) but advances lengths()[b] by valid[b] only, so the next call
+// overwrites the padding. A query at position p attends keys 0..p of its own
+// sequence, so padding never reaches a valid token.
+//
+// NOTE: [Paged KV cache] KVCache::paged(num_blocks, block_size) holds, per
+// layer, one pool of num_blocks x block_size token slots
+// [num_blocks * block_size, kv_heads, head_dim]. The caller owns the blocks
+// (which are free, which sequence holds which) and gives each forward its
+// batch as block tables: token j of sequence b sits in slot
+// tables[b][j / block_size] * block_size + j % block_size. A call
+//  - writes its valid tokens' keys and values at their slots (index_copy;
+//    right padding is never written, so a table needs room for the valid
+//    tokens only);
+//  - reads keys 0..keys-1 of each sequence by gathering their slots
+//    (index_select) into [B, keys, kv_heads, head_dim], then runs the
+//    contiguous cache's attention math on it. Keys past a sequence's tokens
+//    gather slot 0 and are masked, as the contiguous cache's stale rows are.
+// Example: block_size 4, tables {{7, 2}, {0}}, lengths {5, 1}, one decode
+// token each: sequence 0's new token (position 5) goes to slot 2*4 + 1 = 9,
+// sequence 1's (position 1) to slot 1; keys = 6, and sequence 0 reads slots
+// 28 29 30 31 8 9, sequence 1 reads 0 1 0 0 0 0 (the last four masked).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dtp::inference {
+
+class KVCache {
+ public:
+  KVCache(int64_t max_batch, int64_t max_seq);
+  // A paged cache (NOTE: [Paged KV cache]): num_blocks blocks of block_size
+  // tokens per layer, allocated on first use (or by layer()).
+  static KVCache paged(int64_t num_blocks, int64_t block_size);
+
+  int64_t max_batch() const { return max_batch_; }  // contiguous (0 when paged)
+  int64_t max_seq() const { return max_seq_; }
+  // Tokens cached per sequence of the current batch.
+  const std::vector<int64_t>& lengths() const { return lengths_; }
+  // Starts a new batch of `batch` empty sequences (memory is kept).
+  void reset(int64_t batch);
+  // Keeps only the sequences `rows` (ascending indices into the current
+  // batch), moved to its front in that order: generation drops finished
+  // sequences so that they stop costing compute.
+  void keep(const std::vector<int64_t>& rows);
+
+  bool is_paged() const { return block_size_ > 0; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  // Paged: the batch of the next forward: sequence b has lengths[b] tokens
+  // cached in the blocks tables[b] (in order), which must have room for
+  // them and for the call's valid tokens. lengths() then advance as usual.
+  void set_batch(std::vector<std::vector<int64_t>> tables, std::vector<int64_t> lengths);
+
+  // Used by the Llama's forward (see llama_kv.cpp).
+  struct Step {
+    std::vector<int64_t> start;  // lengths() before the call
+    at::Tensor positions;        // [B, S] i64: start[b] + s
+    int64_t keys = 0;            // max(start) + S: keys attended
+    // Paged only (NOTE: [Paged KV cache]):
+    at::Tensor write_rows;   // [T] i64: the valid tokens' rows of the call's [B*S] (undefined: all rows)
+    at::Tensor write_slots;  // [T] i64: their slots
+    at::Tensor read_slots;   // [B, keys] i64: the slot of each sequence's key j
+  };
+  // The layer's cache, allocated like `like` ([B, S, kv_heads, head_dim]):
+  // [max_batch, max_seq, kv_heads, head_dim], or paged the pool
+  // [num_blocks * block_size, kv_heads, head_dim].
+  std::pair<at::Tensor, at::Tensor> layer(int64_t index, const at::Tensor& like);
+  void begin(const std::vector<int64_t>& valid, int64_t seq);
+  void end(const std::vector<int64_t>& valid);
+  const Step& step() const { return step_; }
+  // The cache of the forward running on this thread (nullptr: none).
+  static KVCache* active();
+  struct Activate {
+    explicit Activate(KVCache* c);
+    ~Activate();
+    KVCache* prev;
+  };
+
+ private:
+  void pagedSlots(const std::vector<int64_t>& valid, int64_t seq);
+
+  int64_t max_batch_, max_seq_;
+  int64_t num_blocks_ = 0, block_size_ = 0;  // paged when block_size_ > 0
+  std::vector<std::vector<int64_t>> tables_;
+  std::vector<int64_t> lengths_;
+  std::vector<at::Tensor> k_, v_;
+  Step step_;
+};
+
+}  // namespace dtp::inference
+
+namespace dtp::models {
+using inference::KVCache;  // its name before the move (NOTE: [Moved headers] in dtp/models/tokenizer.h)
+}  // namespace dtp::models
