@@ -158,8 +158,9 @@ int main(int argc, char** argv) {
   const std::string full_note =
       full_text == expected ? "equal" : "DIFFERENT: " + firstDifference(full_text, expected);
 
-  std::printf("tokenizer: %s\nids: %zu (%zu bytes of text), reps: %d\nfull-decode loop's text against decode(ids): %s\n\n",
-              tok->name().c_str(), tokens, expected.size(), reps, full_note.c_str());
+  std::printf("tokenizer: %s\nids: %zu (%zu bytes of text), reps: %d\n", tok->name().c_str(), tokens,
+              expected.size(), reps);
+  std::printf("full-decode loop's text against decode(ids): %s\n\n", full_note.c_str());
   std::printf("| tokens so far | full decode us/token | DecodeStream us/token | full / stream |\n");
   std::printf("|---:|---:|---:|---:|\n");
   std::vector<size_t> at;

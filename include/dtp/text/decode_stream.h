@@ -33,7 +33,7 @@ namespace dtp::models {
 //    decode(context). Then the window keeps only its last kContextIds ids
 //    with visible text (decode_token not ""), and more while their decode
 //    is "", which become the context.
-//    Each step decodes two windows of at most kContextIds + 1 ids.
+//    A send decodes two windows of about kContextIds + 1 ids.
 //  - Held (nothing sent, nothing decoded, the window grows) while
 //     (a) the bytes of the ids so far (decode_token's) end inside a UTF-8
 //         character: a lead byte without all its continuation bytes
@@ -62,10 +62,11 @@ namespace dtp::models {
 //      Fuse the first characters): the context starts with the same ids in
 //      both decodes, and its decode is not "", so the start rules stopped
 //      inside it (Strip stops at a character it keeps or after its count,
-//      the others touch the first visible id only): they cancel. A window that starts inside a
-//      UTF-8 character decodes its first bytes to U+FFFD in both decodes,
-//      and resynchronizes at the first lead byte (r is a settled point);
-//      Strip(stop) at the end is the same in both.
+//      the others touch the first visible id only): they cancel. A window
+//      that starts inside a UTF-8 character decodes its first bytes to
+//      U+FFFD in both decodes and resynchronizes at the first lead byte
+//      (the send point is settled); Strip(stop) at the end is the same in
+//      both.
 // Special tokens: with skip_special_tokens, an HfTokenizer's special ids are
 // dropped before the window, as its decode drops them before the decoder. A
 // sentencepiece control id stays in the window: sentencepiece decodes it to
