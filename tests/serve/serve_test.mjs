@@ -45,6 +45,15 @@ alone.forEach((r, i) => {
   check(r.choices[0].text === Buffer.from(r.choices[0].token_ids).toString('utf8'), `text of '${prompts[i]}' is not its bytes`);
 });
 
+// 1b. Completions' logprobs name each token by its text (a byte here), one
+// byte of text_offset each; top_logprobs holds the 3 best and the drawn token.
+const withLogprobs = await complete(prompts[1], { logprobs: 3 });
+const lp = withLogprobs.choices[0].logprobs, ids = withLogprobs.choices[0].token_ids;
+check(same(ids, alone[1].choices[0].token_ids) && lp && same(lp.tokens, ids.map((t) => Buffer.from([t]).toString('utf8'))) &&
+      same(lp.text_offset, ids.map((_, j) => j)) &&
+      lp.top_logprobs.every((top, j) => Object.keys(top).length >= 3 && Object.keys(top).length <= 4 && top[lp.tokens[j]] === lp.token_logprobs[j]),
+      `completion logprobs 3: ${JSON.stringify(lp).slice(0, 300)} for tokens ${JSON.stringify(ids)}`);
+
 // 2. Concurrent requests (mixed lengths, one sampled with a seed) equal the
 // same requests alone: joining and leaving a running batch changes nothing.
 const sampledAlone = await complete('The ', { temperature: 0.9, top_k: 20, seed: 7 });
@@ -143,7 +152,7 @@ await expectError({ prompt: 'x'.repeat(64) }, 400, 'prompt');
 await expectError({ prompt: 'x'.repeat(40), max_tokens: 30 }, 400, 'max_tokens');
 await expectError({ prompt: [1, 2, 999] }, 400, 'prompt');
 await expectError({ prompt: 'x', model: 'gpt-4' }, 404, 'model');
-await expectError({ prompt: 'x', n: 2 }, 400, 'n');
+await expectError({ prompt: 'x', n: 17 }, 400, 'n');
 await expectError({ messages: [{ role: 'user', content: 'hi' }] }, 400, 'messages', `${baseURL}/chat/completions`);
 await expectError({ messages: 'hi' }, 400, 'messages', `${chatURL}/chat/completions`);
 try {

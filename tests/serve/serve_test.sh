@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dtp-serve end to end at TP=2 with OpenAI's Node client:
-#   serve_test.sh DTPRUN DTP_TRAIN DTP_SERVE GREEDY_REFERENCE TINY_CHATML NPM_CACHE [--bench|--soak]
+#   serve_test.sh DTPRUN DTP_TRAIN DTP_SERVE GREEDY_REFERENCE TINY_CHATML NPM_CACHE [--bench|--soak|--stop|--features]
 # - dtp-train exports a tiny model (byte vocabulary); a copy gets the
 #   tiny-chatml tokenizer.json and ChatML template for chat;
 # - by default (the checks):
@@ -26,6 +26,10 @@
 #   under dtprun (it exits 0: every rank did), and to two ranks started
 #   without dtprun (each exits 0); the streams end as documented and the
 #   server closes the connections;
+# - --features: a float64 server of the chat folder with prefix caching
+#   (serve_features_test.mjs): logprobs equal one device's log_softmax
+#   (greedy_reference TOP_K float64) within 1e-9, n choices, their 400s,
+#   prefix cache hits, a non-streamed client that aborts is cancelled;
 # - --bench: the load test (serve_bench.mjs, 64 clients x 10 requests and
 #   one at a time) on a larger model; prints figures, asserts no timing
 #   (DTP_SERVE_BENCH_FLAGS: other dtp-serve flags).
@@ -185,6 +189,14 @@ if [ "$mode" = --stop ]; then
     [ "$status" -eq 0 ] || fail "bare: rank $rank exited $status after SIGTERM, expected 0: $(tail -5 "$d/bare.log")"
   done
   pids=()
+  echo "serve_test: ok"
+  exit 0
+fi
+if [ "$mode" = --features ]; then
+  start feat "$d/chat" --dtype float64 --context 1024 --max-batch 4 --enable-prefix-caching
+  grep -q 'prefix caching' "$d/feat.log" || fail "feat: the listening line does not say prefix caching: $(cat "$d/feat.log")"
+  node "$here/serve_features_test.mjs" "http://127.0.0.1:$feat_port/v1" "$dtprun" "$reference" "$d" 1024 ||
+    fail "feature checks (server log: $(tail -5 "$d/feat.log"))"
   echo "serve_test: ok"
   exit 0
 fi
