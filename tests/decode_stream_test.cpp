@@ -181,6 +181,15 @@ TEST(DecodeStreamTest, SentencePieceDropsOnlyTheFirstLeadingSpace) {
   }
   for (const bool skip : {true, false}) expectStreamsAsDecode(tok, ids, skip, "control ids among text");
   expectRandomIdsStream(tok, singleByteIds(tok), 8, 300);
+  // Many control ids (a model that ignores EOS) keep the window bounded.
+  Ids controls = hello;
+  controls.insert(controls.end(), 500, eos);
+  controls.insert(controls.end(), hello.begin(), hello.end());
+  controls.insert(controls.end(), 500, bos);
+  for (const bool skip : {true, false}) {
+    const Checked c = expectStreamsAsDecode(tok, controls, skip, "1000 control ids");
+    EXPECT_LE(c.max_window, kCorpusWindow) << "skip_special_tokens " << skip;
+  }
   DecodeStream s(tok, true);
   std::string text;
   for (const int64_t id : hello) text += s.step(id);

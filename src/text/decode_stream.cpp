@@ -72,9 +72,13 @@ std::string DecodeStream::step(int64_t id) {
               "stream (they have no text).");
   if (drop_special_ && static_cast<const HfTokenizer&>(tokenizer_).is_special(id)) return "";
   const std::string bytes = tokenizer_.decode_token(id, skip_special_tokens_);
+  // A skipped sentencepiece control id between settled texts changes no
+  // text; inside a held byte run it ends the run, so it stays there.
+  if (bytes.empty() && !holding_ && local_) return "";
   ids_.push_back(id);
   visible_.push_back(bytes.empty() ? 0 : 1);
-  if (held(id, bytes)) return "";
+  holding_ = held(id, bytes);
+  if (holding_) return "";
   std::string text = tokenizer_.decode(ids_, skip_special_tokens_);
   TORCH_INTERNAL_ASSERT(startsWith(text, prefix_text_), "DecodeStream: the window's text no longer starts with its "
                         "context's for tokenizer ", tokenizer_.name(), " (see NOTE: [Decode stream window])");

@@ -69,9 +69,11 @@ namespace dtp::models {
 //      both.
 // Special tokens: with skip_special_tokens, an HfTokenizer's special ids are
 // dropped before the window, as its decode drops them before the decoder. A
-// sentencepiece control id stays in the window: sentencepiece decodes it to
-// nothing but it ends a byte run (<0xE4></s><0xB8><0xAD> is three U+FFFD,
-// not 中). Hugging Face transformers' clean_up_tokenization_spaces, which is
+// skipped sentencepiece control id decodes to nothing but ends a byte run
+// (<0xE4></s><0xB8><0xAD> is three U+FFFD, not 中): it joins the window while
+// text is held, and is dropped between settled texts, where it changes
+// nothing ("▁x" after it still loses its space at the start), so that a run
+// of them cannot grow the window. Hugging Face transformers' clean_up_tokenization_spaces, which is
 // not local (" ." -> "."), is not part of HfTokenizer::decode and so not here.
 // Fall back: for a Tokenizer subclass other than ByteTokenizer,
 // SentencePieceTokenizer and HfTokenizer (a user's own), the stream cannot
@@ -116,6 +118,7 @@ class DecodeStream {
   std::string prefix_text_;                // decode of the window's context
   size_t read_ = 0;                        // ids_[0, read_) is the context
   std::string tail_;                       // the last <= 3 bytes of the ids so far
+  bool holding_ = false;                   // the last step held its text
   bool flushed_ = false;
 };
 
