@@ -518,26 +518,33 @@ void handle(const httplib::Request& req, httplib::Response& res, inference::Engi
       sendError(res, ApiError{503, r->error(), "server_error", "", ""});
       return;
     }
-    json choices = json::array();
-    for (size_t i = 0; i < r->choices.size(); ++i) {
-      const Choice& ch = r->choices[i];
-      json choice = {{"index", i}, {"finish_reason", ch.finish_reason}, {"logprobs", nullptr}};
-      if (c.logprobs >= 0) {
-        int64_t offset = 0;
-        choice["logprobs"] = chat ? chatLogprobs(ch.logprobs, tokenizer) : completionLogprobs(ch.logprobs, tokenizer, offset);
+    // A bug below (a tokenizer that throws) is a 500 in OpenAI's body, not
+    // httplib's bare 500 with a backtrace in a header.
+    try {
+      json choices = json::array();
+      for (size_t i = 0; i < r->choices.size(); ++i) {
+        const Choice& ch = r->choices[i];
+        json choice = {{"index", i}, {"finish_reason", ch.finish_reason}, {"logprobs", nullptr}};
+        if (c.logprobs >= 0) {
+          int64_t offset = 0;
+          choice["logprobs"] = chat ? chatLogprobs(ch.logprobs, tokenizer)
+                                    : completionLogprobs(ch.logprobs, tokenizer, offset);
+        }
+        if (chat) {
+          choice["message"] = {{"role", "assistant"}, {"content", ch.text}};
+        } else {
+          choice["text"] = ch.text;
+        }
+        if (c.return_token_ids) choice["token_ids"] = ch.tokens;
+        choices.push_back(choice);
       }
-      if (chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", ch.text}};
-      } else {
-        choice["text"] = ch.text;
-      }
-      if (c.return_token_ids) choice["token_ids"] = ch.tokens;
-      choices.push_back(choice);
+      json out = {{"id", id}, {"object", object}, {"created", created}, {"model", model.name},
+                  {"choices", choices}, {"usage", usageOf(*r)}};
+      if (c.return_token_ids) out["prompt_token_ids"] = prompt;
+      res.set_content(dump(out), "application/json");
+    } catch (const std::exception& e) {
+      sendError(res, ApiError{500, std::string("dtp-serve: ") + e.what(), "server_error", "", ""});
     }
-    json out = {{"id", id}, {"object", object}, {"created", created}, {"model", model.name},
-                {"choices", choices}, {"usage", usageOf(*r)}};
-    if (c.return_token_ids) out["prompt_token_ids"] = prompt;
-    res.set_content(dump(out), "application/json");
     return;
   }
   // Server-sent events: per choice, one chunk per settled piece of text (with
