@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
                  "[default: room for --max-batch sequences of --context tokens]")->check(apps::kPositive);
   app.add_option("--kv-cache-blocks", eo.kv_cache_blocks, "The paged KV cache in blocks (instead of --kv-cache-mib)")
       ->check(apps::kPositive)->excludes("--kv-cache-mib");
+  bool two_forwards = false;
+  app.add_flag("--two-forwards-per-step", two_forwards, "Run decode rows and prefill chunks as two forwards per step, "
+               "as dtp-serve did before one packed forward (for measuring the difference; the same tokens)");
   app.add_flag("--enable-prefix-caching", eo.prefix_caching, "Keep full KV blocks of finished prompts and reuse them "
                "for later requests with the same prefix (vLLM's automatic prefix caching; /metrics counts "
                "dtp_serve_prefix_cache_queries_total and _hits_total)");
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
     Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
     eo.context = ctx;
+    eo.one_forward_per_step = !two_forwards;
     inference::Engine engine(engine_model(model), eo, world, tokenizer.get());
     const serve::RankPids pids = serve::gather_rank_pids(world);
     if (rank != 0) return engine.follow();

@@ -25,7 +25,7 @@ KVCache KVCache::paged(int64_t num_blocks, int64_t block_size) {
   return c;
 }
 
-void KVCache::set_batch(std::vector<std::vector<int64_t>> tables, std::vector<int64_t> lengths) {
+void KVCache::set_batch(std::vector<std::vector<int64_t>> tables, std::vector<int64_t> lengths, bool packed) {
   TORCH_CHECK(is_paged(), "KVCache::set_batch: this cache is contiguous. Build it with KVCache::paged(num_blocks, "
               "block_size), or use reset(batch).");
   TORCH_CHECK(!tables.empty() && tables.size() == lengths.size(), "KVCache::set_batch: got ", tables.size(),
@@ -40,6 +40,7 @@ void KVCache::set_batch(std::vector<std::vector<int64_t>> tables, std::vector<in
   }
   tables_ = std::move(tables);
   lengths_ = std::move(lengths);
+  packed_ = packed;
 }
 
 void KVCache::reset(int64_t batch) {
@@ -95,6 +96,11 @@ void KVCache::begin(const std::vector<int64_t>& valid, int64_t seq) {
               ") to start a new batch.");
   step_.start = lengths_;
   step_.keys = 0;
+  step_.groups.clear();
+  if (packed_) {
+    packedSteps(valid);
+    return;
+  }
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(valid[b] >= 1 && valid[b] <= seq, "KVCache: sequence ", b, " has ", valid[b], " valid tokens in a call of ",
                 seq, ". Each sequence needs 1..", seq, " (an empty prompt cannot start a generation).");
@@ -149,6 +155,65 @@ void KVCache::pagedSlots(const std::vector<int64_t>& valid, int64_t seq) {
   step_.write_rows = all ? at::Tensor() : at::tensor(rows, at::kLong);
   step_.write_slots = at::tensor(slots, at::kLong);
   step_.read_slots = at::tensor(read, at::kLong).view({batch, keys});
+}
+
+// See NOTE: [Packed batch].
+void KVCache::packedSteps(const std::vector<int64_t>& valid) {
+  const int64_t batch = static_cast<int64_t>(valid.size()), bs = block_size_;
+  std::vector<int64_t> offset(batch, 0), positions, slots;
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t room = static_cast<int64_t>(tables_[b].size()) * bs;
+    TORCH_CHECK(valid[b] >= 1 && lengths_[b] + valid[b] <= room, "KVCache: packed sequence ", b, " has ", valid[b],
+                " tokens after ", lengths_[b], " cached, in ", tables_[b].size(), " blocks of ", bs, ": expected 1 or "
+                "more tokens that fit its blocks. Give it more blocks in set_batch.");
+    offset[b] = total;
+    total += valid[b];
+    for (int64_t s = 0; s < valid[b]; ++s) {
+      const int64_t j = lengths_[b] + s;
+      positions.push_back(j);
+      slots.push_back(tables_[b][j / bs] * bs + j % bs);
+    }
+    step_.keys = std::max(step_.keys, lengths_[b] + valid[b]);
+  }
+  step_.positions = at::tensor(positions, at::kLong).view({1, total});
+  step_.write_rows = at::Tensor();
+  step_.write_slots = at::tensor(slots, at::kLong);
+  step_.read_slots = at::Tensor();
+  for (const bool single : {true, false}) {
+    std::vector<int64_t> rows;
+    int64_t width = 0, keys = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      if ((valid[b] == 1) != single) continue;
+      rows.push_back(b);
+      width = std::max(width, valid[b]);
+      keys = std::max(keys, lengths_[b] + valid[b]);
+    }
+    if (rows.empty()) continue;
+    const int64_t g = static_cast<int64_t>(rows.size());
+    std::vector<int64_t> gather, pos, read(g * keys, 0), real, dest;
+    for (int64_t i = 0; i < g; ++i) {
+      const int64_t b = rows[i];
+      for (int64_t s = 0; s < width; ++s) {
+        const int64_t k = std::min(s, valid[b] - 1);  // padding repeats the last token
+        gather.push_back(offset[b] + k);
+        pos.push_back(lengths_[b] + k);
+        if (s < valid[b]) {
+          real.push_back(i * width + s);
+          dest.push_back(offset[b] + s);
+        }
+      }
+      for (int64_t j = 0; j < lengths_[b] + valid[b]; ++j) read[i * keys + j] = tables_[b][j / bs] * bs + j % bs;
+    }
+    Step::Group group;
+    group.keys = keys;
+    group.gather = at::tensor(gather, at::kLong).view({g, width});
+    group.positions = at::tensor(pos, at::kLong).view({g, width});
+    group.read = at::tensor(read, at::kLong).view({g, keys});
+    group.valid = at::tensor(real, at::kLong);
+    group.dest = at::tensor(dest, at::kLong);
+    step_.groups.push_back(std::move(group));
+  }
 }
 
 void KVCache::end(const std::vector<int64_t>& valid) {

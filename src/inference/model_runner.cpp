@@ -55,6 +55,7 @@ ModelRunner::ModelRunner(Model& model, const EngineOptions& options)
       cache_(KVCache::paged(pool_.total(), options.block_size)) {
   // The pool, allocated now: a cache too large for memory fails at start.
   const KvShape kv = model.kv_shape();
+  device_ = kv.device;
   const at::Tensor like = at::zeros({1, 1, kv.local_heads, kv.head_dim}, at::TensorOptions().dtype(kv.dtype).device(kv.device));
   for (int64_t l = 0; l < kv.layers; ++l) cache_.layer(l, like);
 }
@@ -124,7 +125,6 @@ void ModelRunner::admit(const Admission& a) {
 
 StepResult ModelRunner::run(const StepPlan& plan) {
   at::NoGradGuard no_grad;
-  const auto device = model_.kv_shape().device;
   // 1. Rows leave (finished, cancelled, preempted); their blocks return.
   const int64_t before = static_cast<int64_t>(rows_.size());
   std::vector<char> kept(before, 0), preempted(before, 0);
@@ -167,74 +167,80 @@ StepResult ModelRunner::run(const StepPlan& plan) {
   TORCH_CHECK(plan.tokens.size() == decoding.size() && plan.chunks.size() == prefilling.size(), "dtp::inference: a plan "
               "gives ", plan.tokens.size(), " input tokens and ", plan.chunks.size(), " prefill chunks, expected ",
               decoding.size(), " and ", prefilling.size(), ". Ranks must run the same dtp build.");
-  // 3. Decode one token for each row done with its prompt.
-  if (!decoding.empty()) {
-    const int64_t n = static_cast<int64_t>(decoding.size());
-    std::vector<std::vector<int64_t>> tables;
-    std::vector<int64_t> lengths;
-    std::vector<Row*> batch;
-    for (int64_t i : decoding) {
-      Row& row = rows_[i];
-      if (row.cached + 1 > static_cast<int64_t>(row.blocks.size()) * o_.block_size) row.blocks.push_back(pool_.take());
-      tables.push_back(row.blocks);
-      lengths.push_back(row.cached);
-      batch.push_back(&row);
-    }
-    cache_.set_batch(std::move(tables), std::move(lengths));
-    const at::Tensor tokens = at::tensor(plan.tokens, at::kLong).view({n, 1}).to(device);
-    const at::Tensor logits = model_.forward(tokens, cache_, std::vector<int64_t>(n, 1));
-    sampleRows(logits, batch, decoding, result);
-    for (int64_t j = 0; j < n; ++j) ++rows_[decoding[j]].cached;
-  }
-  // 4. Prefill the next chunk of each row still prefilling.
-  std::vector<int64_t> chunked, valid;
-  int64_t total = 0;
+  // 3. Which rows run: each decoding row with its input token (a row whose
+  // blocks are full takes one more), each prefilling row with its chunk.
+  std::vector<int64_t> chunk(rows_.size(), 0);
+  for (size_t j = 0; j < decoding.size(); ++j) chunk[decoding[j]] = 1;
+  int64_t total = 0, prefill_rows = 0;
   for (size_t j = 0; j < prefilling.size(); ++j) {
     const Row& row = rows_[prefilling[j]];
     const int64_t c = plan.chunks[j];
     TORCH_CHECK(c >= 0 && row.cached + c <= static_cast<int64_t>(row.prompt.size()), "dtp::inference: a plan prefills ",
                 c, " tokens of request ", row.id, ", which has ", row.prompt.size() - row.cached, " left. Ranks must "
                 "run the same dtp build.");
-    if (c == 0) continue;
-    chunked.push_back(prefilling[j]);
-    valid.push_back(c);
+    chunk[prefilling[j]] = c;
     total += c;
+    prefill_rows += c > 0;
   }
-  TORCH_CHECK(total <= o_.prefill_chunk && static_cast<int64_t>(chunked.size()) <= o_.max_prefill, "dtp::inference: a "
-              "plan prefills ", total, " tokens of ", chunked.size(), " sequences, expected at most prefill_chunk ",
+  TORCH_CHECK(total <= o_.prefill_chunk && prefill_rows <= o_.max_prefill, "dtp::inference: a "
+              "plan prefills ", total, " tokens of ", prefill_rows, " sequences, expected at most prefill_chunk ",
               o_.prefill_chunk, " of max_prefill ", o_.max_prefill, ". Ranks must run the same dtp build.");
-  if (!chunked.empty()) {
-    const int64_t k = static_cast<int64_t>(chunked.size()), width = *std::max_element(valid.begin(), valid.end());
-    at::Tensor tokens = at::zeros({k, width}, at::kLong);
-    std::vector<std::vector<int64_t>> tables;
-    std::vector<int64_t> lengths;
-    for (int64_t j = 0; j < k; ++j) {
-      const Row& row = rows_[chunked[j]];
-      const std::vector<int64_t> piece(row.prompt.begin() + row.cached, row.prompt.begin() + row.cached + valid[j]);
-      tokens[j].narrow(0, 0, valid[j]).copy_(at::tensor(piece, at::kLong));
-      tables.push_back(row.blocks);
-      lengths.push_back(row.cached);
-    }
-    cache_.set_batch(std::move(tables), std::move(lengths));
-    const at::Tensor logits = model_.forward(tokens.to(device), cache_, valid);
-    std::vector<int64_t> done, slots;
-    std::vector<Row*> finished;
-    for (int64_t j = 0; j < k; ++j) {
-      Row& row = rows_[chunked[j]];
-      row.cached += valid[j];
-      // The prompt's blocks that became full are cached for later requests.
-      pool_.commit(row.blocks, row.prompt, std::min<int64_t>(row.cached, static_cast<int64_t>(row.prompt.size())));
-      if (row.decoding()) {
-        done.push_back(j);
-        slots.push_back(chunked[j]);
-        finished.push_back(&row);
-      }
-    }
-    if (!done.empty()) {
-      sampleRows(static_cast<int64_t>(done.size()) == k ? logits : selectRows(logits, done), finished, slots, result);
-    }
+  // 4. One packed forward for all of them (NOTE: [Packed batch] in
+  // kv_cache.h): decode tokens and prefill chunks side by side; or, with
+  // EngineOptions::one_forward_per_step false, decode rows and prefill
+  // rows as two forwards (the engine before, kept to measure against).
+  std::vector<int64_t> decode_rows, prefill_rows_idx;
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    if (chunk[i] > 0) (rows_[i].decoding() || o_.one_forward_per_step ? decode_rows : prefill_rows_idx).push_back(i);
+  }
+  for (const auto* part : {&decode_rows, &prefill_rows_idx}) {
+    if (!part->empty()) forwardRows(*part, chunk, plan, result);
   }
   return result;
+}
+
+void ModelRunner::forwardRows(const std::vector<int64_t>& rows, const std::vector<int64_t>& chunk, const StepPlan& plan,
+                              StepResult& result) {
+  // The input token of a decoding row: plan.tokens holds one per decoding
+  // row of the batch, in row order.
+  std::vector<int64_t> token_of(rows_.size(), -1);
+  size_t next_token = 0;
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    if (rows_[i].decoding()) token_of[i] = plan.tokens[next_token++];
+  }
+  std::vector<int64_t> valid, flat, lengths;
+  std::vector<std::vector<int64_t>> tables;
+  for (int64_t i : rows) {
+    Row& row = rows_[i];
+    if (row.decoding()) {
+      if (row.cached + 1 > static_cast<int64_t>(row.blocks.size()) * o_.block_size) row.blocks.push_back(pool_.take());
+      flat.push_back(token_of[i]);
+    } else {
+      flat.insert(flat.end(), row.prompt.begin() + row.cached, row.prompt.begin() + row.cached + chunk[i]);
+    }
+    valid.push_back(chunk[i]);
+    tables.push_back(row.blocks);
+    lengths.push_back(row.cached);
+  }
+  cache_.set_batch(std::move(tables), std::move(lengths), /*packed=*/true);
+  const int64_t n = static_cast<int64_t>(flat.size());
+  const at::Tensor logits =
+      model_.forward(at::tensor(flat, at::kLong).view({1, n}).to(device_), cache_, valid);
+  // 5. Rows done with their prompt draw a token (one sampling pass).
+  std::vector<int64_t> drawing, slots;
+  std::vector<Row*> batch;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    Row& row = rows_[rows[j]];
+    const bool prefilled = !row.decoding();
+    row.cached += valid[j];
+    // The prompt's blocks that became full are cached for later requests.
+    if (prefilled) pool_.commit(row.blocks, row.prompt, std::min<int64_t>(row.cached, static_cast<int64_t>(row.prompt.size())));
+    if (!row.decoding()) continue;
+    drawing.push_back(static_cast<int64_t>(j));
+    slots.push_back(rows[j]);
+    batch.push_back(&row);
+  }
+  if (!drawing.empty()) sampleRows(drawing.size() == rows.size() ? logits : selectRows(logits, drawing), batch, slots, result);
 }
 
 }  // namespace dtp::inference

@@ -12,12 +12,13 @@
 //   2. admitted requests join at the end, each with the blocks of its whole
 //      prompt (a resumed one: its prompt and the tokens drawn so far, to be
 //      recomputed);
-//   3. decode: one token for every row done with its prompt, one forward
-//      [n, 1]; a row whose blocks are full takes one more first;
-//   4. prefill: the next chunk of each row still prefilling (chunk sizes
-//      from the plan: at most EngineOptions::prefill_chunk tokens in all per step), one
-//      forward [k, longest chunk]; a row whose prompt is done draws its
-//      first token.
+//   3. one packed forward (NOTE: [Packed batch] in kv_cache.h, vLLM v1's
+//      flattened batch): one token of every row done with its prompt (a
+//      row whose blocks are full takes one more first) and the next chunk
+//      of each row still prefilling (chunk sizes from the plan: at most
+//      EngineOptions::prefill_chunk tokens in all per step), [1, T];
+//   4. every row whose prompt is now done draws its next token, in one
+//      sampling pass.
 // So a long prompt is prefilled over several steps while the other rows
 // decode one token per step. The leader decides all of it (Scheduler::next_plan)
 // and broadcasts the plan; every rank runs the same allocations in the same
@@ -80,10 +81,15 @@ class ModelRunner {
   void sampleRows(const at::Tensor& logits, const std::vector<Row*>& rows, const std::vector<int64_t>& slots,
                   StepResult& result);
   void admit(const Admission& a);
+  // One packed forward of `rows` (ascending), `chunk[i]` tokens of row i,
+  // and the draws of the rows whose prompt it completes.
+  void forwardRows(const std::vector<int64_t>& rows, const std::vector<int64_t>& chunk, const StepPlan& plan,
+                   StepResult& result);
 
   Model& model_;
   EngineOptions o_;
   int64_t block_bytes_ = 0;  // K and V of one block over all layers, on this rank
+  c10::Device device_ = c10::Device(c10::kCPU);
   BlockPool pool_;
   KVCache cache_;
   std::vector<Row> rows_;

@@ -126,6 +126,60 @@ std::vector<std::vector<at::Tensor>> paged(Llama& model, int64_t chunk) {
   return out;
 }
 
+// The same through packed calls (NOTE: [Packed batch] in kv_cache.h), as
+// the engine runs a step: every call holds every sequence not yet done, the
+// ones done with their prompt decoding one greedy token beside the others'
+// next `chunk` prompt tokens, [1, T] with no padding.
+std::vector<std::vector<at::Tensor>> packed(Llama& model, int64_t chunk) {
+  at::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(kPrompts.size()), bs = 4, num_blocks = 24;
+  KVCache cache = KVCache::paged(num_blocks, bs);
+  std::vector<std::vector<int64_t>> tables(n);
+  std::vector<int64_t> lengths(n, 0), last(n, -1);
+  int64_t next_block = num_blocks - 1;
+  std::vector<std::vector<at::Tensor>> out(n);
+  int64_t mixed = 0;  // calls that held decode and prefill rows together
+  while (true) {
+    std::vector<int64_t> rows, valid, flat;
+    std::vector<std::vector<int64_t>> t;
+    std::vector<int64_t> l;
+    bool decodes = false, prefills = false;
+    for (int64_t b = 0; b < n; ++b) {
+      if (static_cast<int64_t>(out[b].size()) == kDecodeSteps + 1) continue;  // done
+      const int64_t left = static_cast<int64_t>(kPrompts[b].size()) - lengths[b];
+      const int64_t v = left > 0 ? std::min(chunk, left) : 1;
+      if (left > 0) {
+        flat.insert(flat.end(), kPrompts[b].begin() + lengths[b], kPrompts[b].begin() + lengths[b] + v);
+        prefills = true;
+      } else {
+        flat.push_back(last[b]);
+        decodes = true;
+      }
+      while (static_cast<int64_t>(tables[b].size()) * bs < lengths[b] + v) tables[b].push_back(next_block--);
+      rows.push_back(b);
+      valid.push_back(v);
+      t.push_back(tables[b]);
+      l.push_back(lengths[b]);
+    }
+    if (rows.empty()) break;
+    mixed += decodes && prefills;
+    cache.set_batch(t, l, /*packed=*/true);
+    const int64_t total = static_cast<int64_t>(flat.size());
+    const at::Tensor logits = plain(model->forward(at::tensor(flat, at::kLong).view({1, total}), cache, valid));
+    EXPECT_EQ(logits.size(0), static_cast<int64_t>(rows.size()));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t b = rows[i];
+      lengths[b] += valid[i];
+      if (lengths[b] < static_cast<int64_t>(kPrompts[b].size())) continue;
+      out[b].push_back(logits[i][0].clone());
+      last[b] = logits[i][0].argmax().item<int64_t>();
+    }
+  }
+  // With chunks shorter than the longest prompt, some calls mix both.
+  if (chunk < 11) EXPECT_GT(mixed, 0) << "no call packed decode rows beside prefill chunks";
+  return out;
+}
+
 double maxDiff(const std::vector<std::vector<at::Tensor>>& a, const std::vector<std::vector<at::Tensor>>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0;
@@ -149,6 +203,29 @@ TEST(PagedKVCacheTest, EqualsTheContiguousCacheInFloat64) {
     std::printf("paged vs contiguous KV cache, float64, prefill chunks of %lld, %d decode steps: max |diff| %.3g\n",
                 static_cast<long long>(chunk), kDecodeSteps, diff);
   }
+}
+
+// Packed calls (decode rows beside prefill chunks, NOTE: [Packed batch]):
+// the same logits as the contiguous cache, on one device and at TP 2.
+TEST(PagedKVCacheTest, PackedCallsEqualTheContiguousCache) {
+  Llama model(config());
+  model->eval();
+  const auto want = contiguous(model);
+  for (int64_t chunk : {int64_t{32}, int64_t{3}, int64_t{1}}) {
+    const double diff = maxDiff(packed(model, chunk), want);
+    EXPECT_LE(diff, 1e-12) << "packed (prefill chunks of " << chunk << ") vs contiguous";
+    std::printf("packed vs contiguous KV cache, float64, prefill chunks of %lld: max |diff| %.3g\n",
+                static_cast<long long>(chunk), diff);
+  }
+  std::mutex mu;
+  run_ranks(2, [&](int rank) {
+    Llama tp(config());
+    tp->eval();
+    apply_tensor_parallel_for_inference(tp, init_device_mesh("cpu", {2}, {"tp"}));
+    const double diff = maxDiff(packed(tp, 3), want);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_LE(diff, 1e-12) << "rank " << rank << ": packed at TP 2 vs contiguous on one device";
+  });
 }
 
 TEST(PagedKVCacheTest, EqualsTheContiguousCacheAtTp2) {

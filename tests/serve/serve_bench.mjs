@@ -1,5 +1,5 @@
 // A small load test of a running dtp-serve (see serve_test.sh --bench):
-//   node serve_bench.mjs BASE_URL CLIENTS REQUESTS_PER_CLIENT
+//   node serve_bench.mjs BASE_URL CLIENTS REQUESTS_PER_CLIENT [--no-baseline]
 // CLIENTS concurrent clients each send REQUESTS_PER_CLIENT streamed greedy
 // completions (prompts of 2 to 181 tokens, 8 to 64 out), then the same
 // requests one at a time as the baseline (the same number of requests, of
@@ -8,7 +8,7 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
-const [baseURL, clientsArg, perClientArg] = process.argv.slice(2);
+const [baseURL, clientsArg, perClientArg, baselineArg] = process.argv.slice(2);
 const require = createRequire(path.join(process.env.DTP_NPM_PREFIX, 'node_modules', 'x.js'));
 const OpenAI = require('openai');
 const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0 });
@@ -56,6 +56,7 @@ const loaded = (await Promise.all(Array.from({ length: clients }, async (_, c) =
   return out;
 }))).flat();
 const concurrent = report(`${clients} clients x ${perClient}`, loaded, (performance.now() - t0) / 1000);
+if (baselineArg === '--no-baseline') process.exit(0);  // serve_test.sh's comparisons: the load alone
 t0 = performance.now();
 const serial = [];
 for (let i = 0; i < clients * perClient; i++) serial.push(await one(i));

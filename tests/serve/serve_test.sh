@@ -111,10 +111,30 @@ export DTP_NPM_PREFIX="$cache"
 
 if [ "$mode" = --bench ]; then
   # DTP_SERVE_BENCH_FLAGS: dtp-serve flags instead of "--prefill-chunk 256", e.g. "--prefill-chunk 32".
-  # shellcheck disable=SC2086
-  start bench "$d/hf" --context 256 --max-batch 32 ${DTP_SERVE_BENCH_FLAGS:---prefill-chunk 256}
-  grep -o 'listening on.*' "$d/bench.log"
-  node "$here/serve_bench.mjs" "http://127.0.0.1:$bench_port/v1" 64 10 || fail "bench"
+  # DTP_SERVE_BENCH_COMPARE: flags added for a second server of the same build, run right after the
+  # first in this same run (e.g. "--two-forwards-per-step"), for figures side by side: the two
+  # alternate twice (A B A B), each with the load alone (no one-at-a-time baseline), so that
+  # the machine's noise shows.
+  base=${DTP_SERVE_BENCH_FLAGS:---prefill-chunk 256}
+  variants=("$base")
+  per_client=10 baseline=""
+  if [ -n "${DTP_SERVE_BENCH_COMPARE:-}" ]; then
+    variants=("$base" "$base $DTP_SERVE_BENCH_COMPARE" "$base" "$base $DTP_SERVE_BENCH_COMPARE")
+    per_client=5 baseline=--no-baseline
+  fi
+  i=0
+  for flags in "${variants[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    start "bench$i" "$d/hf" --context 256 --max-batch 32 $flags
+    echo "serve_test: bench $i: dtp-serve $flags"
+    grep -o 'listening on.*' "$d/bench$i.log"
+    port_var="bench${i}_port"
+    node "$here/serve_bench.mjs" "http://127.0.0.1:${!port_var}/v1" 64 $per_client $baseline || fail "bench $i"
+    pid_var="bench${i}_pid"
+    kill -TERM "${!pid_var}" 2>/dev/null || true
+    wait "${!pid_var}" 2>/dev/null || true
+  done
   echo "serve_test: ok"
   exit 0
 fi

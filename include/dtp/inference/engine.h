@@ -64,6 +64,11 @@ struct EngineOptions {
   // tokens and prefix, and shared by later requests with the same prefix
   // (NOTE: [Prefix cache] in src/inference/block_pool.h).
   bool prefix_caching = false;
+  // Decode rows and prefill chunks in one packed forward per step (vLLM
+  // v1's; NOTE: [Packed batch] in kv_cache.h). false: two forwards, decode
+  // rows then prefill rows, as the engine ran before: the same tokens,
+  // kept to measure the difference (dtp-serve --two-forwards-per-step).
+  bool one_forward_per_step = true;
 };
 
 // One request's sampling and stopping (vLLM's SamplingParams).
@@ -144,6 +149,9 @@ class Engine {
 
   // One step (collective: see Ranks above). Returns whether requests remain
   // (waiting or running); a step with nothing to run returns false at once.
+  // Rows that finished in a step leave (and free their KV blocks) at the
+  // next one, so the step after the last request's last token still
+  // returns true and runs no forward.
   bool step();
   // The leader's loop: steps while there is work, idles (telling the
   // followers now and then) while there is none. When `stop` is set,

@@ -30,6 +30,19 @@
 // token each: sequence 0's new token (position 5) goes to slot 2*4 + 1 = 9,
 // sequence 1's (position 1) to slot 1; keys = 6, and sequence 0 reads slots
 // 28 29 30 31 8 9, sequence 1 reads 0 1 0 0 0 0 (the last four masked).
+//
+// NOTE: [Packed batch] set_batch(tables, lengths, /*packed=*/true) makes the
+// next forward a flattened one (vLLM v1's): its tokens are [1, T], the
+// valid tokens of every sequence one after another (valid[b] of sequence
+// b, T = their sum, no padding), so decode rows (1 token) and prefill
+// chunks (many) run in one forward whose projections and MLPs cost T rows,
+// not B x the longest. Attention alone regroups: rows with one token and
+// rows with more form two groups, each gathered into [rows, its longest]
+// (padding repeats the row's last token and is dropped), attended as a
+// paged call would, and scattered back to [1, T]. The forward returns the
+// logits of each sequence's last token, [B, 1, V], as unpacked.
+// Example: valid {1, 3, 1} gives tokens t0 | t1 t2 t3 | t4; the groups are
+// rows {0, 2} of width 1 (tokens 0 and 4) and row {1} of width 3.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -63,7 +76,9 @@ class KVCache {
   // Paged: the batch of the next forward: sequence b has lengths[b] tokens
   // cached in the blocks tables[b] (in order), which must have room for
   // them and for the call's valid tokens. lengths() then advance as usual.
-  void set_batch(std::vector<std::vector<int64_t>> tables, std::vector<int64_t> lengths);
+  void set_batch(std::vector<std::vector<int64_t>> tables, std::vector<int64_t> lengths, bool packed = false);
+  // Whether the next forward is packed (NOTE: [Packed batch]).
+  bool packed() const { return packed_; }
 
   // Used by the Llama's forward (see llama_kv.cpp).
   struct Step {
@@ -74,6 +89,16 @@ class KVCache {
     at::Tensor write_rows;   // [T] i64: the valid tokens' rows of the call's [B*S] (undefined: all rows)
     at::Tensor write_slots;  // [T] i64: their slots
     at::Tensor read_slots;   // [B, keys] i64: the slot of each sequence's key j
+    // Packed only (NOTE: [Packed batch]): attention's groups of rows.
+    struct Group {
+      int64_t keys = 0;      // keys attended: max(start + valid) over the group
+      at::Tensor gather;     // [G, S] i64: each row's tokens as indices into [T] (padding: its last)
+      at::Tensor positions;  // [G, S] i64: their positions
+      at::Tensor read;       // [G, keys] i64: the slot of each row's key j
+      at::Tensor valid;      // [Tg] i64: the real entries of the flattened [G * S]
+      at::Tensor dest;       // [Tg] i64: where they go in [T]
+    };
+    std::vector<Group> groups;
   };
   // The layer's cache, allocated like `like` ([B, S, kv_heads, head_dim]):
   // [max_batch, max_seq, kv_heads, head_dim], or paged the pool
@@ -95,6 +120,9 @@ class KVCache {
 
   int64_t max_batch_, max_seq_;
   int64_t num_blocks_ = 0, block_size_ = 0;  // paged when block_size_ > 0
+  void packedSteps(const std::vector<int64_t>& valid);
+
+  bool packed_ = false;
   std::vector<std::vector<int64_t>> tables_;
   std::vector<int64_t> lengths_;
   std::vector<at::Tensor> k_, v_;
