@@ -357,6 +357,6 @@ EngineMetrics Engine::metrics() const {
 
 const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::num_blocks() const { return impl_->runner.blocks().total(); }
-int64_t Engine::block_bytes() const { return impl_->runner.blocks().total() > 0 ? impl_->runner.block_bytes() : 0; }
+int64_t Engine::block_bytes() const { return impl_->runner.block_bytes(); }
 
 }  // namespace dtp::inference

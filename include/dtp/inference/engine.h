@@ -161,7 +161,9 @@ class Engine {
   // with kError saying so).
   int serve(const std::atomic<bool>& stop, double grace_s = 2.0);
   // Ranks other than the leader: run the leader's plans until it shuts
-  // down. Returns 0, or 1 when a step failed.
+  // down (serve() returning 0; a leader that drove step() itself ends its
+  // followers with serve() and `stop` already set). Returns 0, or 1 when a
+  // step failed.
   int follow();
   // Every open request fails with kError and `why`, and every later
   // enqueue is refused with it (a watch that saw a rank die).
