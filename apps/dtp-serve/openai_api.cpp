@@ -645,7 +645,7 @@ void handle(const httplib::Request& req, httplib::Response& res, inference::Engi
 
 std::string metricsText(const inference::EngineMetrics& m) {
   std::ostringstream o;
-  auto counter = [&](const char* name, const char* help, double v, const char* type = "counter") {
+  auto counter = [&](const char* name, const char* help, int64_t v, const char* type = "counter") {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
   };
   counter("dtp_serve_requests_total", "Requests accepted into the queue.", m.requests);
