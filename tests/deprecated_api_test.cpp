@@ -6,6 +6,7 @@
 
 #include "dist.h"
 
+#include "dtp/models/generate.h"
 #include "dtp/nn/modules.h"
 
 #include <gtest/gtest.h>
@@ -32,6 +33,33 @@ TEST(DeprecatedApi, OutputHookTakingOneTensor) {
   two.add(at::ones({1}), dtp::nn::SlotKind::kTensor);
   dtp::test::expect_error([&] { old_form(two); }, {"an output hook taking at::Tensor& needs a forward returning one tensor",
                                                    "returns 2 outputs"});
+}
+
+// generate taking a KVCache (before NOTE: [generate on the engine]): the
+// cache still bounds the call, with its errors, and the tokens are the new
+// form's.
+TEST(DeprecatedApi, GenerateTakingAKvCache) {
+  dtp::models::LlamaConfig c;
+  c.vocab_size = 67;
+  c.dim = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 4;
+  c.ffn_hidden = 40;
+  c.max_seq_len = 32;
+  c.seed = 3;
+  c.dtype = at::kDouble;
+  dtp::models::Llama model(c);
+  dtp::models::KVCache cache(2, 8);
+  dtp::models::GenerateOptions o;
+  o.max_new_tokens = 4;
+  dtp::test::expect_error([&] { dtp::models::generate(model, cache, {{1, 2, 3, 4, 5, 6}}, o); },
+                          {"the longest prompt (6 tokens) plus max_new_tokens=4 needs 9 cached positions",
+                           "holds 8 (max_seq)"});
+  dtp::test::expect_error([&] { dtp::models::generate(model, cache, {{1}, {2}, {3}}, o); },
+                          {"a batch of 3 sequences", "holds 2 (max_batch)"});
+  const std::vector<std::vector<int64_t>> prompts = {{5, 9, 2}, {1, 2}};
+  EXPECT_EQ(dtp::models::generate(model, cache, prompts, o), dtp::models::generate(model, prompts, o));
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // error (or one warning per op and input specs); ones a user or a style asks
 // for are not; and the reference Llama's plans run clean under it, in a
 // training step (with and without sequence parallelism, on 2 and 4 ranks)
-// and in generation with the KV cache.
+// and in generation (the engine's paged KV cache).
 #include "close.h"
 #include "dist.h"
 #include "llama_util.h"
@@ -11,7 +11,6 @@
 
 #include "dtp/explicit_redistribute.h"
 #include "dtp/models/generate.h"
-#include "dtp/inference/kv_cache.h"
 #include "dtp/models/parallelize.h"
 
 #include <memory>
@@ -88,13 +87,12 @@ TEST_P(ExplicitRedistributeLlama, TrainingStepsAndGenerationRunClean) {
     c.n_kv_heads = 2;  // at 4 ranks: replicated KV heads
     Llama model(c);
     apply_tensor_parallel_for_inference(model, mesh);
-    KVCache cache(2, 16);
     GenerateOptions g;
     g.max_new_tokens = 6;
     g.sampling.top_k = 5;
     g.sampling.temperature = 0.8;
     ExplicitRedistributeGuard strict;
-    EXPECT_NO_THROW(generate(model, cache, {{1, 2, 3}, {4, 5}}, g));
+    EXPECT_NO_THROW(generate(model, {{1, 2, 3}, {4, 5}}, g));
   });
 }
 

@@ -82,18 +82,16 @@ TEST(KvCacheTest, DecodeEqualsAFullRecomputeInFloat64) {
 std::vector<std::vector<int64_t>> generateAt(int tp, const GenerateOptions& o) {
   if (tp == 1) {
     Llama model(config());
-    KVCache cache(3, 16);
-    return generate(model, cache, kPrompts, o);
+    return generate(model, kPrompts, o);
   }
   std::vector<std::vector<int64_t>> out;
   std::mutex mu;
   run_ranks(tp, [&](int rank) {
     Llama model(config());
     apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {tp}, {"tp"}));
-    KVCache cache(3, 16);
     GenerateOptions checked = o;
     checked.check_ranks_agree = true;
-    auto got = generate(model, cache, kPrompts, checked);
+    auto got = generate(model, kPrompts, checked);
     std::lock_guard<std::mutex> lock(mu);
     if (rank == 0) out = got;
   });
@@ -131,15 +129,13 @@ TEST(GenerateTest, TpAboveKvHeadsReplicatesKvHeads) {
   GenerateOptions o;
   o.max_new_tokens = 8;
   Llama one(c);
-  KVCache cache1(3, 16);
-  const auto want = generate(one, cache1, kPrompts, o);
+  const auto want = generate(one, kPrompts, o);
   std::vector<std::vector<int64_t>> got;
   run_ranks(4, [&](int rank) {
     Llama model(c);
     apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {4}, {"tp"}));
     EXPECT_EQ(model->layers[0]->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->kv_head, rank / 2);
-    KVCache cache(3, 16);
-    auto out = generate(model, cache, kPrompts, o);
+    auto out = generate(model, kPrompts, o);
     if (rank == 0) got = out;
   });
   EXPECT_EQ(got, want);
@@ -178,9 +174,8 @@ TEST(GenerateTest, StopTokensEndEachSequenceOnItsOwn) {
     EXPECT_LE(stopped[1].size(), 3u);
   }
   Llama model(config());
-  KVCache cache(3, 16);
   GenerateStats stats;
-  const auto stopped = generate(model, cache, kPrompts, o, &stats);
+  const auto stopped = generate(model, kPrompts, o, &stats);
   int64_t decoded = 0;  // each sequence's tokens after the prefill's first
   for (const auto& s : stopped) decoded += static_cast<int64_t>(s.size()) - 1;
   EXPECT_EQ(stats.decode_sequences, decoded);
@@ -258,14 +253,13 @@ TEST(GenerateTest, ShardingCacheStopsGrowingDuringDecode) {
   run_ranks(2, [&](int rank) {
     Llama model(c);
     apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {2}, {"tp"}));
-    KVCache cache(10, 1100);
     GenerateOptions o;
     o.max_new_tokens = 50;
-    generate(model, cache, prompts, o);
+    generate(model, prompts, o);
     const auto warm = propagation_cache_stats();
     o.max_new_tokens = 1001;
     GenerateStats stats;
-    generate(model, cache, prompts, o, &stats);
+    generate(model, prompts, o, &stats);
     ASSERT_EQ(stats.decode_sequences, 10000);
     const auto after = propagation_cache_stats();
     const double hitRate = static_cast<double>(after.hits - warm.hits) /
@@ -282,14 +276,10 @@ TEST(GenerateTest, ShardingCacheStopsGrowingDuringDecode) {
 
 TEST(GenerateTest, BadInputIsANamedError) {
   Llama model(config());
-  KVCache cache(2, 8);
   GenerateOptions o;
   o.max_new_tokens = 4;
-  expect_error([&] { generate(model, cache, {{1, 2, 3, 4, 5, 6}}, o); },
-               {"the longest prompt (6 tokens) plus max_new_tokens=4 needs 9 cached positions", "holds 8 (max_seq)"});
-  expect_error([&] { generate(model, cache, {{1}, {2}, {3}}, o); }, {"a batch of 3 sequences", "holds 2 (max_batch)"});
-  expect_error([&] { generate(model, cache, {{1, 2}, {}}, o); }, {"prompt 1 is empty"});
-  expect_error([&] { generate(model, cache, {{1, 99}}, o); }, {"token 99", "vocabulary of 67"});
+  expect_error([&] { generate(model, {{1, 2}, {}}, o); }, {"prompt 1 is empty"});
+  expect_error([&] { generate(model, {{1, 99}}, o); }, {"token 99", "vocabulary of 67"});
   LlamaConfig three = config();
   three.n_heads = 6;
   three.n_kv_heads = 3;
@@ -300,8 +290,7 @@ TEST(GenerateTest, BadInputIsANamedError) {
                  {"n_heads=6 is not divisible by the tp degree 4"});
   });
   // A prompt longer than the model's rotary tables.
-  KVCache big(1, 64);
-  expect_error([&] { generate(model, big, {std::vector<int64_t>(40, 1)}, o); },
+  expect_error([&] { generate(model, {std::vector<int64_t>(40, 1)}, o); },
                {"the longest prompt (40 tokens) plus max_new_tokens=4 is 44 positions", "attends 32 (max_seq_len)"});
 }
 

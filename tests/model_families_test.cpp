@@ -149,8 +149,7 @@ TEST(ModelFamilyTest, KvCacheDecodeEqualsAFullRecomputeAndTp2PicksTheSameTokens)
     Llama model(c);
     GenerateOptions o;
     o.max_new_tokens = 5;
-    KVCache cache(3, 16);
-    const auto tokens = generate(model, cache, prompts, o);
+    const auto tokens = generate(model, prompts, o);
     // Decode against the recompute, token by token, with the same cache.
     double worst = 0;
     at::NoGradGuard no_grad;
@@ -172,8 +171,7 @@ TEST(ModelFamilyTest, KvCacheDecodeEqualsAFullRecomputeAndTp2PicksTheSameTokens)
     run_ranks(2, [&](int rank) {
       Llama tp_model(c);
       apply_tensor_parallel_for_inference(tp_model, init_device_mesh("cpu", {2}, {"tp"}));
-      KVCache tp_cache(3, 16);
-      const auto got = generate(tp_model, tp_cache, prompts, o);
+      const auto got = generate(tp_model, prompts, o);
       std::lock_guard<std::mutex> lock(mu);
       EXPECT_EQ(got, tokens) << "rank " << rank;
     });

@@ -229,12 +229,11 @@ TEST(NewerApiMisuse, SamplingGenerateAndCacheNameTheirMisuse) {
   expect_error([&] { models::KVCache(0, 8); }, {"KVCache: max_batch=0"});
   models::LlamaConfig c = dtp::test::small_llama_config(1);
   models::Llama model(c);
-  models::KVCache cache(1, 16);
   models::GenerateOptions o;
   o.max_new_tokens = 0;
-  expect_error([&] { models::generate(model, cache, {{1, 2}}, o); }, {"generate: max_new_tokens=0 must be at least 1"});
+  expect_error([&] { models::generate(model, {{1, 2}}, o); }, {"generate: max_new_tokens=0 must be at least 1"});
   o.max_new_tokens = 2;
-  expect_error([&] { models::generate(model, cache, {}, o); }, {"generate: no prompts"});
+  expect_error([&] { models::generate(model, {}, o); }, {"generate: no prompts"});
 }
 
 // Schedules and pipeline steps: one wrong use each.

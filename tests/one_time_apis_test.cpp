@@ -50,17 +50,16 @@ TEST_F(OneTimeApisTest, GenerateRefusesRanksWithOtherPromptsOrOptions) {
   run_ranks(2, [&](int rank) {
     Llama model(config());
     apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {2}, {"tp"}));
-    KVCache cache(1, 16);
     GenerateOptions o;
     o.max_new_tokens = 3;
-    expect_error([&] { generate(model, cache, {{1, 5, rank == 0 ? 7 : 8}}, o); },
+    expect_error([&] { generate(model, {{1, 5, rank == 0 ? 7 : 8}}, o); },
                  {"generate: the ranks passed different prompts (token ids)", "rank 0: '[1, 5, 7]'",
                   "rank 1: '[1, 5, 8]'"});
     o.seed = rank;
-    expect_error([&] { generate(model, cache, {{1, 5, 7}}, o); },
+    expect_error([&] { generate(model, {{1, 5, 7}}, o); },
                  {"generate: the ranks passed different options", "seed=0", "seed=1"});
     o.seed = 0;
-    EXPECT_EQ(generate(model, cache, {{1, 5, 7}}, o)[0].size(), 3u);
+    EXPECT_EQ(generate(model, {{1, 5, 7}}, o)[0].size(), 3u);
   });
 }
 
@@ -237,12 +236,11 @@ TEST_F(OneTimeApisTest, AgreementCheckCostIsOneSmallExchangePerCall) {
   run_ranks(2, [&](int rank) {
     Llama model(config());
     apply_tensor_parallel_for_inference(model, init_device_mesh("cpu", {2}, {"tp"}));
-    KVCache cache(1, 16);
     GenerateOptions o;
     o.max_new_tokens = 1;
-    generate(model, cache, {{1, 5, 7}}, o);
+    generate(model, {{1, 5, 7}}, o);
     CommCounter comm;
-    generate(model, cache, {{1, 5, 7}}, o);
+    generate(model, {{1, 5, 7}}, o);
     // Two agreements (prompts, options), each a length and a bytes all_gather.
     EXPECT_EQ(comm.count(CollectiveType::AllGather), 4 + 1) << comm.str();  // + greedy sampling's pair gather
     if (rank == 0) std::printf("one generate call: %s\n", comm.str().c_str());

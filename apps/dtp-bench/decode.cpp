@@ -291,7 +291,6 @@ Row compare(Llama model, Decoder& hand, const at::Tensor& prompts, const DecodeO
   decodeOnce(hand, prompts, o.steps, world, got, &row.hand);
   check("the hand-written decode", "first run");
   {
-    KVCache cache(batch, max_seq);
     GenerateOptions g;
     g.max_new_tokens = o.steps + 1;
     std::vector<std::vector<int64_t>> rows;
@@ -299,7 +298,7 @@ Row compare(Llama model, Decoder& hand, const at::Tensor& prompts, const DecodeO
       const at::Tensor p = prompts[b].cpu().contiguous();
       rows.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
     }
-    const auto out = generate(model, cache, rows, g);
+    const auto out = generate(model, rows, g);
     got.clear();
     for (int64_t s = 0; s <= o.steps; ++s)
       for (int64_t b = 0; b < batch; ++b) got.push_back(out[b][s]);
@@ -397,7 +396,9 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
     for (const DecodeSize& s : kDecodeSizes) found = name == s.name ? &s : found;
     TORCH_CHECK(found != nullptr, "dtp-bench --decode: unknown size '", name, "'. Use one of d64, d256, d512, d1024.");
     const DecodeSize& s = *found;
-    LlamaConfig c = configOf(s, o.prompt + o.steps);
+    // + 1: models::generate's check (compare()) counts the last of its
+    // steps + 1 new tokens, which the decoders never feed back.
+    LlamaConfig c = configOf(s, o.prompt + o.steps + 1);
     c.device = mesh.device();
     std::optional<Llama> plain, tp_gloo;
     if (alone.valid()) plain.emplace(c);

@@ -7,7 +7,6 @@
 #include "dtensor/sharding_prop.h"
 #include "dtp/device_mesh.h"
 #include "dtp/models/generate.h"
-#include "dtp/inference/kv_cache.h"
 #include "dtp/models/llama.h"
 #include "dtp/models/parallelize.h"
 #include "dtp/optim/adamw.h"
@@ -139,15 +138,14 @@ bool run_soak(int64_t steps, const ProcessGroup& world) {
     Llama model(soakConfig());
     apply_tensor_parallel_for_inference(model, mesh);
     const int64_t new_tokens = 64;
-    KVCache cache(2, 128);
     GenerateOptions g;
     g.max_new_tokens = new_tokens;
     const std::vector<std::vector<int64_t>> prompts{{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11}};
     ok &= soak(c10::str(steps, " decode steps (", new_tokens, " per generate call with its prefill, batch 2, greedy) under TP=",
-                        world.size(), ", the inference plan, one KV cache reused").c_str(),
+                        world.size(), ", the inference plan, an engine per call").c_str(),
                "decode step", steps,
                [&] {
-                 generate(model, cache, prompts, g);
+                 generate(model, prompts, g);
                  return new_tokens;
                },
                world);

@@ -89,7 +89,6 @@ int main(int argc, char** argv) {
     ProcessGroup world = init_process_group();
     apps::InferenceSetup setup =
         apps::resolve_inference(app, model_flags, checkpoint, hf, tokenizer_path, context, world.rank() == 0);
-    LlamaConfig& config = setup.config;
     checkpoint = setup.checkpoint;
     const auto& tokenizer = setup.tokenizer;
     const std::string& folder = setup.tokenizer_folder;  // its chat template and end tokens
@@ -128,11 +127,8 @@ int main(int argc, char** argv) {
     o.sampling = {temperature, top_k, top_p};
     o.seed = seed;
     o.stop_tokens = stop_tokens;
-    int64_t longest = 0;
-    for (const auto& p : ids) longest = std::max<int64_t>(longest, p.size());
-    KVCache cache(static_cast<int64_t>(ids.size()), std::min(config.max_seq_len, longest + max_new_tokens - 1));
     GenerateStats stats;
-    const auto out = generate(model, cache, ids, o, &stats);
+    const auto out = generate(model, ids, o, &stats);
     if (world.rank() == 0) {
       for (size_t b = 0; b < ids.size(); ++b) {
         // A chat prints the reply alone; a prompt is printed with its continuation.

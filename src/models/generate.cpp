@@ -129,6 +129,14 @@ std::vector<std::vector<int64_t>> generate(Llama& model, const std::vector<std::
   return out;
 }
 
+// The deprecated form (dtp/models/generate.h), defined whatever this file's
+// DTP_NO_DEPRECATED (dtp's own code is built with it, which hides the
+// header's declaration): programs built without it call this. Declared here
+// with the header's signature; DeprecatedApi.GenerateTakingAKvCache, built
+// without DTP_NO_DEPRECATED, fails to link if the two drift apart.
+std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerateOptions& o, GenerateStats* stats);
+
 std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerateOptions& o, GenerateStats* stats) {
   int64_t longest = 0;

@@ -186,10 +186,9 @@ at::Tensor greedyAt(const Args& a, const std::optional<DeviceMesh>& mesh, const 
     const at::Tensor row = ids[b].contiguous();
     prompts.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
   }
-  KVCache cache(ids.size(0), ids.size(1) + a.greedy);
   GenerateOptions o;
   o.max_new_tokens = a.greedy;
-  const auto out = generate(model, cache, prompts, o);
+  const auto out = generate(model, prompts, o);
   at::Tensor tokens = at::empty({ids.size(0), a.greedy}, at::kLong);
   for (size_t b = 0; b < out.size(); ++b) {
     TORCH_CHECK(static_cast<int64_t>(out[b].size()) == a.greedy, "greedy: sequence ", b, " got ", out[b].size(),

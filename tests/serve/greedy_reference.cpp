@@ -89,8 +89,7 @@ int main(int argc, char** argv) {
       }
       std::vector<int64_t> prompt;
       for (int64_t t; words >> t;) prompt.push_back(t);
-      KVCache cache(1, static_cast<int64_t>(prompt.size()) + o.max_new_tokens);
-      const auto out = generate(model, cache, {prompt}, o);
+      const auto out = generate(model, {prompt}, o);
       if (world.rank() == 0) {
         std::cout << "reference:";
         for (int64_t t : out[0]) std::cout << " " << t;

@@ -64,8 +64,14 @@ std::vector<std::vector<int64_t>> generate(Llama& model, const std::vector<std::
 // Deprecated (CHANGELOG.md): the form before the engine. `cache` only
 // bounds the call as it did (its max_seq the longest prompt plus
 // max_new_tokens - 1, its max_batch the prompts); the tokens come from the
-// engine's own paged cache. Use the form above.
-std::vector<std::vector<int64_t>> generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts,
-                                           const GenerateOptions& options, GenerateStats* stats = nullptr);
+// engine's own paged cache. Use the form above. DTP_NO_DEPRECATED hides it,
+// as the next release will; the library still defines it
+// (src/models/generate.cpp), so that programs built without it link.
+#ifndef DTP_NO_DEPRECATED
+[[deprecated("use generate(model, prompts, options, stats): the KVCache only bounds the call; removed in the next "
+             "release")]] std::vector<std::vector<int64_t>>
+generate(Llama& model, KVCache& cache, const std::vector<std::vector<int64_t>>& prompts, const GenerateOptions& options,
+         GenerateStats* stats = nullptr);
+#endif  // DTP_NO_DEPRECATED
 
 }  // namespace dtp::models
