@@ -42,6 +42,21 @@ class DeviceMesh {
     return (*this)[std::vector<std::string>(names)];
   }
 
+  // PyTorch's DeviceMesh._flatten: this (sub)mesh's dimensions as one, named
+  // `name` (default: their names joined by "_"), over its ranks in row-major
+  // order, with ONE process group over them; the whole mesh learns the name:
+  //   auto dp = mesh[{"dp_replicate", "dp_shard"}].flatten("dp");  // (dp=4)
+  //   mesh["dp"] == dp; mesh[{"dp", "tp"}]                         // (dp=4, tp=2)
+  // Collective the first time a name is given: every rank of the whole mesh
+  // (the one init_device_mesh made) calls it, in the same order relative to
+  // other group creations; a rank that flattens other dimensions, or skips
+  // the call, makes every rank fail naming DeviceMesh::flatten. Again with the
+  // same name and dimensions: the same group, no collective. A name of a
+  // mesh dimension, or one given to other dimensions, is an error; a 1-D
+  // mesh under its own name is itself. See NOTE: [Flattened dimensions] in
+  // src/mesh/flatten.cpp.
+  DeviceMesh flatten(const std::string& name = "") const;
+
   int get_rank() const;  // global rank of this process
   int64_t get_local_rank(int64_t dim = 0) const;
   int64_t get_local_rank(const std::string& name) const;

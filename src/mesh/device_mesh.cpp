@@ -1,6 +1,7 @@
 #include "dtp/device_mesh.h"
 
 #include "comm/local_device.h"
+#include "mesh/device_mesh_impl.h"
 #include "mesh/fake_mesh.h"
 #include "mesh/flatten.h"
 #include "mesh/select_dims.h"
@@ -17,29 +18,10 @@
 
 namespace dtp {
 
-struct DeviceMesh::Impl {
-  std::string device_type;
-  c10::Device device{c10::kCPU};  // NOTE: [The rank's device]
-  std::vector<int64_t> shape;
-  std::vector<int> ranks;  // global ranks, row-major over `shape`
-  std::vector<std::string> names;
-  std::vector<int64_t> coordinate;  // of this rank
-  std::vector<ProcessGroup> groups;  // one per mesh dimension
-  int rank = 0;  // global rank of this process
-  ProcessGroup world;  // what init_device_mesh made it from (root meshes only)
-  std::shared_ptr<const DeviceMesh::Impl> root;  // a slice's whole mesh (null: this is one)
-  std::vector<int64_t> root_dims;                // a slice's dimensions in the whole mesh
-  mutable std::mutex flat_mu;
-  mutable std::map<std::vector<int64_t>, ProcessGroup> flat;  // flattened_group's, by dims
-};
 
 namespace {
 
-std::vector<int64_t> strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
-  return s;
-}
+using detail::strides;
 
 std::string shapeStr(const std::vector<int64_t>& shape, const std::vector<std::string>& names) {
   std::ostringstream os;
@@ -116,6 +98,9 @@ DeviceMesh DeviceMesh::operator[](const std::string& name) const {
 DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
   const Impl& self = impl();
   TORCH_CHECK(!names.empty(), "DeviceMesh: slicing ", str(), " needs at least one name.");
+  if (!self.root) {  // only the whole mesh knows its flattened names (NOTE: [Flattened dimensions])
+    if (auto sliced = slice_with_flattened(impl_, names)) return *sliced;
+  }
   std::vector<int64_t> dims;
   for (const auto& n : names) dims.push_back(dim_index(n));
   for (size_t i = 1; i < dims.size(); ++i) {
@@ -150,7 +135,7 @@ DeviceMesh select_mesh_dims(const DeviceMesh& mesh, const std::vector<int64_t>& 
     impl->shape.push_back(self.shape[d]);
     impl->coordinate.push_back(self.coordinate[d]);
     impl->groups.push_back(self.groups[d]);
-    impl->root_dims.push_back(self.root ? self.root_dims[d] : d);
+    impl->root_dims.push_back(self.root ? self.root_dims[d] : std::vector<int64_t>{d});
   }
   const auto sub_st = strides(impl->shape);
   const int64_t n = std::accumulate(impl->shape.begin(), impl->shape.end(), int64_t{1},
@@ -255,50 +240,6 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
     impl->groups.push_back(mine);
   }
   return DeviceMesh(std::move(impl));
-}
-
-}  // namespace dtp
-
-namespace dtp {
-
-ProcessGroup flattened_group(const DeviceMesh& mesh, const std::vector<int64_t>& dims, const char* api) {
-  if (mesh.impl().root) {  // a slice: the group is made on its whole mesh, by every rank of it
-    std::vector<int64_t> in_root;
-    for (int64_t d : dims) in_root.push_back(mesh.impl().root_dims.at(d));
-    return flattened_group(DeviceMesh(mesh.impl().root), in_root, api);
-  }
-  const DeviceMesh::Impl& self = mesh.impl();
-  TORCH_CHECK(self.world.valid(), api, ": ", mesh.str(), " was not made by init_device_mesh; one group over several "
-              "of its dimensions is made on the whole mesh, by every rank. Build the mesh with init_device_mesh.");
-  std::lock_guard<std::mutex> lock(self.flat_mu);
-  auto it = self.flat.find(dims);
-  if (it != self.flat.end()) return it->second;
-  const auto st = strides(self.shape);
-  std::vector<int64_t> line_shape;
-  for (int64_t d : dims) line_shape.push_back(self.shape[d]);
-  const auto line_st = strides(line_shape);
-  const int64_t per_line = std::accumulate(line_shape.begin(), line_shape.end(), int64_t{1}, std::multiplies<>());
-  const int64_t n = static_cast<int64_t>(self.ranks.size());
-  ProcessGroup mine;
-  if (per_line == n) {
-    mine = self.world;
-  } else {
-    for (int64_t start = 0; start < n; ++start) {  // the first rank of each line, in order
-      bool first = true;
-      for (int64_t d : dims) first = first && start / st[d] % self.shape[d] == 0;
-      if (!first) continue;
-      std::vector<int> members;
-      for (int64_t i = 0; i < per_line; ++i) {
-        int64_t r = start;
-        for (size_t k = 0; k < dims.size(); ++k) r += i / line_st[k] % line_shape[k] * st[dims[k]];
-        members.push_back(static_cast<int>(r));
-      }
-      ProcessGroup g = self.world.new_group(members);
-      if (g.valid()) mine = g;
-    }
-  }
-  self.flat.emplace(dims, mine);
-  return mine;
 }
 
 }  // namespace dtp

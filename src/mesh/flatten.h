@@ -6,6 +6,9 @@
 
 #include "dtp/device_mesh.h"
 
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace dtp {
@@ -17,5 +20,10 @@ namespace dtp {
 // order relative to other group creations; later calls return the same
 // group. `api` names the caller in errors.
 ProcessGroup flattened_group(const DeviceMesh& mesh, const std::vector<int64_t>& dims, const char* api);
+
+// root[names] when one of `names` was given by DeviceMesh::flatten (else
+// nullopt: a plain slice). See NOTE: [Flattened dimensions].
+std::optional<DeviceMesh> slice_with_flattened(const std::shared_ptr<const DeviceMesh::Impl>& root,
+                                               const std::vector<std::string>& names);
 
 }  // namespace dtp
