@@ -6,6 +6,7 @@
 // device. At TP 2 both modes run: a leader with a follower (a group), and
 // every rank planning alike (no group).
 #include "dist.h"
+#include "engine_util.h"
 
 #include "dtp/inference/engine.h"
 #include "dtp/models/engine_model.h"
@@ -40,41 +41,16 @@ using dtp::test::run_ranks;
 
 namespace {
 
-LlamaConfig config() {
-  LlamaConfig c;
-  c.vocab_size = 256;  // ByteTokenizer's ids
-  c.dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;  // grouped
-  c.ffn_hidden = 40;
-  c.max_seq_len = 32;
-  c.seed = 3;
-  c.dtype = at::kDouble;
-  return c;
-}
+LlamaConfig config() { return dtp::test::tiny_engine_llama(/*max_seq_len=*/32); }
 
 const std::vector<std::vector<int64_t>> kPrompts = {
     {5, 9, 2}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {60, 61, 62, 63, 64}, {200, 7}};
 constexpr int64_t kMaxTokens = 8;
 
-// The greedy tokens after `seq`, on one device: each the argmax of a full
-// forward over the sequence so far, without any cache.
-std::vector<int64_t> greedyByRecompute(Llama& model, std::vector<int64_t> seq, int64_t n) {
-  at::NoGradGuard no_grad;
-  std::vector<int64_t> out;
-  for (int64_t k = 0; k < n; ++k) {
-    at::Tensor logits = model(at::tensor(seq, at::kLong).view({1, -1}));
-    out.push_back(logits[0][static_cast<int64_t>(seq.size()) - 1].argmax().item<int64_t>());
-    seq.push_back(out.back());
-  }
-  return out;
-}
-
 std::vector<std::vector<int64_t>> greedyReference(const std::vector<std::vector<int64_t>>& prompts) {
   Llama model(config());
   std::vector<std::vector<int64_t>> out;
-  for (const auto& p : prompts) out.push_back(greedyByRecompute(model, p, kMaxTokens));
+  for (const auto& p : prompts) out.push_back(dtp::test::greedy_by_recompute(model, p, kMaxTokens));
   return out;
 }
 
@@ -83,20 +59,8 @@ const std::vector<std::vector<int64_t>>& reference() {
   return ref;
 }
 
-RequestOptions greedy(int64_t max_tokens = kMaxTokens) {
-  RequestOptions o;
-  o.max_tokens = max_tokens;
-  return o;
-}
-
-RequestOptions seeded(uint64_t seed) {
-  RequestOptions o = greedy();
-  o.sampling.temperature = 0.9;
-  o.sampling.top_k = 10;
-  o.sampling.top_p = 0.8;
-  o.seed = seed;
-  return o;
-}
+RequestOptions greedy(int64_t max_tokens = kMaxTokens) { return dtp::test::greedy_request(max_tokens); }
+RequestOptions seeded(uint64_t seed) { return dtp::test::seeded_request(seed, kMaxTokens); }
 
 EngineOptions engineOptions() {
   EngineOptions o;

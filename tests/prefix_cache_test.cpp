@@ -8,6 +8,7 @@
 // follower); the hit counter must be exactly the shared full blocks'
 // tokens, and 0 without caching.
 #include "dist.h"
+#include "engine_util.h"
 
 #include "dtp/inference/engine.h"
 #include "dtp/models/engine_model.h"
@@ -33,19 +34,7 @@ using dtp::test::run_ranks;
 
 namespace {
 
-LlamaConfig config() {
-  LlamaConfig c;
-  c.vocab_size = 256;
-  c.dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;  // grouped
-  c.ffn_hidden = 40;
-  c.max_seq_len = 64;  // the context: a 26-token prompt and 8 tokens fit
-  c.seed = 3;
-  c.dtype = at::kDouble;
-  return c;
-}
+LlamaConfig config() { return dtp::test::tiny_engine_llama(/*max_seq_len=*/64); }  // a 26-token prompt and 8 tokens fit
 
 constexpr int64_t kBlock = 4;
 constexpr int64_t kPrefix = 22;  // 5 full blocks of 4 and 2 tokens
@@ -72,20 +61,8 @@ std::vector<std::vector<int64_t>> sharedPrefixPrompts(size_t n) {
   return out;
 }
 
-RequestOptions greedy(int64_t max_tokens = kMaxTokens) {
-  RequestOptions o;
-  o.max_tokens = max_tokens;
-  return o;
-}
-
-RequestOptions seeded(uint64_t seed) {
-  RequestOptions o = greedy();
-  o.sampling.temperature = 0.9;
-  o.sampling.top_k = 10;
-  o.sampling.top_p = 0.8;
-  o.seed = seed;
-  return o;
-}
+RequestOptions greedy(int64_t max_tokens = kMaxTokens) { return dtp::test::greedy_request(max_tokens); }
+RequestOptions seeded(uint64_t seed) { return dtp::test::seeded_request(seed, kMaxTokens); }
 
 std::vector<RequestOptions> allGreedy(size_t n) { return std::vector<RequestOptions>(n, greedy()); }
 std::vector<RequestOptions> allSeeded(size_t n) {
@@ -100,19 +77,6 @@ EngineOptions engineOptions(bool caching) {
   o.block_size = kBlock;
   o.prefix_caching = caching;
   return o;
-}
-
-// The greedy tokens after `seq`: each the argmax of a full forward over the
-// sequence so far, without any cache.
-std::vector<int64_t> greedyByRecompute(Llama& model, std::vector<int64_t> seq, int64_t n) {
-  at::NoGradGuard no_grad;
-  std::vector<int64_t> out;
-  for (int64_t k = 0; k < n; ++k) {
-    at::Tensor logits = model(at::tensor(seq, at::kLong).view({1, -1}));
-    out.push_back(logits[0][static_cast<int64_t>(seq.size()) - 1].argmax().item<int64_t>());
-    seq.push_back(out.back());
-  }
-  return out;
 }
 
 struct Outcome {
@@ -214,7 +178,8 @@ TEST(PrefixCacheTest, GreedySameTokensAsWithoutCachingAtTp1) {
   expectSharedPrefixHits(on, off, kRequests, "greedy at TP 1");
   Llama model(config());
   for (size_t i = 0; i < kRequests; ++i)
-    EXPECT_EQ(on.tokens[i], greedyByRecompute(model, prompts[i], kMaxTokens)) << "request " << i << " vs a recompute";
+    EXPECT_EQ(on.tokens[i], dtp::test::greedy_by_recompute(model, prompts[i], kMaxTokens))
+        << "request " << i << " vs a recompute";
 }
 
 TEST(PrefixCacheTest, SeededSameTokensAsWithoutCachingAtTp1) {

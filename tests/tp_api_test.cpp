@@ -111,16 +111,18 @@ TEST(TpApiTest, SequenceParallelSequenceDimZeroAndLocalOutput) {
 // Dropout under SequenceParallel draws the mask one device draws for the
 // same seed (dtp's RNG; PyTorch's differs by placement).
 TEST(TpApiTest, SequenceParallelDropoutEqualsOneDevice) {
+  // The reference draws from ATen's global generator: once, before the
+  // ranks (threads here) start, which would otherwise draw from it at once.
+  const at::Tensor full = data({3, 9, 4}) + 2.0;
+  at::manual_seed(7);
+  const at::Tensor ref = at::dropout(full, 0.5, /*train=*/true);
   run_ranks(2, [&](int) {
     auto mesh = init_device_mesh("cpu", {2});
     dtp::nn::Dropout drop(0.5);
     parallelize_module(*drop, mesh, SequenceParallel());
-    const at::Tensor full = data({3, 9, 4}) + 2.0;
     manual_seed(7);
     at::Tensor y = drop(distribute_tensor(full, mesh, {Shard(1)}));
     EXPECT_EQ(placements(y), Placements{Shard(1)});
-    at::manual_seed(7);
-    at::Tensor ref = at::dropout(full, 0.5, /*train=*/true);
     EXPECT_CLOSE(full_tensor(y), ref, 0.0, 0.0);
   });
 }
