@@ -71,16 +71,28 @@ struct Engine::Impl {
     }
   }
 
-  // Under mu: every open request fails with `why`.
+  // Under mu: the waiting requests, then (or) the running ones, fail with
+  // `why`; their rows leave at the next plan. Requests already finished
+  // have had their last output.
+  void failWaitingLocked(const std::string& why, std::vector<Delivery>& out) {
+    for (auto& r : scheduler.drain_waiting()) failLocked(*r, why, out);
+  }
+  void failRunningLocked(const std::string& why, std::vector<Delivery>& out) {
+    for (auto& r : scheduler.running()) failLocked(*r, why, out);
+  }
   void failAllLocked(const std::string& why, std::vector<Delivery>& out) {
-    for (auto& r : scheduler.drain_waiting()) {
-      r->finished = true;
-      endLocked(r->id, FinishReason::kError, why, out);
-    }
-    for (auto& r : scheduler.running()) {
-      r->finished = true;
-      endLocked(r->id, FinishReason::kError, why, out);
-    }
+    failWaitingLocked(why, out);
+    failRunningLocked(why, out);
+  }
+  void failLocked(SchedRequest& r, const std::string& why, std::vector<Delivery>& out) {
+    if (r.finished) return;
+    r.finished = true;
+    endLocked(r.id, FinishReason::kError, why, out);
+  }
+
+  // Under mu: finished requests leave `open` (cancel ignores their ids).
+  void forgetFinished() {
+    for (auto it = open.begin(); it != open.end();) it = it->second->finished ? open.erase(it) : std::next(it);
   }
 
   // Outside mu: callbacks, or the poll queue.
@@ -254,7 +266,7 @@ bool Engine::step() {
     m.stepFailed(e);
     throw;
   }
-  for (auto it = m.open.begin(); it != m.open.end();) it = it->second->finished ? m.open.erase(it) : std::next(it);
+  m.forgetFinished();
   return !m.scheduler.idle();
 }
 
@@ -269,19 +281,10 @@ int Engine::serve(const std::atomic<bool>& stop, double grace_s) {
     if (stop && !m.stopping) {
       m.stopping = true;
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
-      for (auto& r : m.scheduler.drain_waiting()) {
-        r->finished = true;
-        m.endLocked(r->id, FinishReason::kError, "dtp::inference::Engine is shutting down: the request was queued and "
-                    "not started.", ds);
-      }
+      m.failWaitingLocked("dtp::inference::Engine is shutting down: the request was queued and not started.", ds);
     }
     if (m.stopping && Clock::now() >= deadline) {
-      for (auto& r : m.scheduler.running()) {
-        if (r->finished) continue;
-        r->finished = true;
-        m.endLocked(r->id, FinishReason::kError, "dtp::inference::Engine is shutting down: the request did not finish "
-                    "in the grace period.", ds);
-      }
+      m.failRunningLocked("dtp::inference::Engine is shutting down: the request did not finish in the grace period.", ds);
     }
     if (!ds.empty()) {
       lk.unlock();
@@ -307,7 +310,7 @@ int Engine::serve(const std::atomic<bool>& stop, double grace_s) {
       m.stepFailed(e);
       return 1;
     }
-    for (auto it = m.open.begin(); it != m.open.end();) it = it->second->finished ? m.open.erase(it) : std::next(it);
+    m.forgetFinished();
   }
 }
 

@@ -8,6 +8,12 @@
 namespace dtp::inference {
 namespace {
 thread_local KVCache* tActive = nullptr;
+
+// The pool slot of token j of a sequence whose blocks are `table`
+// (NOTE: [Paged KV cache]).
+int64_t slotOf(const std::vector<int64_t>& table, int64_t j, int64_t block_size) {
+  return table[j / block_size] * block_size + j % block_size;
+}
 }  // namespace
 
 KVCache::KVCache(int64_t max_batch, int64_t max_seq) : max_batch_(max_batch), max_seq_(max_seq) {
@@ -148,9 +154,9 @@ void KVCache::pagedSlots(const std::vector<int64_t>& valid, int64_t seq) {
       }
       const int64_t j = start + s;
       rows.push_back(b * seq + s);
-      slots.push_back(table[j / bs] * bs + j % bs);
+      slots.push_back(slotOf(table, j, bs));
     }
-    for (int64_t j = 0; j < end; ++j) read[b * keys + j] = table[j / bs] * bs + j % bs;
+    for (int64_t j = 0; j < end; ++j) read[b * keys + j] = slotOf(table, j, bs);
   }
   step_.write_rows = all ? at::Tensor() : at::tensor(rows, at::kLong);
   step_.write_slots = at::tensor(slots, at::kLong);
@@ -172,7 +178,7 @@ void KVCache::packedSteps(const std::vector<int64_t>& valid) {
     for (int64_t s = 0; s < valid[b]; ++s) {
       const int64_t j = lengths_[b] + s;
       positions.push_back(j);
-      slots.push_back(tables_[b][j / bs] * bs + j % bs);
+      slots.push_back(slotOf(tables_[b], j, bs));
     }
     step_.keys = std::max(step_.keys, lengths_[b] + valid[b]);
   }
@@ -203,7 +209,7 @@ void KVCache::packedSteps(const std::vector<int64_t>& valid) {
           dest.push_back(offset[b] + s);
         }
       }
-      for (int64_t j = 0; j < lengths_[b] + valid[b]; ++j) read[i * keys + j] = tables_[b][j / bs] * bs + j % bs;
+      for (int64_t j = 0; j < lengths_[b] + valid[b]; ++j) read[i * keys + j] = slotOf(tables_[b], j, bs);
     }
     Step::Group group;
     group.keys = keys;
