@@ -5,6 +5,7 @@
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
 #include "dist.h"
+#include "llama_util.h"
 
 #include "dtp/models/generate.h"
 #include "dtp/nn/modules.h"
@@ -39,13 +40,7 @@ TEST(DeprecatedApi, OutputHookTakingOneTensor) {
 // cache still bounds the call, with its errors, and the tokens are the new
 // form's.
 TEST(DeprecatedApi, GenerateTakingAKvCache) {
-  dtp::models::LlamaConfig c;
-  c.vocab_size = 67;
-  c.dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 4;
-  c.ffn_hidden = 40;
+  dtp::models::LlamaConfig c = dtp::test::small_llama_config(/*tp=*/4);  // generate_test's model
   c.max_seq_len = 32;
   c.seed = 3;
   c.dtype = at::kDouble;

@@ -4,6 +4,8 @@
 // reference without any cache, and request options.
 #pragma once
 
+#include "llama_util.h"
+
 #include "dtp/inference/engine.h"
 #include "dtp/models/llama.h"
 
@@ -15,13 +17,8 @@
 namespace dtp::test {
 
 inline models::LlamaConfig tiny_engine_llama(int64_t max_seq_len) {
-  models::LlamaConfig c;
-  c.vocab_size = 256;
-  c.dim = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;  // grouped
-  c.ffn_hidden = 40;
+  models::LlamaConfig c = small_llama_config(/*tp=*/2);  // 4 query heads over 2 KV heads
+  c.vocab_size = 256;  // ByteTokenizer's ids
   c.max_seq_len = max_seq_len;
   c.seed = 3;
   c.dtype = at::kDouble;

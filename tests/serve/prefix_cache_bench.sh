@@ -22,6 +22,8 @@ cache=$(realpath "$4")
 requests=${5:-200} clients=${6:-16}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 fail() { echo "prefix_cache_bench: FAILED: $*"; exit 1; }
+# shellcheck source=port_of.sh
+source "$here/port_of.sh"
 [ -d "$cache/node_modules/openai" ] || fail "no openai package under $cache (serve_test.sh installs it: build/npm-serve)"
 export DTP_NPM_PREFIX="$cache"
 
@@ -42,20 +44,14 @@ trap cleanup EXIT
 # bench NAME [dtp-serve flags]: a server (as serve_test.sh's start), the
 # load, then SIGTERM; the run's figures land in $d/NAME.json.
 bench() {
-  local name=$1 port=""
+  local name=$1 port
   shift
   # shellcheck disable=SC2086
   "$dtprun" -n 2 "$serve" --hf "$d/hf" --port 0 --context 512 --max-batch 16 ${DTP_PREFIX_BENCH_FLAGS:-} "$@" \
     > "$d/$name.log" 2>&1 &
   local pid=$!
   pids+=("$pid")
-  for _ in $(seq 1 600); do
-    port=$(grep -so 'listening on http://127.0.0.1:[0-9]*' "$d/$name.log" | grep -o '[0-9]*$' || true)
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || fail "$name server exited: $(cat "$d/$name.log")"
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "$name server not listening after 60 s: $(cat "$d/$name.log")"
+  port=$(port_of "$name" "$pid")
   grep -o 'listening on.*' "$d/$name.log"
   node "$here/prefix_cache_bench.mjs" run "http://127.0.0.1:$port/v1" "$requests" "$clients" "$d/$name.json" ||
     fail "$name: the load (server log: $(tail -5 "$d/$name.log"))"

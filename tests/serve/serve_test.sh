@@ -40,6 +40,8 @@ cache=$(mkdir -p "$6" && realpath "$6")
 mode=${7:-}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 fail() { echo "serve_test: FAILED: $*"; exit 1; }
+# shellcheck source=port_of.sh
+source "$here/port_of.sh"
 
 package=openai@6.30.1
 exec 9> "$cache/.install.lock"
@@ -78,34 +80,15 @@ start() {
   local name=$1 folder=$2
   shift 2
   "$dtprun" -n 2 "$serve" --hf "$folder" --port 0 "$@" > "$d/$name.log" 2>&1 &
-  local pid=$! port=""
+  local pid=$! port
   pids+=("$pid")
-  for _ in $(seq 1 600); do
-    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$d/$name.log" | grep -o '[0-9]*$' || true)
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || fail "$name server exited: $(cat "$d/$name.log")"
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "$name server not listening after 60 s: $(cat "$d/$name.log")"
+  port=$(port_of "$name" "$pid")
   local rank1=""
   for p in $(pgrep -P "$pid"); do
     tr '\0' '\n' < "/proc/$p/environ" | grep -qx RANK=1 && rank1=$p
   done
   [ -n "$rank1" ] || fail "$name: no rank 1 process under dtprun $pid"
   eval "${name}_port=$port; ${name}_pid=$pid; ${name}_rank1=$rank1"
-}
-# port_of NAME PID: the port NAME's log says rank 0 listens on (waits up to
-# 60 s while process PID runs).
-port_of() {
-  local port=""
-  for _ in $(seq 1 600); do
-    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$d/$1.log" | grep -o '[0-9]*$' || true)
-    [ -n "$port" ] && break
-    kill -0 "$2" 2>/dev/null || fail "$1 server exited: $(cat "$d/$1.log")" >&2
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "$1 server not listening after 60 s: $(cat "$d/$1.log")" >&2
-  echo "$port"
 }
 export DTP_NPM_PREFIX="$cache"
 
