@@ -57,6 +57,11 @@ class DeviceMesh {
   // src/mesh/flatten.cpp.
   DeviceMesh flatten(const std::string& name = "") const;
 
+  // The whole mesh this one was sliced or flattened from (init_device_mesh's;
+  // itself when it is that one), as PyTorch's DeviceMesh._get_root_mesh:
+  // mesh["tp"].get_root_mesh().id() == mesh.id().
+  DeviceMesh get_root_mesh() const;
+
   int get_rank() const;  // global rank of this process
   int64_t get_local_rank(int64_t dim = 0) const;
   int64_t get_local_rank(const std::string& name) const;

@@ -3,6 +3,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtp/dtensor.h"
+#include "dtp/parallel_dims.h"
 #include "mesh/flatten.h"
 #include "mesh/select_dims.h"
 
@@ -33,24 +34,31 @@ void collect(torch::nn::Module& module, const std::string& prefix, const std::st
 DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api) {
   TORCH_CHECK(mesh.valid(), api, ": invalid DeviceMesh. Build one with init_device_mesh.");
   if (mesh.ndim() == 1) return {mesh.get_group(0), std::nullopt, mesh.get_group(0), std::nullopt, mesh};
-  const auto& names = mesh.mesh_dim_names();
-  auto has = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  // The names are read once, by parallel_mesh_dims (NOTE: [Mesh dimension names]).
+  const ParallelMeshDims d = parallel_mesh_dims(mesh);
+  TORCH_CHECK(!d.cp, "NYI: context parallelism (#58): ", api, " on ", mesh.str(), ", which has a \"", *d.cp,
+              "\" dimension. Build the mesh without cp (ParallelDims cp(1)).");
+  const size_t n = mesh.mesh_dim_names().size();
   // The second dimension of a 2-D mesh is where the parameters are DTensors
   // already: "tp" (the TP plan), or "ep" (the experts, by expert parallelism).
-  const bool two_d = names.size() == 2 && has("dp") && (has("tp") || has("ep"));
-  const bool hsdp = (names.size() == 2 || (names.size() == 3 && has("tp"))) && has("dp_replicate") && has("dp_shard");
-  TORCH_CHECK(two_d || hsdp, api, ": ", mesh.str(), " is not a data-parallel mesh. Pass a 1-D mesh, a 2-D mesh with "
-              "dimensions named \"dp\" and \"tp\" (init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"})) or \"dp\" and \"ep\" (for "
-              "the experts), or for HSDP one named \"dp_replicate\" and \"dp_shard\", with \"tp\" or not.");
-  if (two_d) {
-    const char* inner = has("tp") ? "tp" : "ep";
-    const ProcessGroup dp = mesh.get_group("dp");
-    return {dp, std::nullopt, dp, mesh[inner], select_mesh_dims(mesh, {mesh.dim_index(inner), mesh.dim_index("dp")})};
+  const bool two_d = n == 2 && d.dp_shard && !d.dp_replicate && (d.tp || d.ep);
+  const bool hsdp = (n == 2 || (n == 3 && d.tp)) && d.dp_replicate && d.dp_shard;
+  // DDP alone (ParallelDims' (dp_replicate, tp)): the one data-parallel dimension.
+  const bool replicate_tp = n == 2 && d.dp_replicate && d.tp;
+  TORCH_CHECK(two_d || hsdp || replicate_tp, api, ": ", mesh.str(), " is not a data-parallel mesh. Pass a 1-D mesh, "
+              "a 2-D mesh with dimensions named \"dp\" and \"tp\" (init_device_mesh(\"cpu\", {dp, tp}, {\"dp\", \"tp\"})) or "
+              "\"dp\" and \"ep\" (for the experts), or for HSDP one named \"dp_replicate\" and \"dp_shard\", with \"tp\" "
+              "or not (ParallelDims::build_mesh's names read alike: NOTE: [Mesh dimension names]).");
+  if (two_d || replicate_tp) {
+    const std::string& outer = two_d ? *d.dp_shard : *d.dp_replicate;
+    const std::string& inner = d.tp ? *d.tp : *d.ep;
+    const ProcessGroup dp = mesh.get_group(outer);
+    return {dp, std::nullopt, dp, mesh[inner], select_mesh_dims(mesh, {mesh.dim_index(inner), mesh.dim_index(outer)})};
   }
-  const std::optional<DeviceMesh> tp = has("tp") ? std::optional<DeviceMesh>(mesh["tp"]) : std::nullopt;
-  const int64_t r = mesh.dim_index("dp_replicate"), s = mesh.dim_index("dp_shard");
+  const std::optional<DeviceMesh> tp = d.tp ? std::optional<DeviceMesh>(mesh[*d.tp]) : std::nullopt;
+  const int64_t r = mesh.dim_index(*d.dp_replicate), s = mesh.dim_index(*d.dp_shard);
   std::vector<int64_t> inside = {r, s};
-  if (tp) inside.insert(inside.begin(), mesh.dim_index("tp"));
+  if (tp) inside.insert(inside.begin(), mesh.dim_index(*d.tp));
   return {mesh.get_group(s), mesh.get_group(r), flattened_group(mesh, {r, s}, api), tp, select_mesh_dims(mesh, inside)};
 }
 

@@ -23,8 +23,10 @@ struct DataParallelMesh {
   DeviceMesh dp_inside_tp;                // (tp, [dp_replicate,] dp), without the absent: where shards live
 };
 
-// Checks `mesh` for `api` ("fully_shard", ...): 1-D; 2-D named dp and tp;
-// or HSDP's dp_replicate and dp_shard, with tp or not.
+// Checks `mesh` for `api` ("fully_shard", ...): 1-D; 2-D, dp and tp (or
+// ep); HSDP's dp_replicate and dp_shard, with tp or not; or dp_replicate and
+// tp. The names as parallel_mesh_dims reads them (NOTE: [Mesh dimension
+// names]): ParallelDims' meshes and their slices read alike.
 DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api);
 
 // A DTensor parameter must live on m.tp: TP is applied to mesh["tp"] of the

@@ -132,6 +132,11 @@ DeviceMesh DeviceMesh::flatten(const std::string& name_in) const {
   return flat;
 }
 
+DeviceMesh DeviceMesh::get_root_mesh() const {
+  const Impl& self = impl();
+  return self.root ? DeviceMesh(self.root) : *this;
+}
+
 std::optional<DeviceMesh> slice_with_flattened(const std::shared_ptr<const DeviceMesh::Impl>& root_ptr,
                                                const std::vector<std::string>& names) {
   const DeviceMesh::Impl& root = *root_ptr;

@@ -2,6 +2,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/models/llama.h"
 #include "dtp/models/parallelize.h"
+#include "dtp/parallel_dims.h"
 #include "dtp/tp/parallelize.h"
 #include "models/moe_layers.h"
 
@@ -36,10 +37,11 @@ std::vector<MoEImpl*> detail::moe_layers(Llama& model) {
 }
 
 void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
-  const auto names = mesh.mesh_dim_names();
-  TORCH_CHECK(std::find(names.begin(), names.end(), "ep") != names.end(), "apply_expert_parallel: ", mesh.str(),
-              " has no \"ep\" dimension. Name the mesh dimension the experts are spread over \"ep\".");
-  const DeviceMesh ep = mesh.ndim() == 1 ? mesh : mesh["ep"];
+  // "ep", or ParallelDims' "dp_shard_in_ep" (NOTE: [Mesh dimension names]).
+  const ParallelMeshDims d = parallel_mesh_dims(mesh);
+  TORCH_CHECK(d.ep, "apply_expert_parallel: ", mesh.str(), " has no \"ep\" dimension. Name the mesh dimension the "
+              "experts are spread over \"ep\" (or build the mesh with ParallelDims().ep(n)).");
+  const DeviceMesh ep = mesh.ndim() == 1 ? mesh : mesh[*d.ep];
   TORCH_CHECK(model->config.moe.num_experts > 0, "apply_expert_parallel: the model has no MoE layers (LlamaConfig::moe."
               "num_experts is 0). Build it with experts, or leave expert parallelism out.");
   parallelize_module(*model, ep, {{"layers.*.moe", ExpertParallel()}});  // distribute_experts checks E % ep

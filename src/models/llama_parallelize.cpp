@@ -4,6 +4,7 @@
 
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/models/llama_pipeline.h"
+#include "dtp/parallel_dims.h"
 #include "mesh/flatten.h"
 #include "models/moe_layers.h"
 #include "mesh/select_dims.h"
@@ -14,11 +15,6 @@
 
 namespace dtp::models {
 namespace {
-
-bool hasDim(const DeviceMesh& mesh, const std::string& name) {
-  const auto& names = mesh.mesh_dim_names();
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
 
 pp::Schedule makeSchedule(const PipelineOptions& o, int ranks) {
   const int m = o.microbatches > 0 ? o.microbatches : ranks * o.stages_per_rank;
@@ -44,36 +40,50 @@ dcp::StateDictOptions ownEntries(const LlamaPipeline& pipe, Llama& model) {
   return options;
 }
 
+// What needs context parallelism stops here. See NOTE: [Mesh dimension names].
+void checkNoCp(const char* api, const DeviceMesh& mesh, const ParallelMeshDims& d) {
+  TORCH_CHECK(!d.cp, "NYI: context parallelism (#58): ", api, " on ", mesh.str(), ", which has a \"", *d.cp,
+              "\" dimension. Build the mesh without cp (ParallelDims cp(1)).");
+}
+
 // NOTE: [Expert parallelism with data parallelism] On a (dp, ep[, tp])
-// mesh, ep borrows from data parallelism, as torchtitan's does: every
-// (dp, ep) rank feeds its own slice of the batch, and
+// mesh (ParallelDims': (dp_shard_mod_ep, dp_shard_in_ep[, tp])), ep borrows
+// from data parallelism, as torchtitan's does: every (dp, ep) rank feeds its
+// own slice of the batch, and
 // - the experts are Shard(0) over ep (apply_expert_parallel); an expert's
 //   gradient then sums over the ep ranks' tokens, so data parallelism over
 //   dp alone completes it, divided by dp x ep (not dp) to give the mean;
-//   the experts are a data-parallel unit of their own on the (dp, ep) mesh;
-// - every other parameter is data parallel over dp x ep: the model is
-//   parallelized on the same ranks seen as a (dp x ep, tp) mesh, TP over
-//   its "tp", FSDP or DDP over its "dp". Its tp groups are the mesh's.
+//   the experts are a data-parallel unit of their own on mesh[{dp, ep}];
+// - every other parameter is data parallel over dp x ep: (dp, ep) is
+//   flattened on the user's mesh as "dp_shard_cp" (torchtitan's name for
+//   FSDP's dimension, which ParallelDims registers itself), and the model is
+//   parallelized on root[{"dp_shard_cp", "tp"}]: TP over its "tp", FSDP or
+//   DDP over its "dp_shard_cp". Every parameter thus lives on the user's
+//   mesh or a slice of it (get_root_mesh() is the mesh init_device_mesh
+//   made), with the mesh's own groups.
 // Under TP the experts are replicated over tp (every tp rank dispatches the
 // same tokens among its ep peers).
-void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options) {
-  const auto& names = mesh.mesh_dim_names();
-  const bool tp = hasDim(mesh, "tp");
-  const std::vector<std::string> want = tp ? std::vector<std::string>{"dp", "ep", "tp"} : std::vector<std::string>{"dp", "ep"};
-  TORCH_CHECK(names == want, "parallelize_llama: ", mesh.str(), " has an \"ep\" dimension; with expert parallelism "
-              "the mesh's dimensions are (\"dp\", \"ep\", \"tp\") or (\"dp\", \"ep\"), in this order (\"dp\" may "
-              "have size 1: the parameters outside the experts are data parallel over dp x ep). Build it with "
-              "init_device_mesh(\"cpu\", {dp, ep, tp}, {\"dp\", \"ep\", \"tp\"}).");
-  const int64_t dp = mesh.size(0), ep = mesh.size(1);
-  const DeviceMesh dense = tp ? init_device_mesh(mesh.device_type(), {dp * ep, mesh.size(2)}, {"dp", "tp"},
-                                                 flattened_group(mesh, {0, 1, 2}, "parallelize_llama"))
-                              : init_device_mesh(mesh.device_type(), {dp * ep}, {"dp"},
-                                                 flattened_group(mesh, {0, 1}, "parallelize_llama"));
+void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const ParallelMeshDims& d,
+                            const ParallelizeOptions& options) {
+  TORCH_CHECK(!d.dp_replicate, "NYI: expert parallelism with HSDP: parallelize_llama on ", mesh.str(), ", which has "
+              "\"", *d.dp_replicate, "\" and an expert-parallel dimension \"", *d.ep, "\". Build the mesh without "
+              "dp_replicate (ParallelDims dp_replicate(1)).");
+  std::vector<std::string> want;
+  if (d.dp_shard) want.push_back(*d.dp_shard);
+  want.push_back(*d.ep);
+  if (d.tp) want.push_back(*d.tp);
+  TORCH_CHECK(d.dp_shard && mesh.mesh_dim_names() == want, "parallelize_llama: ", mesh.str(), " has an \"", *d.ep,
+              "\" dimension; with expert parallelism the mesh's dimensions are (\"dp\", \"ep\", \"tp\") or (\"dp\", "
+              "\"ep\"), in this order (\"dp\" may have size 1: the parameters outside the experts are data parallel "
+              "over dp x ep). Build it with init_device_mesh(\"cpu\", {dp, ep, tp}, {\"dp\", \"ep\", \"tp\"}), or "
+              "with ParallelDims().ep(ep)...build_mesh().");
+  const DeviceMesh experts_mesh = mesh[{*d.dp_shard, *d.ep}];
+  const DeviceMesh dense_dp = experts_mesh.flatten("dp_shard_cp");
+  const DeviceMesh dense = d.tp ? mesh.get_root_mesh()[{"dp_shard_cp", *d.tp}] : dense_dp;
   apply_expert_parallel(model, mesh);
-  if (tp) apply_tensor_parallel(model, dense, options.tp);
+  if (d.tp) apply_tensor_parallel(model, dense, options.tp);
   if (options.ac) apply_ac(model, *options.ac);
-  const DeviceMesh experts_mesh = mesh[{"dp", "ep"}];
-  const double factor = static_cast<double>(dp * ep);
+  const double factor = static_cast<double>(experts_mesh.size());
   if (options.data_parallel == DataParallel::FSDP) {
     FullyShardOptions experts = options.fsdp;
     experts.gradient_divide_factor = factor;
@@ -90,25 +100,31 @@ void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const Parallel
 }  // namespace
 
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options) {
-  TORCH_CHECK(!hasDim(mesh, "pp"), "parallelize_llama: ", mesh.str(), " has a \"pp\" dimension. Cut the model into "
+  const ParallelMeshDims d = parallel_mesh_dims(mesh);
+  TORCH_CHECK(!d.pp, "parallelize_llama: ", mesh.str(), " has a \"pp\" dimension. Cut the model into "
               "stages with pipeline_llama, which parallelizes each stage over the other dimensions.");
-  if (hasDim(mesh, "ep")) return parallelizeWithExperts(model, mesh, options);
-  if (hasDim(mesh, "tp")) apply_tensor_parallel(model, mesh, options.tp);
+  checkNoCp("parallelize_llama", mesh, d);
+  if (d.ep) return parallelizeWithExperts(model, mesh, d, options);
+  // torchtitan shards only over dp_shard (and cp); dp_replicate alone is DDP's.
+  TORCH_CHECK(d.dp_shard || !d.dp_replicate || options.data_parallel == DataParallel::DDP, "parallelize_llama: ",
+              mesh.str(), " has \"", d.dp_replicate.value_or(""), "\" and no dimension to shard over (\"dp\" or "
+              "\"dp_shard\"), expected one for FSDP. Pass data_parallel = DataParallel::DDP (torchtitan's choice for "
+              "dp_replicate alone), or give the mesh a dp_shard dimension (ParallelDims dp_shard > 1).");
+  if (d.tp) apply_tensor_parallel(model, mesh, options.tp);
   if (options.ac) apply_ac(model, *options.ac);
-  if (!hasDim(mesh, "dp") && !hasDim(mesh, "dp_shard")) return;
+  if (!d.dp_shard && !d.dp_replicate) return;
   if (options.data_parallel == DataParallel::FSDP) apply_fsdp(model, mesh, options.fsdp);
   else apply_ddp(model, mesh, options.ddp);
 }
 
 ProcessGroup data_parallel_group(const DeviceMesh& mesh) {
-  TORCH_CHECK(!hasDim(mesh, "pp"), "data_parallel_group: ", mesh.str(), " has a \"pp\" dimension. Pass the mesh "
+  const ParallelMeshDims d = parallel_mesh_dims(mesh);
+  TORCH_CHECK(!d.pp, "data_parallel_group: ", mesh.str(), " has a \"pp\" dimension. Pass the mesh "
               "without it (each pipeline rank's data-parallel peers are the same dimensions).");
-  std::vector<int64_t> dims;
-  for (const char* name : {"dp", "dp_replicate", "dp_shard", "ep"})
-    if (hasDim(mesh, name)) dims.push_back(mesh.dim_index(name));
-  TORCH_CHECK(!dims.empty(), "data_parallel_group: ", mesh.str(), " has no data-parallel dimension (\"dp\", "
+  TORCH_CHECK(!d.batch.empty(), "data_parallel_group: ", mesh.str(), " has no data-parallel dimension (\"dp\", "
               "\"dp_replicate\", \"dp_shard\" or \"ep\"): every rank trains on the whole batch.");
-  std::sort(dims.begin(), dims.end());
+  std::vector<int64_t> dims;
+  for (const auto& name : d.batch) dims.push_back(mesh.dim_index(name));
   return dims.size() == 1 ? mesh.get_group(dims[0]) : flattened_group(mesh, dims, "data_parallel_group");
 }
 
@@ -137,16 +153,18 @@ std::map<std::string, std::string> LlamaPipeline::load_state(const std::string& 
 
 LlamaPipeline pipeline_llama(const Llama& model, const DeviceMesh& mesh, const PipelineOptions& pipeline,
                              ParallelizeOptions options) {
-  TORCH_CHECK(hasDim(mesh, "pp"), "pipeline_llama: ", mesh.str(), " has no \"pp\" dimension. Name one mesh "
+  const ParallelMeshDims d = parallel_mesh_dims(mesh);
+  checkNoCp("pipeline_llama", mesh, d);
+  TORCH_CHECK(d.pp, "pipeline_llama: ", mesh.str(), " has no \"pp\" dimension. Name one mesh "
               "dimension \"pp\" (e.g. init_device_mesh(\"cpu\", {pp, dp, tp}, {\"pp\", \"dp\", \"tp\"})), or use "
               "parallelize_llama without a pipeline.");
-  const int64_t pp_dim = mesh.dim_index("pp");
+  const int64_t pp_dim = mesh.dim_index(*d.pp);
   const int ranks = static_cast<int>(mesh.size(pp_dim)), me = static_cast<int>(mesh.get_local_rank(pp_dim));
   pp::Schedule schedule = makeSchedule(pipeline, ranks);
   // The rest of the mesh, in its order: what each stage is parallelized on.
   std::vector<int64_t> rest;
-  for (int64_t d = 0; d < mesh.ndim(); ++d)
-    if (d != pp_dim) rest.push_back(d);
+  for (int64_t k = 0; k < mesh.ndim(); ++k)
+    if (k != pp_dim) rest.push_back(k);
   const std::optional<DeviceMesh> inner = rest.empty() ? std::nullopt : std::optional(select_mesh_dims(mesh, rest));
   options.tp.sequence_parallel = false;  // plain activations between stages (see the header)
 

@@ -36,7 +36,7 @@ models:    comm mesh dtensor debug nn ep optim ac pp tp fsdp dcp inference io te
 # The folder of each header directly in include/dtp/.
 TOP_HEADERS='
 comm:    process_group.h comm_counter.h
-mesh:    device_mesh.h
+mesh:    device_mesh.h parallel_dims.h
 dtensor: dtensor.h dtensor_spec.h placement.h random.h register_sharding.h local_map.h explicit_redistribute.h fused_ops.h
 nn:      module_utils.h distribute_module.h
 debug:   trace.h visualize_sharding.h

@@ -10,7 +10,13 @@
 // Each mesh dimension is found by name: "tp" (tensor parallelism), "dp"
 // (data parallelism), or HSDP's "dp_replicate" and "dp_shard", "ep" (expert
 // parallelism, borrowed from data parallelism: a (dp, ep[, tp]) mesh, NOTE:
-// [Expert parallelism with data parallelism]), and "pp".
+// [Expert parallelism with data parallelism]), and "pp". A mesh from
+// ParallelDims::build_mesh (torchtitan's names, dtp/parallel_dims.h) reads
+// alike: parallel_mesh_dims decides the names once. A "cp" dimension is an
+// error: NYI: context parallelism (#58).
+//
+//   auto mesh = dtp::ParallelDims().tp(2).ep(2).world_size(8).build_mesh();
+//   parallelize_llama(model, mesh);  // (dp_shard_mod_ep=2, dp_shard_in_ep=2, tp=2)
 #pragma once
 // Read by dtp/models/llama.h (NOTE: [Deprecated forwarding]): a translation
 // unit that includes this header first gets no deprecation note.
@@ -22,6 +28,7 @@
 #include "dtp/fsdp/fully_shard.h"
 #include "dtp/fsdp/replicate.h"
 #include "dtp/models/llama.h"
+#include "dtp/parallel_dims.h"
 #include "dtp/pp/pipeline.h"
 #include "dtp/process_group.h"
 #include "dtp/tp/parallelize.h"
@@ -127,8 +134,10 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOp
 
 // The ranks that train on slices of one batch, for the data loader and
 // moe_load_balancing_loss: "dp", HSDP's dp_replicate x dp_shard, or
-// dp x ep. Collective the first time (it may make the group); `mesh` has
-// no "pp" (pass a stage's mesh) and at least one of these dimensions.
+// dp x ep (ParallelMeshDims::batch; on a ParallelDims mesh, the group of
+// its flattened "dp"). Collective the first time (it may make the group);
+// `mesh` has no "pp" (pass a stage's mesh) and at least one of these
+// dimensions.
 ProcessGroup data_parallel_group(const DeviceMesh& mesh);
 
 struct PipelineOptions {
