@@ -20,7 +20,9 @@
 
 #include <array>
 #include <cstdio>
+#include <map>
 #include <mutex>
+#include <set>
 
 namespace {
 
@@ -348,3 +350,75 @@ TEST(ParallelDimsTest, ExpertParallelParametersLiveOnTheUsersMesh) {
 }
 
 }  // namespace
+
+// pipeline_llama on a ParallelDims mesh cuts over "pp" and parallelizes each
+// stage over the rest as on the hand-built mesh: (pp, dp) as (pp, dp_shard),
+// and with experts (pp, dp, ep) as (pp, dp_shard_mod_ep, dp_shard_in_ep),
+// whose stages' parameters also live on the user's mesh.
+TEST(ParallelDimsTest, PipelineOnAParallelDimsMeshTrainsLikeTheHandBuiltMesh) {
+  LlamaConfig moe = denseConfig();
+  moe.family = "mixtral";
+  moe.moe.num_experts = 4;
+  moe.moe.top_k = 2;
+  moe.moe.hidden = 12;
+  moe.moe.norm_topk_prob = true;
+  struct Layout {
+    const char* what;
+    LlamaConfig c;
+    std::vector<int64_t> shape;
+    Names names;
+    ParallelDims dims;
+  };
+  // The whole model's weights (each rank's stage, merged) and rank 0's collectives.
+  auto trainPipeline = [](const Layout& l, const std::function<DeviceMesh()>& make_mesh) {
+    TrainRun out;
+    std::mutex mu;
+    std::map<std::string, at::Tensor> weights;
+    run_ranks(4, [&](int rank) {
+      const DeviceMesh mesh = make_mesh();
+      Llama full(l.c);
+      const LlamaPipeline pipe = pipeline_llama(full, mesh, {"1f1b", 2});
+      std::set<const void*> mine;
+      for (const auto& p : pipe.parameters()) {
+        mine.insert(p.unsafeGetTensorImpl());
+        if (is_dtensor(p)) {
+          EXPECT_EQ(dtensor_spec(p).mesh.get_root_mesh().id(), mesh.id()) << dtensor_spec(p).mesh.str();
+        }
+      }
+      Names rest = mesh.mesh_dim_names();
+      rest.erase(rest.begin());  // "pp" first
+      const ProcessGroup dp = data_parallel_group(mesh[rest]);
+      torch::optim::AdamW opt(pipe.parameters(), torch::optim::AdamWOptions(1e-2));
+      CommCounter comm;
+      for (int step = 0; step < 3; ++step) {
+        const at::Tensor b =
+            batchOf(l.c.vocab_size, step).narrow(0, dp.rank() * (kB / dp.size()), kB / dp.size());
+        opt.zero_grad();
+        pipe.pipeline->step(b.narrow(1, 0, kS), b.narrow(1, 1, kS));
+        opt.step();
+      }
+      std::array<int64_t, kNumCollectiveTypes> counts{};
+      for (size_t i = 0; i < kNumCollectiveTypes; ++i) counts[i] = comm.count(static_cast<CollectiveType>(i));
+      for (const auto& item : full->named_parameters()) {
+        if (!mine.count(item.value().unsafeGetTensorImpl())) continue;
+        const at::Tensor whole = is_dtensor(item.value()) ? full_tensor(item.value().detach()) : item.value().detach();
+        std::lock_guard<std::mutex> lock(mu);
+        weights[item.key()] = whole.clone();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (rank == 0) out.counts = counts;
+    });
+    for (auto& [name, w] : weights) out.params.emplace_back(name, w);
+    return out;
+  };
+  for (const Layout& l : {Layout{"(pp, dp) = (2, 2)", denseConfig(), {2, 2}, {"pp", "dp"},
+                                 ParallelDims().pp(2).world_size(4)},
+                          Layout{"(pp, dp, ep) = (2, 1, 2)", moe, {2, 1, 2}, {"pp", "dp", "ep"},
+                                 ParallelDims().pp(2).ep(2).world_size(4)}}) {
+    SCOPED_TRACE(l.what);
+    const TrainRun want = trainPipeline(l, [&] { return init_device_mesh("cpu", l.shape, l.names); });
+    const TrainRun got = trainPipeline(l, [&] { return l.dims.build_mesh("cpu"); });
+    EXPECT_EQ(got.params.size(), static_cast<size_t>(Llama(l.c)->named_parameters().size())) << "every stage's";
+    expectSameRun(got, want);
+  }
+}
