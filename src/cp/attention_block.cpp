@@ -16,6 +16,10 @@ at::Tensor finite(const at::Tensor& lse) { return lse.masked_fill(lse == -kInf, 
 
 }  // namespace
 
+at::ScalarType accumulationType(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
 AttentionShape checkAttention(const char* api, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const ProcessGroup& group, const CpAttentionOptions& options) {
   TORCH_CHECK(q.defined() && k.defined() && v.defined(), api, ": q, k and v must be defined tensors.");
@@ -90,11 +94,11 @@ at::Tensor causalMask(const SeqSegment& q, const SeqSegment& k, c10::Device devi
 
 Block blockForward(const at::Tensor& q5, const at::Tensor& k5, const at::Tensor& v5, double scale,
                    const at::Tensor& hidden) {
-  at::Tensor s = at::matmul(q5, k5.transpose(-1, -2)).mul_(scale);
+  at::Tensor s = at::matmul(q5, k5.transpose(-1, -2)).to(accumulationType(q5.scalar_type())).mul_(scale);
   if (hidden.defined()) s.masked_fill_(hidden, -kInf);
   at::Tensor lse = s.logsumexp(-1);
   at::Tensor p = s.sub_(finite(lse).unsqueeze(-1)).exp_();
-  return {at::matmul(p, v5), lse};
+  return {at::matmul(p.to(v5.scalar_type()), v5), lse};
 }
 
 void mergeBlock(at::Tensor& out, at::Tensor& lse, const Block& b) {
@@ -107,11 +111,12 @@ void mergeBlock(at::Tensor& out, at::Tensor& lse, const Block& b) {
 void blockBackward(const at::Tensor& q5, const at::Tensor& k5, const at::Tensor& v5, const at::Tensor& dout5,
                    const at::Tensor& lse, const at::Tensor& delta, double scale, const at::Tensor& hidden,
                    at::Tensor dq5, at::Tensor dk5, at::Tensor dv5) {
-  at::Tensor s = at::matmul(q5, k5.transpose(-1, -2)).mul_(scale);
+  const at::ScalarType in = q5.scalar_type(), acc = accumulationType(in);
+  at::Tensor s = at::matmul(q5, k5.transpose(-1, -2)).to(acc).mul_(scale);
   if (hidden.defined()) s.masked_fill_(hidden, -kInf);
   const at::Tensor p = s.sub_(finite(lse).unsqueeze(-1)).exp_();  // the final softmax's entries of this block
-  dv5.add_(at::matmul(p.transpose(-1, -2), dout5).sum(2, /*keepdim=*/true));
-  at::Tensor ds = at::matmul(dout5, v5.transpose(-1, -2)).sub_(delta.unsqueeze(-1)).mul_(p);
+  dv5.add_(at::matmul(p.to(in).transpose(-1, -2), dout5).sum(2, /*keepdim=*/true));
+  at::Tensor ds = at::matmul(dout5, v5.transpose(-1, -2)).to(acc).sub_(delta.unsqueeze(-1)).mul_(p).to(in);
   dq5.add_(at::matmul(ds, k5), scale);
   dk5.add_(at::matmul(ds.transpose(-1, -2), q5).sum(2, /*keepdim=*/true), scale);
 }

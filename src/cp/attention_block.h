@@ -28,6 +28,10 @@ ProcessGroup groupOfMesh(const char* api, const DeviceMesh& mesh);
 // head h / (H / H_kv), as PyTorch's enable_gqa (repeat_interleave).
 at::Tensor groupQueryHeads(const at::Tensor& q, int64_t kv_heads);
 
+// The dtype a block's softmax, its lse and the running sums are kept in:
+// float32 for bf16 and f16 inputs (as flash attention's), else the input's.
+at::ScalarType accumulationType(at::ScalarType t);
+
 // A (query segment, key segment) pair under the causal mask: no key visible
 // (skipped), every key visible, or some (the diagonal).
 enum class BlockKind : uint8_t { Skip, Full, Masked };
@@ -39,7 +43,8 @@ at::Tensor causalMask(const SeqSegment& q, const SeqSegment& k, c10::Device devi
 // Attention of q5 [B, Hkv, g, Sq, D] against k5 [B, Hkv, 1, Sk, D], v5
 // [B, Hkv, 1, Sk, Dv]: out [B, Hkv, g, Sq, Dv] normalised over these keys
 // alone, and lse [B, Hkv, g, Sq] (-inf for a query that sees no key here,
-// whose out is 0). `hidden` (bool [Sq, Sk]) or undefined.
+// whose out is 0). `hidden` (bool [Sq, Sk]) or undefined. The scores, lse
+// and softmax in accumulationType; the matmuls in the input dtype.
 struct Block {
   at::Tensor out, lse;
 };
