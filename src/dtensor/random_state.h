@@ -5,13 +5,17 @@
 // it are rules (rules/random.cpp).
 #pragma once
 
+#include "dtensor/philox.h"
 #include "dtp/process_group.h"
+#include "dtp/random.h"
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,8 +39,27 @@ ProcessGroup data_parallel_batch();  // invalid: none set
 // set_data_parallel_batch) once per seed epoch: NOTE: [Generator sync].
 at::Generator synced_generator(const DeviceMesh& mesh, c10::Device device);
 
-// A generator given the state of a mesh's (or the dp batch's, who ==
-// nullptr) first rank in seed epoch `epoch` (NOTE: [Generator sync]).
+// The per-shard stream's seed and offset for one draw (NOTE: [Per-shard
+// random numbers] in philox.h).
+struct PhiloxState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+// This thread's per-shard stream for a draw of `blocks` Philox blocks, given
+// the mesh's first rank's seed and offset once per seed epoch (and the dp
+// batch's, under set_data_parallel_batch; mesh == nullptr: plain tensors, no
+// sync); the stream's offset then advances by `blocks`.
+PhiloxState take_philox(const DeviceMesh* mesh, uint64_t blocks);
+
+// Fills `out` (contiguous, the box's sizes) with `op`'s per-shard draw over
+// `shape` at `box_offset`, from take_philox(mesh, the draw's blocks); checks
+// what `op` can draw (dtype, bounds). Defined in per_shard_random.cpp.
+void draw_per_shard(const std::string& op, at::Tensor& out, const PhiloxDraw& draw, c10::IntArrayRef shape,
+                    c10::IntArrayRef box_offset, const DeviceMesh* mesh);
+
+// A generator, or the per-shard stream (device kMeta), given the state of a
+// mesh's (or the dp batch's, who == nullptr) first rank in seed epoch `epoch`
+// (NOTE: [Generator sync]).
 struct GeneratorSync {
   const void* who;
   c10::Device device;
@@ -47,11 +70,14 @@ struct GeneratorSync {
 // Everything random ops on this thread draw from: the DTensor generators
 // (CPU, and the current GPU's where CUDA is present) with which meshes they
 // were synced on since the last manual_seed, ATen's default generators
-// (plain tensors' dropout) and the data-parallel batch.
+// (plain tensors' dropout), the mode and per-shard stream, and the
+// data-parallel batch.
 struct RandomState {
   std::vector<std::pair<at::Generator, at::Tensor>> generators;  // each with its state
   std::vector<GeneratorSync> synced;
   ProcessGroup batch;
+  RandomMode mode = RandomMode::Global;
+  std::optional<PhiloxState> philox;  // unset until first used or seeded
 };
 RandomState get_random_state();
 void set_random_state(const RandomState& state);

@@ -1,6 +1,10 @@
-// Random-op handlers: draw the global tensor, keep the shard. See dtp/random.h;
-// the generators they draw from are random_state.cpp's.
+// Random-op handlers. RandomMode::Global: draw the global tensor, keep the
+// shard. RandomMode::PerShard: draw the shard's elements only (NOTE:
+// [Per-shard random numbers] in philox.h). See dtp/random.h; the generators
+// and stream they draw from are random_state.cpp's.
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/op_args.h"
+#include "dtensor/philox.h"
 #include "dtensor/random_state.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rule_registry.h"
@@ -39,6 +43,35 @@ at::Tensor shardOf(const at::Tensor& drawn, const DTensorSpec& spec) {
   return t;
 }
 
+// ---- RandomMode::PerShard ----
+
+bool perShard() { return random_mode() == RandomMode::PerShard; }
+
+// This rank's box of the draw (NOTE: [Random ops under data parallelism]: the
+// dp part of the batch, then the shard within it), filled from the per-shard
+// stream into `out` (contiguous, the local shape).
+void perShardInto(const std::string& op, const DTensorSpec& spec, const detail::PhiloxDraw& draw, at::Tensor& out) {
+  const std::vector<int64_t> shape = drawShape(spec);
+  std::vector<int64_t> offset = spec.local_offset();
+  if (shape.size() > 0 && shape[0] != spec.shape[0]) offset[0] += detail::data_parallel_batch().rank() * spec.shape[0];
+  detail::draw_per_shard(op, out, draw, shape, offset, &spec.mesh);
+}
+
+at::Tensor perShardLocal(const std::string& op, const DTensorSpec& spec, const detail::PhiloxDraw& draw,
+                         const at::TensorOptions& options) {
+  at::Tensor out = at::empty(spec.local_sizes, options);
+  perShardInto(op, spec, draw, out);
+  return out;
+}
+
+void noGeneratorUnderPerShard(const c10::OperatorHandle& op, const c10::IValue& generator) {
+  TORCH_CHECK(generator.isNone(), "dtp: an explicit generator for ", op_name(op),
+              " under RandomMode::PerShard: got a Generator, expected none (the per-shard stream is seeded "
+              "by dtp::manual_seed). Pass no generator, or call dtp::set_random_mode(RandomMode::Global).");
+}
+
+// ---- Both modes ----
+
 SpecPtr withoutPartial(const DTensorSpec& spec, c10::ScalarType dtype) {
   Placements p = spec.placements;
   for (auto& x : p)
@@ -71,6 +104,20 @@ bool fillInPlace(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                 op.schema().name(), " with DTensor parameters is NYI; pass scalars.");
   }
   const size_t g = generatorArg(op.schema());
+  if (perShard()) {
+    noGeneratorUnderPerShard(op, args[g]);
+    const std::string name = op_name(op);
+    detail::PhiloxDraw draw;
+    if (name == "aten::uniform_") draw = {detail::DrawKind::Uniform, args[1].toDouble(), args[2].toDouble()};
+    else if (name == "aten::normal_") draw = {detail::DrawKind::Normal, args[1].toDouble(), args[2].toDouble()};
+    else draw = {detail::DrawKind::Bernoulli, args[1].toDouble()};  // bernoulli_.float
+    at::Tensor local = impl->local();
+    if (local.is_contiguous()) perShardInto(name, spec, draw, local);  // no temporary
+    else local.copy_(perShardLocal(name, spec, draw, local.options()));
+    torch::jit::drop(*stack, nargs);
+    stack->emplace_back(self);
+    return true;
+  }
   if (args[g].isNone()) args[g] = detail::synced_generator(spec.mesh, self.device());
   args[0] = at::empty(drawShape(spec), impl->local().options());
   op.callBoxed(stack);
@@ -130,9 +177,14 @@ bool nativeDropout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const double p1m = 1. - p;
   const double scale = p1m == 0 ? 0. : 1. / p1m;
-  at::Tensor mask_full = dropoutMask(drawShape(spec), input.strides(), p1m, local.options(),
+  at::Tensor mask;
+  if (perShard()) {
+    mask = perShardLocal(op_name(op), spec, {detail::DrawKind::Bernoulli, p1m}, local.options().dtype(at::kBool));
+  } else {
+    at::Tensor mask_full = dropoutMask(drawShape(spec), input.strides(), p1m, local.options(),
                                        detail::synced_generator(spec.mesh, local.device()));
-  at::Tensor mask = shardOf(mask_full, spec).contiguous();
+    mask = shardOf(mask_full, spec).contiguous();
+  }
   // Dropout is linear in its input: a Partial input stays Partial.
   stack->emplace_back(makeDTensor(local.mul(mask).mul_(scale), impl->spec_ptr()));
   stack->emplace_back(makeDTensor(mask, mask_spec));
@@ -148,6 +200,22 @@ bool onFullInput(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::Tensor input = args[0].toTensor();
   auto* impl = unsafeGetDTensorImpl(input);
   const auto& spec = impl->spec();
+  if (perShard()) {  // bernoulli(probs): this shard's probabilities; bernoulli.p(self, p)
+    const size_t g = generatorArg(op.schema());
+    noGeneratorUnderPerShard(op, args[g]);
+    auto out_spec = withoutPartial(spec, spec.dtype);
+    detail::PhiloxDraw draw{detail::DrawKind::Bernoulli};
+    if (g == 2) {
+      draw.a = args[1].toDouble();
+    } else {
+      draw.probs = spec.has_partial() ? redistribute_local(impl->local(), spec, out_spec->placements) : impl->local();
+      draw.probs = draw.probs.contiguous();
+    }
+    at::Tensor out = perShardLocal(op_name(op), *out_spec, draw, impl->local().options());
+    torch::jit::drop(*stack, nargs);
+    stack->emplace_back(makeDTensor(out, out_spec));
+    return true;
+  }
   args[0] = redistribute_local(impl->local(), spec, Placements(spec.placements.size(), Replicate()));
   const ProcessGroup batch = detail::data_parallel_batch();
   if (batch.valid() && spec.ndim() > 0)  // the whole batch's input
@@ -171,6 +239,14 @@ bool randLike(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto dtype = args[1].toOptional<at::ScalarType>();
   auto* impl = unsafeGetDTensorImpl(self);
   const auto& spec = impl->spec();
+  if (perShard()) {
+    auto out_spec = withoutPartial(spec, dtype.value_or(spec.dtype));
+    detail::PhiloxDraw draw{Normal ? detail::DrawKind::Normal : detail::DrawKind::Uniform, 0., 1.};
+    at::Tensor out = perShardLocal(op_name(op), *out_spec, draw, impl->local().options().dtype(out_spec->dtype));
+    torch::jit::drop(*stack, nargs);
+    stack->emplace_back(makeDTensor(out, out_spec));
+    return true;
+  }
   at::Tensor full = at::empty(drawShape(spec), impl->local().options().dtype(dtype.value_or(spec.dtype)));
   at::Generator gen = detail::synced_generator(spec.mesh, self.device());
   if (Normal) full.normal_(0, 1, gen);
