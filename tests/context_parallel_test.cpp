@@ -22,7 +22,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+
+#include <time.h>
 
 #include <algorithm>
 #include <cmath>
@@ -425,6 +428,44 @@ TEST(ContextParallelLayoutTest, CausalWorkPerRankEqualWithinOneChunk) {
     }
   }
   EXPECT_GT(uneven_cases, 1000);
+}
+
+// A measurement, not a check (run with --gtest_also_run_disabled_tests):
+// each rank's CPU time (its own thread, ATen on one thread) for a causal
+// ring attention forward and backward, Contiguous against HeadTail.
+TEST(ContextParallelBench, DISABLED_CausalRingTimePerRank) {
+  const int prev_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const int64_t B = 1, H = 4, S = 4096, D = 64;
+  const int cp = 4;
+  const at::Tensor q = randn({B, H, S, D}, 1).to(at::kFloat), k = randn({B, H, S, D}, 2).to(at::kFloat),
+                   v = randn({B, H, S, D}, 3).to(at::kFloat);
+  for (CpLayout layout : {CpLayout::Contiguous, CpLayout::HeadTail}) {
+    std::vector<double> ms(cp);
+    run_ranks(
+        cp,
+        [&](int r) {
+          const ProcessGroup group = default_process_group();
+          const auto shard = [&](const at::Tensor& t) {
+            return context_parallel_shard(t, 2, group, layout).contiguous().requires_grad_();
+          };
+          const at::Tensor lq = shard(q), lk = shard(k), lv = shard(v);
+          const auto opts = CpAttentionOptions().causal(true).layout(layout);
+          ring_attention(lq, lk, lv, group, opts).sum().backward();  // warm-up
+          timespec t0{}, t1{};
+          clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+          for (int i = 0; i < 3; ++i) ring_attention(lq, lk, lv, group, opts).sum().backward();
+          clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+          ms[r] = ((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6) / 3;
+        },
+        std::chrono::seconds(600));
+    std::printf("  %s, S=%lld, cp=%d, B=%lld, H=%lld, D=%lld, f32: CPU ms per rank (fwd+bwd):", to_string(layout),
+                static_cast<long long>(S), cp, static_cast<long long>(B), static_cast<long long>(H),
+                static_cast<long long>(D));
+    for (double t : ms) std::printf(" %.0f", t);
+    std::printf("\n");
+  }
+  at::set_num_threads(prev_threads);
 }
 
 // -------------------------------------------------------------- errors
