@@ -6,11 +6,14 @@
 #include "dist.h"
 #include "parity.h"
 
+#include "dtensor/rule_registry.h"
 #include "dtp/comm_counter.h"
 #include "dtp/tp/loss_parallel.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/functional/loss.h>
+
+#include <optional>
 
 using namespace dtp;
 using dtp::test::data;
@@ -186,6 +189,38 @@ TEST(LossParallelMeshTest, DirectFunctionNeedsNoGuard) {
       }
     });
   }
+}
+
+// NOTE: [loss_parallel's handlers]: the technique registers its handlers
+// beside the ops' ordinary rules. Outside a guard the ordinary rule takes
+// class-sharded logits (the class dim made whole: one all_to_all, S(0) out);
+// inside, the handler keeps them sharded (max and sum all_reduces, S(1) out).
+// Both equal one device in float64.
+TEST(LossParallelMeshTest, HandlersAreTheTechniquesAndDeclineOutsideTheGuard) {
+  run_ranks(2, [&](int) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor x = data({4, 7});  // 7 classes: shards of 4 and 3
+    const at::Tensor ref = at::log_softmax(x, 1);
+    const at::Tensor dx = distribute_tensor(x, mesh, {Shard(1)});
+    for (bool guarded : {false, true, false}) {
+      SCOPED_TRACE(guarded ? "inside LossParallelGuard" : "outside any guard");
+      std::optional<LossParallelGuard> guard;
+      if (guarded) guard.emplace();
+      CommCounter comm;
+      const at::Tensor y = at::log_softmax(dx, 1);
+      EXPECT_EQ(to_string(placements(y)), guarded ? "S(1)" : "S(0)");
+      EXPECT_EQ(comm.count(guarded ? CollectiveType::AllReduce : CollectiveType::AllToAll), guarded ? 2 : 1)
+          << comm.str();
+      EXPECT_EQ(comm.total_count(), guarded ? 2 : 1) << comm.str();
+      EXPECT_LE((full_tensor(y) - ref).abs().max().item<double>(), 1e-14);
+    }
+    const auto& registry = RuleRegistry::get();
+    for (const char* op : {"_log_softmax", "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward"}) {
+      const c10::OperatorName name{std::string("aten::") + op, ""};
+      EXPECT_NE(registry.find_handler(name), nullptr) << op;
+      EXPECT_NE(registry.find(name), nullptr) << op << ": the ordinary rule must stay beside the handler";
+    }
+  });
 }
 
 TEST(LossParallelMeshTest, BackwardOutsideTheGuardNamesTheFix) {

@@ -44,7 +44,6 @@ RuleRegistry& RuleRegistry::get() {
     registerPoolingRules(*r);
     registerRandomRules(*r);
     registerLossRules(*r);
-    registerLossParallelRules(*r);
     return r;
   }();
   return *registry;
@@ -80,6 +79,14 @@ void RuleRegistry::add_user(const c10::OperatorName& name, Rule rule, bool repla
               "RegisterShardingOptions().override_existing(true) to replace it.");
   handlers_.erase(name);
   rules_[name] = std::make_shared<const Rule>(std::move(rule));
+  g_rules_version.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RuleRegistry::add_technique_handler(const std::string& op, Handler handler) {
+  const c10::OperatorName name = parseName(op);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  TORCH_INTERNAL_ASSERT(handlers_.count(name) == 0, "a second handler registered for ", op);
+  handlers_[name] = handler;
   g_rules_version.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -123,6 +123,12 @@ class RuleRegistry {
   // op's rule and handler when `replace`, else an existing one is an error.
   // Bumps rules_version(), which drops the decisions threads have cached.
   void add_user(const c10::OperatorName& name, Rule rule, bool replace);
+  // A handler a technique above the core registers while programs run
+  // (loss_parallel: NOTE: [loss_parallel's handlers] in
+  // src/tp/loss_parallel_rules.h). The op keeps its rule, which takes the
+  // calls the handler declines. A second handler for the op is an invariant
+  // violation. Bumps rules_version().
+  void add_technique_handler(const std::string& op, Handler handler);
   std::shared_ptr<const Rule> find(const c10::OperatorName& name) const;
   Handler find_handler(const c10::OperatorName& name) const;
   // " <hint>" for errors about `name`, or "".
@@ -156,6 +162,5 @@ void registerConvolutionRules(RuleRegistry& r);
 void registerPoolingRules(RuleRegistry& r);
 void registerRandomRules(RuleRegistry& r);
 void registerLossRules(RuleRegistry& r);
-void registerLossParallelRules(RuleRegistry& r);
 
 }  // namespace dtp

@@ -1,11 +1,11 @@
 // loss_parallel's public face: the guard (and the per-thread switch it
 // owns), loss_parallel_cross_entropy and its fused autograd node. The
-// sharding behaviour is src/dtensor/rules/loss_parallel.cpp.
+// sharding behaviour is loss_parallel_rules.cpp.
 #include "dtp/tp/loss_parallel.h"
 
 #include "dtensor/dtensor_impl.h"
-#include "dtensor/rules/loss_parallel.h"
 #include "dtp/dtensor.h"
+#include "tp/loss_parallel_rules.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -15,11 +15,6 @@
 
 namespace dtp {
 namespace {
-
-// NOTE: [loss_parallel's switch]: on inside a LossParallelGuard.
-thread_local bool loss_parallel_on = false;
-
-bool lossParallelOn() { return loss_parallel_on; }
 
 // loss_parallel_cross_entropy on 2-D logits without label smoothing, fused:
 // the same all-reduces and arithmetic as log_softmax + nll_loss (so the same
@@ -88,12 +83,13 @@ at::Tensor fusedCrossEntropy(const at::Tensor& logits, const at::Tensor& target,
 
 }  // namespace
 
-LossParallelGuard::LossParallelGuard() : prev_(loss_parallel_on) {
-  detail::set_loss_parallel_switch(&lossParallelOn);
-  loss_parallel_on = true;
+// NOTE: [loss_parallel's handlers] (loss_parallel_rules.h).
+LossParallelGuard::LossParallelGuard() : prev_(detail::loss_parallel_enabled()) {
+  detail::register_loss_parallel_handlers();
+  detail::set_loss_parallel_enabled(true);
 }
-LossParallelGuard::~LossParallelGuard() { loss_parallel_on = prev_; }
-bool LossParallelGuard::enabled() { return loss_parallel_on; }
+LossParallelGuard::~LossParallelGuard() { detail::set_loss_parallel_enabled(prev_); }
+bool LossParallelGuard::enabled() { return detail::loss_parallel_enabled(); }
 
 at::Tensor loss_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                        const torch::nn::functional::CrossEntropyFuncOptions& options) {

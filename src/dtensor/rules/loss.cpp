@@ -105,6 +105,14 @@ void registerLossRules(RuleRegistry& r) {
   r.add_handler("aten::linalg_vector_norm", fullNorm);
   r.add("aten::nll_loss_forward", nllLossRows);
   r.add("aten::nll_loss_backward", nllLossBackwardRows);
+  // loss_parallel (src/tp) owns the handlers for class-sharded logits; the
+  // core carries only how to reach them, as data for its errors.
+  for (const char* op : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"})
+    r.add_hint(op, "For logits sharded on the class dim, compute the loss inside dtp::LossParallelGuard "
+                   "or with dtp::loss_parallel_cross_entropy.");
+  for (const char* op : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"})
+    r.add_hint(op, "A loss computed under dtp::LossParallelGuard saves plain targets for backward: run "
+                   "backward inside the guard too, or use dtp::loss_parallel_cross_entropy.");
 }
 
 }  // namespace dtp

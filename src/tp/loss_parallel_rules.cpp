@@ -1,7 +1,8 @@
 // loss_parallel: log_softmax and nll_loss on class-sharded logits, computed
 // from the local columns and row statistics instead of gathering the logits.
-// The sharding behaviour lives here, beside nll_loss's rules (loss.cpp); the
-// public face is include/dtp/tp/loss_parallel.h.
+// The sharding behaviour of the technique, registered into the core's rule
+// registry by the first LossParallelGuard (NOTE: [loss_parallel's handlers]
+// in loss_parallel_rules.h); the public face is include/dtp/tp/loss_parallel.h.
 //
 // Forward (under the guard), per class-sharded mesh dim:
 //   _log_softmax:     all_reduce(max) of row maxima, all_reduce(sum) of
@@ -15,9 +16,8 @@
 //     communication (-weight[target] * grad_out), so that case moves nothing;
 //     any other gradient (label smoothing adds one) all-reduces its row sums.
 // loss_parallel_cross_entropy on 2-D logits does the same in one autograd
-// node (src/tp/loss_parallel.cpp), from the pieces loss_parallel.h shares.
-// See NOTE: [loss_parallel's switch] for who turns the forward handlers on.
-#include "dtensor/rules/loss_parallel.h"
+// node (loss_parallel.cpp), from the pieces loss_parallel_rules.h shares.
+#include "tp/loss_parallel_rules.h"
 
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
@@ -25,19 +25,13 @@
 
 #include <ATen/ATen.h>
 
-#include <atomic>
 #include <limits>
+#include <mutex>
 
 namespace dtp::detail {
 namespace {
 
-// See NOTE: [loss_parallel's switch]. Null until the first guard is made.
-std::atomic<LossParallelSwitch> loss_parallel_switch{nullptr};
-
-bool lossParallelOn() {
-  const LossParallelSwitch on = loss_parallel_switch.load(std::memory_order_relaxed);
-  return on != nullptr && on();
-}
+thread_local bool loss_parallel_on = false;  // inside a LossParallelGuard on this thread
 
 enum Reduction { kNone = 0, kMean = 1, kSum = 2 };  // at::Reduction's
 
@@ -239,7 +233,7 @@ namespace {
 
 bool logSoftmax(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 3);
-  if (!lossParallelOn()) return false;
+  if (!loss_parallel_on) return false;
   const at::Tensor self = args[0].toTensor();
   auto* impl = maybeGetDTensorImpl(self);
   if (impl == nullptr) return false;
@@ -284,7 +278,7 @@ bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 bool nllLossForward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 5);
-  if (!lossParallelOn()) return false;
+  if (!loss_parallel_on) return false;
   auto c = nll_call(args, /*self=*/0, /*target=*/1, /*weight=*/2, /*ignore_index=*/4, /*validate=*/true);
   if (!c) return false;
   auto [out, total] = nll_forward(*c, c->lp, args[3].toInt());
@@ -313,25 +307,20 @@ bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
 
 }  // namespace
 
-void set_loss_parallel_switch(LossParallelSwitch on) { loss_parallel_switch.store(on, std::memory_order_relaxed); }
+bool loss_parallel_enabled() { return loss_parallel_on; }
+void set_loss_parallel_enabled(bool on) { loss_parallel_on = on; }
 
-}  // namespace dtp::detail
-
-namespace dtp {
-
-void registerLossParallelRules(RuleRegistry& r) {
-  r.add_handler("aten::_log_softmax", detail::logSoftmax);
-  r.add_handler("aten::_log_softmax_backward_data", detail::logSoftmaxBackward);
-  for (const char* op : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"}) {
-    r.add_handler(op, detail::nllLossForward);
-    r.add_hint(op, "For logits sharded on the class dim, compute the loss inside dtp::LossParallelGuard "
-                   "or with dtp::loss_parallel_cross_entropy.");
-  }
-  for (const char* op : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"}) {
-    r.add_handler(op, detail::nllLossBackward);
-    r.add_hint(op, "A loss computed under dtp::LossParallelGuard saves plain targets for backward: run "
-                   "backward inside the guard too, or use dtp::loss_parallel_cross_entropy.");
-  }
+void register_loss_parallel_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto& r = RuleRegistry::get();
+    r.add_technique_handler("aten::_log_softmax", logSoftmax);
+    r.add_technique_handler("aten::_log_softmax_backward_data", logSoftmaxBackward);
+    for (const char* op : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"})
+      r.add_technique_handler(op, nllLossForward);
+    for (const char* op : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"})
+      r.add_technique_handler(op, nllLossBackward);
+  });
 }
 
-}  // namespace dtp
+}  // namespace dtp::detail

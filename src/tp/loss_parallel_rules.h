@@ -1,8 +1,8 @@
-// The sharding side of loss_parallel (rules/loss_parallel.cpp): the handlers
-// for log_softmax and nll_loss on class-sharded logits, and the pieces of
-// them that the fused cross-entropy (src/tp/loss_parallel.cpp) reuses. The
-// technique, not the core, owns the switch that turns the forward handlers
-// on: NOTE: [loss_parallel's switch].
+// The sharding side of loss_parallel: the handlers for log_softmax and
+// nll_loss on class-sharded logits (loss_parallel_rules.cpp), and the pieces
+// of them that the fused cross-entropy (loss_parallel.cpp) reuses. The
+// technique owns them: it registers them into the core's rule registry at
+// run time (NOTE: [loss_parallel's handlers]).
 #pragma once
 
 #include "dtensor/dtensor_impl.h"
@@ -18,16 +18,21 @@
 
 namespace dtp::detail {
 
-// NOTE: [loss_parallel's switch]
-// The forward handlers (_log_softmax, nll_loss_forward) take class-sharded
-// logits only where loss_parallel is on; elsewhere such a call goes to the
-// ops' ordinary rules. The backward handlers need no switch. The switch is
-// dtp::LossParallelGuard's per-thread state (src/tp/loss_parallel.cpp): the
-// guard hands the core the function that reads it, so that the core never
-// includes the technique. Before any guard exists the forward handlers
-// decline.
-using LossParallelSwitch = bool (*)();
-void set_loss_parallel_switch(LossParallelSwitch on);
+// NOTE: [loss_parallel's handlers]
+// The handlers live with the technique, not among the core's rules: the
+// first LossParallelGuard registers them into the rule registry
+// (RuleRegistry::add_technique_handler, which keeps each op's ordinary rule
+// beside its handler and drops the decisions threads have cached). The
+// forward handlers (_log_softmax, nll_loss_forward) take class-sharded
+// logits only while this thread is inside a guard (loss_parallel_enabled);
+// elsewhere they decline and the ops' ordinary rules take the call. The
+// backward handlers need no such check: only a loss_parallel forward leaves
+// class-sharded log-probabilities for them. Before the first guard nothing
+// is registered, and the core knows nothing of loss_parallel beyond the two
+// error hints it carries as data (rules/loss.cpp).
+void register_loss_parallel_handlers();  // once per process; thread-safe
+bool loss_parallel_enabled();            // this thread is inside a LossParallelGuard
+void set_loss_parallel_enabled(bool on);
 
 // Mesh dims sharding the class dim and (for 2-D logits) the batch dim.
 struct ClassSharding {
