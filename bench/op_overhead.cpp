@@ -10,8 +10,9 @@
 // The mesh is 1-D with 2 ranks, as 2 threads over an in-process HashStore.
 // Rank 0 runs the benchmarks; rank 1 only takes part in creating the groups
 // and then waits for the end. The placements are chosen so that no rule asks
-// for a redistribution (S(0)+S(0), S(0)xR, views, in-place), so no collective
-// runs and the difference is the pure dispatch + propagation cost. Each
+// for a collective (S(0)+S(0), S(0)xR, views, in-place; AddRedistribute's R
+// input is chunked locally), so the difference is the pure dispatch +
+// propagation (+ local redistribution) cost. Each
 // DTensor benchmark checks that with a CommCounter and fails if one does.
 // Why 2 ranks: shards, costs and decisions are then those of a sharded run (on
 // one rank every placement holds the whole tensor).
@@ -173,6 +174,12 @@ void registerBenchmarks() {
   // are in the comments.
   // (1) a small pointwise op: S(0) + S(0) -> S(0), local [8,8] + [8,8].
   pair("Add", [](bool d) { return Inputs{make(d, {16, 8}, Shard(0)), make(d, {16, 8}, Shard(0))}; },
+       [](const Inputs& in) { return at::add(in[0], in[1]); });
+  // (1b) a pointwise op whose input needs a redistribution on every (cached)
+  // call: S(0) + R -> S(0), the R input chunked locally to S(0) (a plan of
+  // one local step, no collective); local [8,8] + [8,8] after the chunk.
+  pair("AddRedistribute",
+       [](bool d) { return Inputs{make(d, {16, 8}, Shard(0)), make(d, {16, 8}, d ? Replicate() : Shard(0))}; },
        [](const Inputs& in) { return at::add(in[0], in[1]); });
   // (2) mm: S(0) x R -> S(0), local [64,64] x [64,64].
   pair("Mm",

@@ -98,10 +98,11 @@ void replicateFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
   map_tensor_args(&*(stack->end() - static_cast<std::ptrdiff_t>(nret)), nret, wrap);
 }
 
-at::Tensor localFor(const at::Tensor& t, const Placements& target) {
+// The input's local shard after the decision's plan for it (NOTE: [Plans
+// priced as they run]): the steps priced when the decision was made.
+at::Tensor localFor(const at::Tensor& t, const RedistributePlan& plan) {
   auto* impl = unsafeGetDTensorImpl(t);
-  if (impl->spec().placements == target) return impl->local();
-  return redistribute_local(impl->local(), impl->spec(), target);
+  return run_redistribute(impl->local(), impl->spec(), plan);
 }
 
 // What the fallback needs to know of an op beyond its arguments, found once
@@ -182,7 +183,8 @@ std::string opSpanName(const OpCall& call, const Decision& d) {
 //    redistribution mode, a decision that costs a collective is reported.
 //  - An op with a user rule (register_sharding), at its first dispatch on
 //    a mesh, checks that every rank registered the same rule for it.
-//  - Redistribute inputs whose placement differs (written arguments never do).
+//  - Redistribute inputs whose placement differs (written arguments never do)
+//    by the plans the decision keeps: a cache hit plans nothing.
 //  - Run the op on the local shards.
 //  - Wrap: outputs become DTensors with the decided specs; in-place and out=
 //    returns give back the original DTensor argument.
@@ -219,7 +221,7 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     replicateFallback(op, stack, call);
     return;
   }
-  const Decision& d = propagate(call);
+  const PlannedDecision& d = propagate(call);
   // After the local decision (a rule's own error stays on the rank that
   // raised it), before any communication.
   if (info.user_rule) checkUserRuleOnce(op, call.mesh());
@@ -230,7 +232,7 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::SmallVector<c10::IValue, 4> originals;  // the DTensors written returns give back
   if (info.writes) originals.assign(args, args + nargs);
   size_t slot = 0;
-  map_tensor_args(args, nargs, [&](const at::Tensor& t) { return isDTensor(t) ? localFor(t, d.in[slot++]) : t; });
+  map_tensor_args(args, nargs, [&](const at::Tensor& t) { return isDTensor(t) ? localFor(t, d.in_plans[slot++]) : t; });
   if (d.local) {
     d.local(op, stack, d);
   } else if (d.empty_outputs) {  // NOTE: [Empty shards run no kernel]

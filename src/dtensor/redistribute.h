@@ -1,36 +1,23 @@
-// Redistribution of one rank's shard between placements on the same mesh.
+// The redistribute executor: runs a plan (redistribute_plan.h) on one rank's
+// shard. The planner decides the steps; this file only carries them out.
 #pragma once
 
-#include "dtp/comm_counter.h"
-#include "dtp/dtensor_spec.h"
+#include "dtensor/redistribute_plan.h"
 
 #include <ATen/core/Tensor.h>
 
-#include <optional>
-
 namespace dtp {
 
-// One step of a redistribution: a single mesh dimension changes placement.
-struct RedistributeStep {
-  int64_t mesh_dim;
-  Placement from, to;
-};
-
-// The collective one step costs on a mesh dimension of `group_size` ranks,
-// or nullopt when it is local (from R: a chunk or zeroing; a one-rank dim):
-// S -> S all_to_all, S -> R or P all_gather, P -> S reduce_scatter,
-// P -> R all_reduce.
-std::optional<CollectiveType> transition_collective(const Placement& from, const Placement& to, int64_t group_size);
-
-// Plans src -> dst per mesh dimension, the way PyTorch's _redistribute.py
-// does. See NOTE: [Redistribute order] in redistribute.cpp.
-std::vector<RedistributeStep> plan_redistribute(const DTensorSpec& src, const Placements& dst);
-
-// This rank's shard of `dst` computed from its shard `local` of `src`.
+// This rank's shard of `plan.dst` computed from its shard `local` of `src`,
+// by the plan's steps in order (the plan must be one for src's placements).
 // `backward`: the transition runs on a gradient, where R -> P keeps the value
 // on every rank (each rank's partial contributed the whole gradient).
 // `consume`: nothing else sees `local` (solely_owned), so P -> R reduces it in
 // place instead of into a copy.
+at::Tensor run_redistribute(const at::Tensor& local, const DTensorSpec& src, const RedistributePlan& plan,
+                            bool backward = false, bool consume = false);
+
+// run_redistribute with this thread's cached plan for src -> dst.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const Placements& dst, bool backward = false, bool consume = false);
 

@@ -8,26 +8,12 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <unordered_set>
 
 namespace dtp {
-
-double transition_cost(const Placement& from, const Placement& to, double bytes,
-                       int64_t group_size) {
-  if (from == to) return 0;
-  const double w = static_cast<double>(group_size);
-  const auto collective = transition_collective(from, to, group_size);
-  // A local chunk or zeroing; on a one-rank dim every change is local (no
-  // communication) but still work, so keeping the placement wins there.
-  if (!collective) return bytes * 1e-3;
-  switch (*collective) {
-    case CollectiveType::AllGather: return bytes * (w - 1);  // (then zeroing for P)
-    case CollectiveType::AllReduce: return 2 * bytes * (w - 1) / w;
-    default: return bytes * (w - 1) / w;  // all_to_all, reduce_scatter
-  }
-}
 
 namespace {
 
@@ -251,64 +237,150 @@ std::vector<int> writtenSlotOfReturns(const OpCall& call, bool returns_written) 
   return written_slot;
 }
 
-// What redistributing the inputs to `row` costs on mesh dim m; infinite for
-// a row that changes the placement of an argument the op writes (as an
-// input, or as the output that returns it).
-double rowCost(const OpCall& call, const Row& row, int64_t m, const std::vector<int>& written_slot) {
-  constexpr double kForbidden = std::numeric_limits<double>::infinity();
-  double cost = 0;
-  for (size_t s = 0; s < row.in.size(); ++s) {
-    const auto& cur = call.spec(s).placements[m];
-    if (isWrittenSlot(call, s) && cur != row.in[s]) return kForbidden;
-    // Global sizes, never local ones: every rank must pick the same row
-    // (an empty shard would otherwise make all rows free on one rank).
-    cost += transition_cost(cur, row.in[s], static_cast<double>(call.spec(s).numel()), call.mesh().size(m));
-  }
+// Whether `row` changes, on mesh dim m, the placement of an argument the op
+// writes (as an input, or as the output that returns it): never allowed.
+bool forbidden(const OpCall& call, const Row& row, int64_t m, const std::vector<int>& written_slot) {
+  for (size_t s = 0; s < row.in.size(); ++s)
+    if (isWrittenSlot(call, s) && call.spec(s).placements[m] != row.in[s]) return true;
   for (size_t o = 0; o < written_slot.size(); ++o)
-    if (written_slot[o] >= 0 && row.out[o] != call.spec(written_slot[o]).placements[m]) return kForbidden;
+    if (written_slot[o] >= 0 && row.out[o] != call.spec(written_slot[o]).placements[m]) return true;
+  return false;
+}
+
+// The rule's rows for each mesh dim that keep written arguments in place, or
+// an error (at the first mesh dim without one) when a dim has none.
+struct DimRows {
+  std::vector<Row> rows;
+  std::vector<const Row*> allowed;
+};
+std::vector<DimRows> allowedRows(const OpCall& sized, const Rule& rule, const std::vector<int>& written_slot) {
+  const int64_t ndim = sized.mesh().ndim();
+  std::vector<DimRows> dims(ndim);
+  for (int64_t m = 0; m < ndim; ++m) {
+    dims[m].rows = rule.strategy(sized, m);
+    for (const auto& row : dims[m].rows) {
+      TORCH_INTERNAL_ASSERT(row.in.size() == sized.specs.size() &&
+                                static_cast<int64_t>(row.out.size()) == sized.num_outputs,
+                            "rule for ", op_name(sized.op), " produced a malformed row");
+      if (!forbidden(sized, row, m, written_slot)) dims[m].allowed.push_back(&row);
+    }
+    TORCH_CHECK(!dims[m].allowed.empty(), "dtp: no valid sharding for ", op_name(sized.op), " (inputs: ",
+                describeInputs(sized), ") on mesh dim ", m,
+                dims[m].rows.empty() ? "." : ": it writes an argument whose placement would have to "
+                                             "change. Redistribute that argument first.",
+                RuleRegistry::get().hint(sized.op.operator_name()));
+  }
+  return dims;
+}
+
+// One input's plans to the placements candidates ask of it, each planned
+// once per decision.
+class SlotPlans {
+ public:
+  explicit SlotPlans(const DTensorSpec& spec) : spec_(&spec) {}
+  const RedistributePlan& to(const Placements& dst) {
+    key_.clear();
+    for (const auto& p : dst) key_.push_back(static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op)));
+    auto it = plans_.find(key_);
+    if (it == plans_.end()) it = plans_.emplace(key_, plan_redistribute(*spec_, dst)).first;
+    return it->second;
+  }
+
+ private:
+  const DTensorSpec* spec_;
+  std::vector<int64_t> key_;
+  std::map<std::vector<int64_t>, RedistributePlan> plans_;
+};
+
+// Cheaper by more than rounding: sums of the same step costs in another
+// order stay equal, so the first of equal candidates keeps winning.
+bool cheaper(double cost, double best) { return cost < best * (1 - 1e-12); }
+
+// A candidate: one allowed row per mesh dim (indices into DimRows::allowed).
+using Candidate = std::vector<size_t>;
+
+// Placements a candidate asks of input `slot`; `rest` fills mesh dims the
+// candidate does not cover yet (pricing one mesh dim at a time).
+void placementsOf(const std::vector<DimRows>& dims, const Candidate& c, size_t slot, const Placements& rest,
+                  Placements& out) {
+  out = rest;
+  for (size_t m = 0; m < c.size(); ++m) out[m] = dims[m].allowed[c[m]]->in[slot];
+}
+
+// What running the inputs' plans to candidate `c` costs; stops early at
+// `bound` (the cost is then not below it).
+double candidateCost(const OpCall& sized, const std::vector<DimRows>& dims, const Candidate& c,
+                     std::vector<SlotPlans>& plans, double bound) {
+  thread_local Placements target;
+  double cost = 0;
+  for (size_t s = 0; s < plans.size() && cheaper(cost, bound); ++s) {
+    placementsOf(dims, c, s, sized.spec(s).placements, target);
+    cost += plans[s].to(target).cost;
+  }
   return cost;
 }
 
-// The cheapest of the rule's rows for mesh dim m (the first among equals),
-// or an error when every row is forbidden or there is none.
-const Row& cheapestRow(const OpCall& sized, const std::vector<Row>& rows, int64_t m,
-                       const std::vector<int>& written_slot) {
-  const Row* best = nullptr;
-  double best_cost = std::numeric_limits<double>::infinity();
-  for (const auto& row : rows) {
-    TORCH_INTERNAL_ASSERT(row.in.size() == sized.specs.size() &&
-                              static_cast<int64_t>(row.out.size()) == sized.num_outputs,
-                          "rule for ", op_name(sized.op), " produced a malformed row");
-    const double cost = rowCost(sized, row, m, written_slot);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = &row;
+// The cheapest candidate, the first among equals in mesh-dim order (dim 0
+// most significant): every candidate while there are at most
+// kMaxPricedCandidates, else one mesh dim at a time, each priced with the
+// dims before it as chosen and the dims after it as they are.
+Candidate cheapestCandidate(const OpCall& sized, const std::vector<DimRows>& dims, std::vector<SlotPlans>& plans) {
+  const size_t ndim = dims.size();
+  size_t count = 1;
+  for (const auto& d : dims) count = std::min(count * d.allowed.size(), kMaxPricedCandidates + 1);
+  if (count > kMaxPricedCandidates) {
+    Candidate chosen;
+    for (size_t m = 0; m < ndim; ++m) {
+      chosen.push_back(0);
+      Candidate c = chosen;
+      double best = std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < dims[m].allowed.size(); ++i) {
+        c[m] = i;
+        const double cost = candidateCost(sized, dims, c, plans, best);
+        if (cheaper(cost, best)) {
+          best = cost;
+          chosen[m] = i;
+        }
+      }
     }
+    return chosen;
   }
-  TORCH_CHECK(best != nullptr, "dtp: no valid sharding for ", op_name(sized.op), " (inputs: ",
-              describeInputs(sized), ") on mesh dim ", m,
-              rows.empty() ? "." : ": it writes an argument whose placement would have to "
-                                   "change. Redistribute that argument first.",
-              RuleRegistry::get().hint(sized.op.operator_name()));
-  return *best;
+  Candidate c(ndim, 0), best_c = c;
+  double best = std::numeric_limits<double>::infinity();
+  while (true) {
+    const double cost = candidateCost(sized, dims, c, plans, best);
+    if (cheaper(cost, best)) {
+      best = cost;
+      best_c = c;
+    }
+    size_t m = ndim;  // the next candidate: the last mesh dim turns fastest
+    while (m > 0 && ++c[m - 1] == dims[m - 1].allowed.size()) c[--m] = 0;
+    if (m == 0) break;
+  }
+  return best_c;
 }
 
-// Placements per input slot and per output: mesh dim by mesh dim, the
-// cheapest row the rule offers.
+// Placements per input slot and per output, the plans that take the inputs
+// there, from the cheapest candidate the rule's rows make.
 struct Choice {
   std::vector<Placements> in, out;
+  std::vector<RedistributePlan> plans;
 };
 Choice choosePlacements(const OpCall& sized, const Rule& rule, bool returns_written) {
   const std::vector<int> written_slot = writtenSlotOfReturns(sized, returns_written);
+  const std::vector<DimRows> dims = allowedRows(sized, rule, written_slot);
+  std::vector<SlotPlans> plans;
+  for (size_t s = 0; s < sized.specs.size(); ++s) plans.emplace_back(sized.spec(s));
+  const Candidate best = cheapestCandidate(sized, dims, plans);
   const int64_t ndim = sized.mesh().ndim();
   Choice c{std::vector<Placements>(sized.specs.size(), Placements(ndim)),
-           std::vector<Placements>(sized.num_outputs, Placements(ndim))};
+           std::vector<Placements>(sized.num_outputs, Placements(ndim)), {}};
   for (int64_t m = 0; m < ndim; ++m) {
-    const auto rows = rule.strategy(sized, m);
-    const Row& best = cheapestRow(sized, rows, m, written_slot);
-    for (size_t s = 0; s < best.in.size(); ++s) c.in[s][m] = best.in[s];
-    for (int64_t o = 0; o < sized.num_outputs; ++o) c.out[o][m] = best.out[o];
+    const Row& row = *dims[m].allowed[best[m]];
+    for (size_t s = 0; s < row.in.size(); ++s) c.in[s][m] = row.in[s];
+    for (int64_t o = 0; o < sized.num_outputs; ++o) c.out[o][m] = row.out[o];
   }
+  for (size_t s = 0; s < sized.specs.size(); ++s) c.plans.push_back(plans[s].to(c.in[s]));
   return c;
 }
 
@@ -349,24 +421,27 @@ bool runsNoKernel(const c10::FunctionSchema& schema, const Decision& d, bool ret
 //    output count only so: run the op on meta tensors of the global shapes,
 //    or the rule's shape function where the meta kernel throws. An op that
 //    returns only arguments it writes needs neither: those are its outputs.
-//  - Per mesh dim, ask the rule for its rows and keep the cheapest
-//    redistribution of the inputs (transition_cost); rows that would change
-//    the placement of an argument the op writes are excluded.
+//  - Per mesh dim, ask the rule for its rows; rows that would change the
+//    placement of an argument the op writes are excluded. A candidate is
+//    one row per mesh dim; keep the one whose inputs' redistribution plans
+//    cost least (NOTE: [Plans priced as they run]), and keep those plans:
+//    a cache hit runs them as they are.
 //  - Make the specs of the inputs as redistributed and of the outputs.
 //  - Mark a call whose outputs are all empty on this rank (NOTE: [Empty
 //    shards run no kernel]).
-Decision compute(const OpCall& call) {
+PlannedDecision compute(const OpCall& call) {
   const std::shared_ptr<const Rule> rule = ruleOf(call);
   const bool returns_written = returnsWrittenArgs(call.op.schema());
   const OutputMeta meta = returns_written ? OutputMeta{} : outputMeta(call, *rule);
   const OpCall sized = withOutputs(call, meta, returns_written);
   Choice chosen = choosePlacements(sized, *rule, returns_written);
 
-  Decision d;
+  PlannedDecision d;
   d.local = rule->local;
   for (size_t s = 0; s < chosen.in.size(); ++s)
     d.in_specs.push_back(make_spec(call.mesh(), chosen.in[s], call.spec(s).shape, call.spec(s).dtype));
   d.in = std::move(chosen.in);
+  d.in_plans = std::move(chosen.plans);
   d.out = outputSpecs(call, chosen.out, meta, returns_written);
   d.empty_outputs = runsNoKernel(call.op.schema(), d, returns_written);
   return d;
@@ -388,7 +463,7 @@ void encodeCall(Signature& sig, const OpCall& call) {
 }
 
 // Per thread: ranks may run as threads, and no lock sits on the hot path.
-thread_local std::unordered_map<Signature, Decision, SignatureHash> cache;
+thread_local std::unordered_map<Signature, PlannedDecision, SignatureHash> cache;
 thread_local PropagationCacheStats stats;
 
 }  // namespace
@@ -401,7 +476,7 @@ PropagationCacheStats propagation_cache_stats() {
   return s;
 }
 
-const Decision& propagate(const OpCall& call) {
+const PlannedDecision& propagate(const OpCall& call) {
   thread_local uint64_t version = 0;
   if (rules_version() != version) {  // a rule was added: earlier decisions may be stale
     cache.clear();
@@ -416,7 +491,7 @@ const Decision& propagate(const OpCall& call) {
     return it->second;
   }
   ++stats.misses;
-  Decision d = compute(call);
+  PlannedDecision d = compute(call);
   // Bounded: programs with ever-new shapes must not grow it forever. Callers
   // use a decision before the next propagate on their thread.
   if (cache.size() >= kPropagationCacheCapacity) cache.clear();

@@ -1,16 +1,24 @@
 // Sharding propagation: which placements an op's inputs need and which its
 // outputs get. Every rule (rule_registry.h) produces, per mesh dimension,
 // candidate rows (input placements -> output placements); the propagator
-// picks the cheapest row per mesh dimension given the inputs' current
-// placements. Results are cached per thread.
+// picks the candidate (one row per mesh dimension) whose redistribution
+// plans cost least given the inputs' current placements (NOTE: [Plans
+// priced as they run]). Results, plans included, are cached per thread.
 #pragma once
 
+#include "dtensor/redistribute_plan.h"
 #include "dtensor/rule_registry.h"
 
 namespace dtp {
 
+// A decision with, per input slot, the plan from the input's placements to
+// in[slot]: what the fallback runs on a cache hit, without planning again.
+struct PlannedDecision : Decision {
+  std::vector<RedistributePlan> in_plans;  // per slot; empty where nothing moves
+};
+
 // The decision for `call`, from the per-thread cache or computed.
-const Decision& propagate(const OpCall& call);
+const PlannedDecision& propagate(const OpCall& call);
 // Empties this thread's cache (benchmarks of the miss path).
 void clear_propagation_cache();
 
@@ -22,9 +30,8 @@ struct PropagationCacheStats {
 };
 PropagationCacheStats propagation_cache_stats();
 
-// Cost of moving `bytes` of one rank's shard from `from` to `to` on one mesh
-// dimension; used to choose among rows.
-double transition_cost(const Placement& from, const Placement& to, double bytes,
-                       int64_t group_size);
+// Candidates (products of one row per mesh dim) priced whole; a rule whose
+// rows make more than this many is priced one mesh dim at a time.
+constexpr size_t kMaxPricedCandidates = 4096;
 
 }  // namespace dtp
