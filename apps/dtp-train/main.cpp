@@ -9,6 +9,7 @@
 #include "metrics.h"
 
 #include "dtp/comm_counter.h"
+#include "dtp/amp/mixed_precision.h"
 #include "dtp/dtensor.h"
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/models/checkpoint.h"
@@ -80,15 +81,15 @@ void writeCommDebug(const CommDebugMode& debug, const std::string& path, const P
   std::printf("comm-debug: the first step's collectives per module, pass and op in %s\n", path.c_str());
 }
 
-// --mp bf16: FSDP's mixed precision (bf16 compute, float32 master weights
-// and gradient reduction).
-FullyShardOptions fsdpOptions(const Options& o) {
-  FullyShardOptions f;
-  if (o.mixed_precision == "bf16") {
-    f.mp_policy.param_dtype = at::kBFloat16;
-    f.mp_policy.reduce_dtype = at::kFloat;
-  }
-  return f;
+// --mixed-precision bf16 (--mp): bf16 compute, float32 master weights and
+// gradient reduction, under every layout (FSDP's and DDP's mp_policy, or
+// apply_mixed_precision for TP alone and one device).
+std::optional<MixedPrecisionPolicy> mpPolicy(const Options& o) {
+  if (o.mixed_precision.empty()) return std::nullopt;
+  MixedPrecisionPolicy p;
+  p.param_dtype = at::kBFloat16;
+  p.reduce_dtype = at::kFloat;
+  return p;
 }
 
 // Peak resident memory of this process (VmHWM), MiB.
@@ -405,7 +406,7 @@ Diff diff(const Run& a, const Run& b) {
 }
 
 // The same steps on one device (this rank, plain tensors) in `dtype`; with
-// `mp`, under the run's mixed-precision policy (fully_shard on a group of one).
+// `mp`, under the run's mixed-precision policy (apply_mixed_precision).
 Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype, bool mp) {
   o.model.dtype = dtype;
   o.save.clear();
@@ -417,7 +418,7 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
   LlamaConfig c = configOf(o);
   c.device = alone.device();
   Llama ref(c);
-  if (mp) apply_fsdp(ref, alone, fsdpOptions(o));
+  if (mp) apply_mixed_precision(*ref, *mpPolicy(o));
   at::manual_seed(o.seed);
   return train(ref, nullptr, o, corpus, /*log=*/false, ProcessGroup(), ProcessGroup(), ProcessGroup());
 }
@@ -439,7 +440,7 @@ Run trainOneDevice(Options o, const at::Tensor& corpus, const std::string& dtype
 // AdamW's: each step moves a weight by at most lr * (1 - beta1) /
 // sqrt(1 - beta2) (Kingma & Ba, 2.1), so two runs differ by at most twice that
 // per step.
-// --mp bf16: the same, against one device under the same policy, with bf16's
+// --mixed-precision bf16: the same, against one device under the same policy, with bf16's
 // ulp (NOTE: [Mixed-precision parity tolerance] in tests/data_parallel_test.cpp).
 int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
   const bool mp = !o.mixed_precision.empty();
@@ -516,10 +517,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b"}))
       ->capture_default_str();
   auto* fsdp = app.add_flag("--fsdp", o.fsdp, "Data parallelism as FSDP (fully_shard per block) [default]");
-  auto* ddp = app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
-  app.add_option("--mp", o.mixed_precision, "Mixed precision under FSDP: bf16 compute, float32 master weights")
-      ->check(CLI::IsMember({"bf16"}))
-      ->excludes(ddp);
+  app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
+  app.add_option("--mixed-precision,--mp", o.mixed_precision, "Mixed precision under every layout (TP, DDP, FSDP, "
+                 "HSDP, pipelines): bf16 compute, float32 master weights and gradient reduction (f16: NYI)")
+      ->check(CLI::IsMember({"bf16", "f16"}));
   app.add_option("--ac", o.ac, "Activation checkpointing of the transformer blocks")
       ->check(CLI::IsMember({"none", "full", "selective"}))
       ->capture_default_str();
@@ -631,9 +632,12 @@ int main(int argc, char** argv) {
     const auto tokenizer = load_tokenizer(hfTokenizer ? o.init_from_hf : "byte");
     check_tokenizer_fits_model(*tokenizer, config.vocab_size, o.init_from_hf.empty() ? "dtp-train's model" : o.init_from_hf);
     const at::Tensor corpus = apps::load_corpus(o.data, tokenizer.get());
-    TORCH_CHECK(o.mixed_precision.empty() || o.model.dtype == "float32", "--mp ", o.mixed_precision,
+    TORCH_CHECK(o.mixed_precision.empty() || o.model.dtype == "float32", "--mixed-precision ", o.mixed_precision,
                 " keeps float32 master weights: drop --dtype ", o.model.dtype, ".");
-    const bool fsdp = (dp * ep > 1 && !o.ddp) || !o.mixed_precision.empty();
+    TORCH_CHECK(o.mixed_precision != "f16", "NYI: --mixed-precision f16: float16 needs loss scaling against "
+                "gradient underflow (PyTorch's GradScaler), which dtp-train does not do yet. Use --mixed-precision "
+                "bf16 (bf16 has float32's range: no scaling needed).");
+    const bool fsdp = dp * ep > 1 && !o.ddp;
     DeviceMesh mesh = pp > 1 && ep > 1     ? init_device_mesh(o.device, {pp, dp, ep, tp}, {"pp", "dp", "ep", "tp"})
                       : pp > 1             ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
                       : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})
@@ -644,7 +648,7 @@ int main(int argc, char** argv) {
     Llama model(config);
     if (world.rank() == 0)
       std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f M tokens (%s)%s%s\n",
-                  mesh.str().c_str(), fsdp ? (o.mixed_precision.empty() ? " FSDP" : " FSDP, bf16 mixed precision") : dp * ep > 1 ? " DDP" : "", static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
+                  mesh.str().c_str(), (std::string(fsdp ? " FSDP" : dp * ep > 1 ? " DDP" : "") + (o.mixed_precision.empty() ? "" : ", bf16 mixed precision")).c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
                   static_cast<long long>(config.n_heads), static_cast<long long>(config.n_kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
@@ -656,7 +660,7 @@ int main(int argc, char** argv) {
     parallel.tp.shard_experts = o.shard_experts;
     if (o.ac != "none") parallel.ac = ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every};
     parallel.data_parallel = fsdp ? DataParallel::FSDP : DataParallel::DDP;
-    parallel.fsdp = fsdpOptions(o);
+    parallel.mp_policy = mpPolicy(o);
     std::optional<LlamaPipeline> pipe;
     if (pp > 1) {
       pipe = pipeline_llama(model, mesh, {o.pipeline_schedule, o.microbatches}, parallel);
@@ -664,10 +668,11 @@ int main(int argc, char** argv) {
         std::printf("dtp-train: pipeline of %lld stages, %s schedule, %d microbatches per step (TP inside stages "
                     "without sequence parallelism)\n%s", static_cast<long long>(pp), o.pipeline_schedule.c_str(),
                     pipe->pipeline->schedule().microbatches(), pipe->pipeline->schedule().str().c_str());
-    } else if (tp > 1 || dp * ep > 1 || fsdp) {
+    } else if (tp > 1 || dp * ep > 1) {
       parallelize_llama(model, mesh, parallel);
-    } else if (parallel.ac) {
-      apply_ac(model, *parallel.ac);
+    } else {  // one device
+      if (parallel.ac) apply_ac(model, *parallel.ac);
+      if (parallel.mp_policy) apply_mixed_precision(*model, *parallel.mp_policy);
     }
     if (world.rank() == 0 && (o.ac != "none" || o.clip > 0 || o.warmup > 0 || o.lr_schedule != "constant"))
       std::printf("dtp-train: activation checkpointing %s%s, gradient clipping %s, lr %g with %lld warmup steps, %s\n",

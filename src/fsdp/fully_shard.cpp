@@ -338,6 +338,9 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
               "fully_shard once per module.");
   TORCH_CHECK(detail::applied_below(module, {"replicate"}).empty(), "fully_shard: ", module.name(),
               " (or a module inside it) is already under replicate(). Use one data-parallel technique per module.");
+  TORCH_CHECK(detail::applied_below(module, {detail::technique::kMixedPrecision}).empty(), "fully_shard: ",
+              module.name(), " (or a module inside it) has apply_mixed_precision, whose copies fully_shard's gathered "
+              "parameters would replace. Pass the policy as FullyShardOptions::mp_policy instead.");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
   check_sharding_rules_agree(mesh, kApplied);  // NOTE: [Ranks agree on sharding rules]
   auto unit = std::make_shared<Unit>();

@@ -42,6 +42,11 @@ constexpr const char* kApplied = detail::technique::kReplicate;
 //   it added the view into an existing .grad (or into a copy), the
 //   difference is added to .grad.
 // The all-reduces thus run while backward computes the earlier layers.
+// Under ReplicateOptions::mp_policy the aliases are casts to param_dtype
+// (NOTE: [Compute copies] in src/amp/mixed_precision.cpp does the same
+// without data parallelism): `sent` is in the masters' dtype (what
+// AccumulateGrad adopts), and a copy of it in reduce_dtype is all-reduced
+// and summed over tp, then cast back into `sent`.
 // Averaging over dp and summing over tp commute, so the order is free.
 // Under activation checkpointing, a block's recomputation runs a nested
 // backward (NOTE: [Checkpoint]): the bucket's node runs in it for that
@@ -57,7 +62,8 @@ struct Bucket {
 
 struct InFlight {
   size_t bucket;
-  at::Tensor sent, reduced;  // flat
+  at::Tensor sent;     // flat, in the masters' dtype
+  at::Tensor reduced;  // flat, in reduce_dtype: all-reduced
   Work work;
   std::vector<at::Tensor> locals;  // views of `sent`, one per parameter
   std::vector<int64_t> offsets;    // where each starts in `sent`
@@ -84,6 +90,7 @@ class State : public std::enable_shared_from_this<State> {
   ProcessGroup dp;
   std::optional<DeviceMesh> tp;
   std::optional<double> divide_factor;  // ReplicateOptions::gradient_divide_factor
+  MixedPrecisionPolicy mp;              // ReplicateOptions::mp_policy
   bool owns_batch = false;              // this forward set the data-parallel batch
   std::vector<detail::ParamSite> params;
   std::vector<Bucket> buckets;
@@ -99,9 +106,15 @@ class State : public std::enable_shared_from_this<State> {
         inputs.push_back(p);
         needs_grad = needs_grad || p.requires_grad();
         auto* pi = maybeGetDTensorImpl(p);
-        aliases.push_back(pi ? makeDTensor(detached_alias(pi->local()), pi->spec_ptr()) : detached_alias(p));
+        const at::Tensor local = pi ? pi->local() : p;
+        const c10::ScalarType dtype = computeDtype(p);
+        const at::Tensor copy = local.scalar_type() == dtype ? detached_alias(local) : local.detach().to(dtype);
+        aliases.push_back(!pi ? copy
+                          : makeDTensor(copy, dtype == pi->spec().dtype ? pi->spec_ptr()
+                                                                       : make_spec(pi->spec().mesh, pi->spec().placements,
+                                                                                   pi->spec().shape, dtype)));
       }
-      if (!grad || !needs_grad) aliases = inputs;
+      if ((!grad || !needs_grad) && !mp.param_dtype) aliases = inputs;  // under mp: the copies, with no history
       if (grad && needs_grad) {
         auto node = std::make_shared<BucketBackward>();
         node->state = weak_from_this();
@@ -133,15 +146,17 @@ class State : public std::enable_shared_from_this<State> {
       auto* pi = maybeGetDTensorImpl(p);
       detail::LocalGrad lg;
       if (grads[k].defined()) lg = detail::local_grad(grads[k], pi ? &pi->spec() : nullptr);
-      else lg.local = at::zeros((pi ? pi->local() : p).sizes(), (pi ? pi->local() : p).options());
+      else lg.local = at::zeros((pi ? pi->local() : p).sizes(), (pi ? pi->local() : p).options().dtype(computeDtype(p)));
       const at::Tensor& local = lg.local;
       f.partial.push_back(lg.partial);
       f.accumulates.push_back(detail::accumulates_grad(*task, p));
       flat.push_back(local.reshape({-1}));
       specs.push_back(pi ? pi->spec_ptr() : nullptr);
     }
-    f.sent = at::cat(flat);
-    f.reduced = f.sent.clone();
+    const at::Tensor first = params[buckets[b].params[0]].param;  // a bucket has one dtype (makeBuckets)
+    const at::Tensor grads_flat = at::cat(flat);
+    f.sent = grads_flat.to(first.scalar_type());
+    f.reduced = grads_flat.to(reduceDtype(first), /*non_blocking=*/false, /*copy=*/true);
     f.work = dp.all_reduce(f.reduced, divide_factor ? ReduceOp::Sum : ReduceOp::Avg, /*async_op=*/true);
     variable_list out;
     int64_t offset = 0;
@@ -164,6 +179,14 @@ class State : public std::enable_shared_from_this<State> {
   }
 
  private:
+  // Mixed precision: what forward computes in and what the all-reduce sums in.
+  c10::ScalarType computeDtype(const at::Tensor& p) const {
+    return at::isFloatingType(p.scalar_type()) ? mp.param_dtype.value_or(p.scalar_type()) : p.scalar_type();
+  }
+  c10::ScalarType reduceDtype(const at::Tensor& p) const {
+    return at::isFloatingType(p.scalar_type()) ? mp.reduce_dtype.value_or(computeDtype(p)) : p.scalar_type();
+  }
+
   void finish(Backward& run) {
     at::NoGradGuard no_grad;
     for (InFlight& f : run.buckets) {
@@ -176,6 +199,7 @@ class State : public std::enable_shared_from_this<State> {
         const std::vector<at::Tensor> summed = detail::sum_over_tp(sums, tp->get_group(0));
         for (size_t k = 0; k < sums.size(); ++k) sums[k].copy_(summed[k]);
       }
+      reduced = reduced.to(f.sent.scalar_type());
       at::Tensor delta = reduced - f.sent;
       f.sent.copy_(reduced);
       for (size_t k = 0; k < f.locals.size(); ++k) {
@@ -234,6 +258,12 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
               "Call it once per module.");
   TORCH_CHECK(detail::applied_below(module, {detail::technique::kFullyShard}).empty(), "replicate: ", module.name(),
               " (or a module inside it) is already under fully_shard(). Use one data-parallel technique per module.");
+  TORCH_CHECK(detail::applied_below(module, {detail::technique::kMixedPrecision}).empty(), "replicate: ", module.name(),
+              " (or a module inside it) has apply_mixed_precision, whose copies replicate's gradient buckets would "
+              "not see. Pass the policy as ReplicateOptions::mp_policy instead.");
+  for (const auto& dtype : {options.mp_policy.param_dtype, options.mp_policy.reduce_dtype})
+    TORCH_CHECK(!dtype || at::isFloatingType(*dtype), "replicate: mp_policy for ", module.name(), ": got dtype ",
+                *dtype, ", expected a floating-point dtype (at::kBFloat16, at::kHalf, at::kFloat).");
   TORCH_CHECK(options.bucket_cap_mb > 0, "replicate: bucket_cap_mb must be > 0, got ", options.bucket_cap_mb, ".");
   const auto m = detail::data_parallel_mesh(mesh, kApplied);
   check_sharding_rules_agree(mesh, kApplied);  // NOTE: [Ranks agree on sharding rules]
@@ -241,6 +271,7 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
   state->dp = m.batch;  // every data-parallel rank (HSDP's two dimensions as one)
   state->tp = m.tp;
   state->divide_factor = options.gradient_divide_factor;
+  state->mp = options.mp_policy;
   state->params = detail::collect_params(module, kApplied);
   for (const auto& site : state->params) {
     if (is_dtensor(site.param)) detail::check_tp_parameter(site.param, site.fqn, m, kApplied);
@@ -250,11 +281,14 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
   for (const auto& site : state->params)
     for (const auto& [owner, name] : site.fields) set_parameter_field(*owner, name, site.param);  // validates
   state->buckets = makeBuckets(state->params, options.bucket_cap_mb);
-  host.pre_hooks.push_back([state](std::vector<at::Tensor>&) {
+  host.pre_hooks.push_back([state](std::vector<at::Tensor>& inputs) {
     // NOTE: [Random ops under data parallelism]; the outermost replicate's.
     state->owns_batch = !detail::data_parallel_batch().valid();
     if (state->owns_batch) detail::set_data_parallel_batch(state->dp);
     state->attach();
+    if (const auto dtype = state->mp.param_dtype; dtype && state->mp.cast_forward_inputs)
+      for (auto& x : inputs)
+        if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
   });
   host.post_hooks.push_back([state](nn::Slots&) {
     if (state->owns_batch) detail::set_data_parallel_batch(ProcessGroup());

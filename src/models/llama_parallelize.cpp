@@ -40,6 +40,13 @@ dcp::StateDictOptions ownEntries(const LlamaPipeline& pipe, Llama& model) {
   return options;
 }
 
+// ParallelizeOptions::mp_policy, when set, in place of a technique's own.
+template <class Options>
+Options withPolicy(Options o, const std::optional<MixedPrecisionPolicy>& policy) {
+  if (policy) o.mp_policy = *policy;
+  return o;
+}
+
 // What needs context parallelism stops here. See NOTE: [Mesh dimension names].
 void checkNoCp(const char* api, const DeviceMesh& mesh, const ParallelMeshDims& d) {
   TORCH_CHECK(!d.cp, "NYI: context parallelism (#58): ", api, " on ", mesh.str(), ", which has a \"", *d.cp,
@@ -85,15 +92,15 @@ void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const Parallel
   if (options.ac) apply_ac(model, *options.ac);
   const double factor = static_cast<double>(experts_mesh.size());
   if (options.data_parallel == DataParallel::FSDP) {
-    FullyShardOptions experts = options.fsdp;
+    FullyShardOptions experts = withPolicy(options.fsdp, options.mp_policy);
     experts.gradient_divide_factor = factor;
     for (MoEImpl* moe : detail::moe_layers(model)) fully_shard(*moe->experts, experts_mesh, experts);
-    apply_fsdp(model, dense, options.fsdp);
+    apply_fsdp(model, dense, withPolicy(options.fsdp, options.mp_policy));
   } else {
-    ReplicateOptions experts = options.ddp;
+    ReplicateOptions experts = withPolicy(options.ddp, options.mp_policy);
     experts.gradient_divide_factor = factor;
     for (MoEImpl* moe : detail::moe_layers(model)) replicate(*moe->experts, experts_mesh, experts);
-    apply_ddp(model, dense, options.ddp);
+    apply_ddp(model, dense, withPolicy(options.ddp, options.mp_policy));
   }
 }
 
@@ -112,9 +119,12 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOp
               "dp_replicate alone), or give the mesh a dp_shard dimension (ParallelDims dp_shard > 1).");
   if (d.tp) apply_tensor_parallel(model, mesh, options.tp);
   if (options.ac) apply_ac(model, *options.ac);
-  if (!d.dp_shard && !d.dp_replicate) return;
-  if (options.data_parallel == DataParallel::FSDP) apply_fsdp(model, mesh, options.fsdp);
-  else apply_ddp(model, mesh, options.ddp);
+  if (!d.dp_shard && !d.dp_replicate) {
+    if (options.mp_policy) apply_mixed_precision(*model, *options.mp_policy);  // TP only
+    return;
+  }
+  if (options.data_parallel == DataParallel::FSDP) apply_fsdp(model, mesh, withPolicy(options.fsdp, options.mp_policy));
+  else apply_ddp(model, mesh, withPolicy(options.ddp, options.mp_policy));
 }
 
 ProcessGroup data_parallel_group(const DeviceMesh& mesh) {
@@ -174,6 +184,7 @@ LlamaPipeline pipeline_llama(const Llama& model, const DeviceMesh& mesh, const P
     if (schedule.rank_of(s) != me) continue;
     Llama part = llama_pipeline_stage(model, s, schedule.stages(), pipeline.split);
     if (inner) parallelize_llama(part, *inner, options);
+    else if (options.mp_policy) apply_mixed_precision(*part, *options.mp_policy);  // pp alone
     out.stages.push_back(part);
     stages.push_back({s, [part](const at::Tensor& x) mutable { return part(x); }, {}});
     out.has_last_stage = out.has_last_stage || s == schedule.stages() - 1;

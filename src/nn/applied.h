@@ -18,6 +18,7 @@ namespace technique {
 inline constexpr const char* kFullyShard = "fully_shard";
 inline constexpr const char* kReplicate = "replicate";
 inline constexpr const char* kCheckpointWrapper = "checkpoint_wrapper";
+inline constexpr const char* kMixedPrecision = "apply_mixed_precision";
 }  // namespace technique
 
 // The hooks of `module`; an error naming `api` and the fix when it has none.

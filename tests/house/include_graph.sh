@@ -29,10 +29,11 @@ ac:        comm mesh dtensor nn
 pp:        comm mesh dtensor nn
 tp:        comm mesh dtensor nn
 fsdp:      comm mesh dtensor nn
+amp:       comm mesh dtensor nn fsdp
 cp:        comm mesh dtensor nn
 dcp:       comm mesh dtensor nn io
 inference: comm mesh dtensor text
-models:    comm mesh dtensor debug nn ep optim ac pp tp fsdp cp dcp inference io text
+models:    comm mesh dtensor debug nn ep optim ac pp tp fsdp amp cp dcp inference io text
 '
 # The folder of each header directly in include/dtp/.
 TOP_HEADERS='

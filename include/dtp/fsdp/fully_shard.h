@@ -30,29 +30,19 @@
 #pragma once
 
 #include "dtp/device_mesh.h"
+#include "dtp/fsdp/mixed_precision_policy.h"
 
-#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
 #include <optional>
 
 namespace dtp {
 
-// FSDP2's MixedPrecisionPolicy: the sharded parameters (and so the
-// optimizer's state) keep their dtype (float32: the master copy); they are
-// gathered and computed with in param_dtype, and their gradients are
-// reduce-scattered in reduce_dtype, then kept in the parameters' dtype.
-struct MixedPrecisionPolicy {
-  std::optional<c10::ScalarType> param_dtype;   // e.g. at::kBFloat16; none: the parameters' dtype
-  std::optional<c10::ScalarType> reduce_dtype;  // e.g. at::kFloat; none: param_dtype
-  bool cast_forward_inputs = true;              // floating-point inputs of the unit to param_dtype
-};
-
 struct FullyShardOptions {
   // Free the gathered parameters after forward and gather again for backward
   // (memory ~ one unit's parameters) or keep them until backward.
   bool reshard_after_forward = true;
-  MixedPrecisionPolicy mp_policy;
+  MixedPrecisionPolicy mp_policy;  // bf16 compute, float32 masters: see dtp/fsdp/mixed_precision_policy.h
   // The reduce-scatter sums the gradients over the data-parallel ranks and
   // divides by this (FSDP2's set_gradient_divide_factor); none: their number
   // (the mean). Expert parallelism sets dp x ep: an expert's gradient

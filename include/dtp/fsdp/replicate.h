@@ -17,9 +17,18 @@
 // With activation checkpointing inside (apply_ac before replicate), each
 // checkpointed block's recomputation runs a backward of its own: a bucket
 // is all-reduced once in every backward that reaches it.
+//
+// Mixed precision (ReplicateOptions::mp_policy, the policy fully_shard
+// takes): the registered parameters stay float32 (the masters the optimizer
+// steps); before each forward each bucket casts them to param_dtype (a
+// DTensor's local shard, placements kept) and forward reads the copies; the
+// bucket's gradients arrive in param_dtype, are all-reduced (and summed over
+// tp) in reduce_dtype and land in the masters' .grad in their dtype. As
+// PyTorch DDP's _MixedPrecision, without buffer_dtype (buffers keep theirs).
 #pragma once
 
 #include "dtp/device_mesh.h"
+#include "dtp/fsdp/mixed_precision_policy.h"
 
 #include <torch/nn/module.h>
 
@@ -35,6 +44,9 @@ struct ReplicateOptions {
   // The all-reduce sums the gradients and divides by this; none: the number
   // of data-parallel ranks (the mean). See FullyShardOptions.
   std::optional<double> gradient_divide_factor;
+  // bf16 compute with float32 masters and, with reduce_dtype = at::kFloat,
+  // float32 all-reduces. Unset: the parameters' dtype throughout.
+  MixedPrecisionPolicy mp_policy;
 };
 
 // `mesh`: 1-D (data parallel only), or with dimensions named "dp" and "tp"

@@ -23,6 +23,7 @@
 #define DTP_MODELS_PARALLELIZE_H
 
 #include "dtp/ac/activation_checkpoint.h"
+#include "dtp/amp/mixed_precision.h"
 #include "dtp/dcp/state_dict.h"
 #include "dtp/device_mesh.h"
 #include "dtp/fsdp/fully_shard.h"
@@ -125,11 +126,18 @@ struct ParallelizeOptions {
   DataParallel data_parallel = DataParallel::FSDP;
   FullyShardOptions fsdp;
   ReplicateOptions ddp;
+  // Mixed precision for every layout: set, it is FSDP's or DDP's mp_policy
+  // (in place of fsdp.mp_policy / ddp.mp_policy), and on a mesh without
+  // data parallelism (TP only; a pipeline stage alone) apply_mixed_precision
+  // on the model after TP and AC.
+  std::optional<MixedPrecisionPolicy> mp_policy;
 };
 
 // On a whole model or a pipeline stage, on a mesh without "pp": tensor
 // parallelism over "tp" if the mesh has it, then activation checkpointing if
-// asked, then FSDP or DDP over the data-parallel dimensions if it has any.
+// asked, then FSDP or DDP over the data-parallel dimensions if it has any
+// (with options.mp_policy as theirs), or else, with options.mp_policy,
+// apply_mixed_precision.
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options = {});
 
 // The ranks that train on slices of one batch, for the data loader and
