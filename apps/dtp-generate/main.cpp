@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
       }
     }
     Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
+    std::cerr << "dtp-generate: " << apps::memory_after_load(world.rank()) << std::endl;
     std::vector<std::vector<int64_t>> ids;
     // A chat prompt holds its BOS already (the template writes bos_token).
     for (const auto& p : prompts) ids.push_back(tokenizer->encode(p, /*add_bos=*/chat.empty()));

@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
       }
     }
     Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
+    std::cerr << "dtp-serve: " << apps::memory_after_load(world.rank()) << std::endl;
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
     eo.context = ctx;
     eo.one_forward_per_step = !two_forwards;

@@ -35,6 +35,7 @@
 #include "dtp/models/llama.h"
 #include "dtp/process_group.h"
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -64,6 +65,23 @@ struct HFLoadOptions {
 // truncated files are errors naming the tensor or file, raised before any
 // parameter changes.
 void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& options = {});
+
+// NOTE: [Loading only the shards] Builds `config`'s Llama on the meta
+// device (deferred_init: no memory), hands it to `parallelize` (TP, EP:
+// whatever gives each rank its shards, allocated and not yet set; may be
+// empty for one device), allocates what is still on the meta device (plain
+// parameters, on config.device) and fills every parameter from the folder
+// with load_hf_weights. No rank ever holds a whole parameter it does not
+// keep: at TP=2 each rank's peak is about its half of the weights plus one
+// read buffer (options.buffer_bytes), where building the model first (every
+// rank drawing the whole model's random init, then sharding it) peaked at
+// the whole model and more. The weights equal, bit for bit, those of
+// Llama(config), parallelize, load_hf_weights. Collective where
+// `parallelize` and load_hf_weights are.
+//   Llama model = models::load_hf_model(llama_config_from_hf(dir), dir,
+//       [&](Llama& m) { apply_tensor_parallel_for_inference(m, mesh); });
+Llama load_hf_model(LlamaConfig config, const std::string& dir, const std::function<void(Llama&)>& parallelize,
+                    const HFLoadOptions& options = {});
 
 struct HFSaveOptions {
   // The dtype of the written weights; default: the model's.
