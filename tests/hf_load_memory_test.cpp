@@ -93,18 +93,20 @@ Llama buildThenLoad(const LlamaConfig& c, const std::string& dir, const std::fun
   return model;
 }
 
-// Float64, vocab 67 (uneven over 2 ranks: 34 + 33 rows), untied, tied, and
-// a Mixtral-shaped model (4 experts, top 2) at EP=2: on one rank and on two,
+// Float64, vocab 67 (uneven over 2 ranks: 34 + 33 rows), untied, tied, one
+// KV head (replicated at TP=2), and a Mixtral-shaped model (4 experts,
+// top 2) at EP=2: on one rank and on two,
 // load_hf_model's parameters equal the build-then-load path's bit for bit,
 // so do its logits; they are within float64 rounding of one device's, and
 // greedy continuations are the same tokens.
 TEST_F(HfLoadMemoryTest, ShardsOnlyLoadEqualsBuildThenLoadAndOneDevice) {
-  for (const std::string variant : {"untied", "tied", "mixtral at ep 2"}) {
+  for (const std::string variant : {"untied", "tied", "one kv head", "mixtral at ep 2"}) {
     SCOPED_TRACE(variant);
     const bool tied = variant == "tied", ep = variant == "mixtral at ep 2";
     LlamaConfig c = dtp::test::small_llama_config(2);
     c.dtype = at::kDouble;
     c.tie_embeddings = tied;
+    if (variant == "one kv head") c.n_kv_heads = 1;  // TP=2 replicates it on both ranks
     c.seed = 11;
     if (ep) {
       c.family = "mixtral";
