@@ -636,7 +636,7 @@ int main(int argc, char** argv) {
                 " keeps float32 master weights: drop --dtype ", o.model.dtype, ".");
     TORCH_CHECK(o.mixed_precision != "f16", "NYI: --mixed-precision f16: float16 needs loss scaling against "
                 "gradient underflow (PyTorch's GradScaler), which dtp-train does not do yet. Use --mixed-precision "
-                "bf16 (bf16 has float32's range: no scaling needed).");
+                "bf16 (bf16 has float32's range: no scaling needed; libtorch 1.13 also has no float16 matmul on CPU).");
     const bool fsdp = dp * ep > 1 && !o.ddp;
     DeviceMesh mesh = pp > 1 && ep > 1     ? init_device_mesh(o.device, {pp, dp, ep, tp}, {"pp", "dp", "ep", "tp"})
                       : pp > 1             ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
