@@ -120,6 +120,25 @@ TEST(RedistributePlanTest, CandidatesArePricedByTheirPlans) {
   EXPECT_DOUBLE_EQ(d.in_plans[1].cost, 5 * 7 + 2 * 0.035);
 }
 
+// Rows making more than kMaxPricedCandidates candidates are priced one mesh
+// dim at a time: add on a 16-dim tensor has 18 rows per mesh dim (R, 16
+// shards, P(sum)), 18^3 candidates on (2,2,2). Pricing them all would plan
+// hundreds of targets before reaching the inputs' own placements; one dim
+// at a time plans at most 3 dims x 18 rows x 2 inputs.
+TEST(RedistributePlanTest, ManyCandidatesArePricedOneMeshDimAtATime) {
+  dtp::test::RuleGolden g222({2, 2, 2});
+  const std::string shape = "[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2]";
+  ASSERT_GT(18 * 18 * 18, static_cast<int>(kMaxPricedCandidates));
+  clear_propagation_cache();
+  const RedistributePlanStats s0 = redistribute_plan_stats();
+  EXPECT_EQ(g222.propagate("aten::add.Tensor", {g222.t("f32" + shape + "(S(0)S(1)S(2))"),
+                                                g222.t("f32" + shape + "(S(0)RS(2))")}),
+            "S(0)S(1)S(2), S(0)S(1)S(2) -> f32" + shape + "(S(0)S(1)S(2))");
+  const int64_t planned = redistribute_plan_stats().planned - s0.planned;
+  EXPECT_GT(planned, 0);
+  EXPECT_LE(planned, 3 * 18 * 2);
+}
+
 TEST(RedistributePlanTest, CachedPlanIsPlannedOnce) {
   const DeviceMesh mesh = make_fake_device_mesh({2, 2}, {0, 1});
   const auto spec = make_spec(mesh, {Shard(0), Shard(0)}, {8, 16}, at::kFloat);
