@@ -71,13 +71,15 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
 // whatever gives each rank its shards, allocated and not yet set; may be
 // empty for one device), allocates what is still on the meta device (plain
 // parameters, on config.device) and fills every parameter from the folder
-// with load_hf_weights. No rank ever holds a whole parameter it does not
-// keep: at TP=2 each rank's peak is about its half of the weights plus one
-// read buffer (options.buffer_bytes), where building the model first (every
-// rank drawing the whole model's random init, then sharding it) peaked at
-// the whole model and more. The weights equal, bit for bit, those of
-// Llama(config), parallelize, load_hf_weights. Collective where
-// `parallelize` and load_hf_weights are.
+// with load_hf_weights. Past construction (which still builds each block,
+// the embedding and the head in full, one at a time, before moving it to
+// the meta device: NOTE: [Deferred initialization]), no rank holds a
+// parameter it does not keep: at TP=2 each rank's peak is about its half of
+// the weights plus one read buffer (options.buffer_bytes), where building
+// the model first (every rank drawing the whole model's random init, then
+// sharding it) peaked at the whole model and more. The weights equal, bit
+// for bit, those of Llama(config), parallelize, load_hf_weights. Collective
+// where `parallelize` and load_hf_weights are.
 //   Llama model = models::load_hf_model(llama_config_from_hf(dir), dir,
 //       [&](Llama& m) { apply_tensor_parallel_for_inference(m, mesh); });
 Llama load_hf_model(LlamaConfig config, const std::string& dir, const std::function<void(Llama&)>& parallelize,
