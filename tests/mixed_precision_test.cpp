@@ -216,6 +216,47 @@ TEST(MixedPrecision, TensorParallelBf16IsAsExactAsOneDevice) {
   EXPECT_EQ(tp_bf16_reduce.reduce_bytes, partial_elems * 2) << "reduce_dtype bf16: half the bytes";
 }
 
+// Full activation checkpointing inside (TP, then AC, then the policy): the
+// recomputation reads the forward's bf16 copies (NOTE: [Compute copies]), so
+// losses and gradients equal the run without AC bit for bit. The norms'
+// Partial gradients, filed by the blocks' nested backwards: under
+// reduce_dtype float32 into the outer backward's bucket, one all-reduce as
+// without AC; under bf16 by the policy's node in each backward reaching it
+// (n_layers nested ones and the outer one for the final norm), each
+// gradient once: n_layers + 1 all-reduces, the same bytes.
+TEST(MixedPrecision, ActivationCheckpointingRecomputesWithTheSameCopies) {
+  const LlamaConfig c = config();
+  auto run = [&](bool ac, c10::ScalarType reduce) {
+    MpRun out;
+    run_ranks(2, [&](int rank) {
+      auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+      Llama model(c);
+      ParallelizeOptions o;
+      o.tp = TensorParallelOptions{true, kSeq};
+      if (ac) o.ac = ACOptions{};
+      o.mp_policy = bf16(reduce);
+      parallelize_llama(model, mesh, o);
+      MpRun r = train(model, nullptr, gradientReduction);
+      if (rank == 0) out = r;
+    });
+    return out;
+  };
+  const int64_t partial_elems = (2 * c.n_layers + 1) * c.dim;
+  for (const c10::ScalarType reduce : {at::kFloat, at::kBFloat16}) {
+    const MpRun plain = run(false, reduce), checkpointed = run(true, reduce);
+    for (int s = 0; s < kSteps; ++s) EXPECT_EQ(checkpointed.losses[s], plain.losses[s]) << reduce << " step " << s;
+    ASSERT_EQ(checkpointed.grads.size(), plain.grads.size());
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      EXPECT_EQ((checkpointed.grads[i].second - plain.grads[i].second).abs().max().item<double>(), 0)
+          << reduce << " " << plain.grads[i].first;
+    const int64_t bytes = partial_elems * c10::elementSize(reduce);
+    EXPECT_EQ(plain.reduce_count, 1) << reduce;
+    EXPECT_EQ(plain.reduce_bytes, bytes) << reduce;
+    EXPECT_EQ(checkpointed.reduce_count, reduce == at::kFloat ? 1 : c.n_layers + 1) << reduce;
+    EXPECT_EQ(checkpointed.reduce_bytes, bytes) << reduce;
+  }
+}
+
 // DDP over dp=2 with ReplicateOptions::mp_policy: each rank trains its half
 // of the batch. As exact as one device's bf16 run on the whole batch; the
 // bucket all-reduces are as many as float32's, with float32's bytes under
