@@ -33,6 +33,24 @@ using dtp::test::run_ranks;
 using Flat = std::vector<std::pair<std::string, std::vector<std::string>>>;
 using Names = std::vector<std::string>;
 
+// The reference Llama in float64, for runs compared against each other.
+LlamaConfig denseConfig() {
+  LlamaConfig c = dtp::test::small_llama_config(2);
+  c.dtype = at::kDouble;
+  return c;
+}
+
+// Mixtral-style: 4 experts, top 2.
+LlamaConfig moeConfig() {
+  LlamaConfig c = denseConfig();
+  c.family = "mixtral";
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.hidden = 12;
+  c.moe.norm_topk_prob = true;
+  return c;
+}
+
 // Degrees -> torchtitan's mesh: names and sizes in its order, flattened names.
 TEST(ParallelDimsTest, ValidLayoutsDescribeTorchtitansMesh) {
   {
@@ -163,13 +181,8 @@ TEST(ParallelDimsTest, BuildMeshRegistersTheFlattenedNames) {
 
 // What the mesh cannot do yet fails before anything changes.
 TEST(ParallelDimsTest, ContextParallelAndUnsupportedLayoutsError) {
-  LlamaConfig c = dtp::test::small_llama_config(2);
-  LlamaConfig moe = c;
-  moe.family = "mixtral";
-  moe.moe.norm_topk_prob = true;
-  moe.moe.num_experts = 4;
-  moe.moe.top_k = 2;
-  moe.moe.hidden = 12;
+  const LlamaConfig c = denseConfig();
+  const LlamaConfig moe = moeConfig();
   run_ranks(4, [&](int) {
     const DeviceMesh cp = ParallelDims().cp(2).tp(2).world_size(4).build_mesh();
     EXPECT_EQ(cp.mesh_dim_names(), (Names{"cp", "tp"}));
@@ -268,12 +281,6 @@ void expectSameRun(const TrainRun& got, const TrainRun& want) {
   EXPECT_LE(diff, 1e-13) << "max |ParallelDims run - hand-built run| over the weights after 3 steps";
 }
 
-LlamaConfig denseConfig() {
-  LlamaConfig c = dtp::test::small_llama_config(2);
-  c.dtype = at::kDouble;
-  return c;
-}
-
 TEST(ParallelDimsTest, MeshTrainsLlamaLikeTheHandBuiltMesh) {
   const LlamaConfig c = denseConfig();
   struct Layout {
@@ -307,12 +314,7 @@ TEST(ParallelDimsTest, MeshTrainsLlamaLikeTheHandBuiltMesh) {
 // ParallelDims' (dp_shard_mod_ep, dp_shard_in_ep[, tp]) alike, which train
 // the same.
 TEST(ParallelDimsTest, ExpertParallelParametersLiveOnTheUsersMesh) {
-  LlamaConfig c = denseConfig();
-  c.family = "mixtral";
-  c.moe.num_experts = 4;
-  c.moe.top_k = 2;
-  c.moe.hidden = 12;
-  c.moe.norm_topk_prob = true;
+  LlamaConfig c = moeConfig();
   c.moe.aux_loss_coef = 0.02;
   auto onUsersMesh = [](Llama& model, const DeviceMesh& mesh) {
     int64_t dtensors = 0, params = 0;
@@ -356,12 +358,7 @@ TEST(ParallelDimsTest, ExpertParallelParametersLiveOnTheUsersMesh) {
 // and with experts (pp, dp, ep) as (pp, dp_shard_mod_ep, dp_shard_in_ep),
 // whose stages' parameters also live on the user's mesh.
 TEST(ParallelDimsTest, PipelineOnAParallelDimsMeshTrainsLikeTheHandBuiltMesh) {
-  LlamaConfig moe = denseConfig();
-  moe.family = "mixtral";
-  moe.moe.num_experts = 4;
-  moe.moe.top_k = 2;
-  moe.moe.hidden = 12;
-  moe.moe.norm_topk_prob = true;
+  const LlamaConfig moe = moeConfig();
   struct Layout {
     const char* what;
     LlamaConfig c;
