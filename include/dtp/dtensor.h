@@ -78,9 +78,6 @@ class ImplicitReplicationGuard {
   ImplicitReplicationGuard();
   ~ImplicitReplicationGuard();
   static bool enabled();
-
- private:
-  bool prev_;
 };
 
 // Inside this scope, an op without a sharding rule gathers its inputs to
@@ -91,9 +88,6 @@ class ReplicateFallbackGuard {
   ReplicateFallbackGuard();
   ~ReplicateFallbackGuard();
   static bool enabled();
-
- private:
-  bool prev_;
 };
 
 // The ops dtp has sharding rules or handlers for, e.g. "aten::mm".

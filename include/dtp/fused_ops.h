@@ -20,9 +20,6 @@ class DecomposeFusedOpsGuard {
   DecomposeFusedOpsGuard(const DecomposeFusedOpsGuard&) = delete;
   DecomposeFusedOpsGuard& operator=(const DecomposeFusedOpsGuard&) = delete;
   static bool enabled();
-
- private:
-  bool prev_;
 };
 
 }  // namespace dtp

@@ -2,8 +2,8 @@
 
 #include "comm/result_tape.h"
 #include "comm/trace_span.h"
+#include "dtensor/dispatch_context.h"
 #include "dtensor/explicit_redistribute.h"
-#include "dtensor/mix_hint.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rules_agree.h"
@@ -17,18 +17,17 @@
 
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 namespace dtp {
 namespace {
 
-thread_local bool implicit_replication = false;
-thread_local bool replicate_fallback = false;
+using detail::DispatchContext;
+using detail::dispatch_context;
 
 // Finds the DTensor slots of the call, checks their meshes, and turns plain
 // tensors into replicated DTensors under ImplicitReplicationGuard.
-OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t nargs) {
+OpCall collectSlots(DispatchContext& ctx, const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t nargs) {
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
   const DTensorSpec* first = nullptr;
   std::string plain;  // the first plain tensor argument, for the error
@@ -46,8 +45,9 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
   TORCH_INTERNAL_ASSERT(first != nullptr, "DTensor fallback reached without a DTensor argument");
   if (!plain.empty()) {
     // NOTE: [Mix hints]: the error consumes the hint it shows.
-    const auto hint = implicit_replication ? nullptr : std::exchange(detail::mix_hint(), nullptr);
-    TORCH_CHECK(implicit_replication, "dtp: ", op_name(op),
+    const bool implicit = ctx.implicit_replication.get(false);
+    const auto hint = implicit ? nullptr : std::exchange(ctx.mix_hint, nullptr);
+    TORCH_CHECK(implicit, "dtp: ", op_name(op),
                 " got a mix of plain at::Tensor and DTensor arguments: ", plain,
                 " is a plain tensor. Convert it with dtp::distribute_tensor or "
                 "dtp::from_local, or run the op inside dtp::ImplicitReplicationGuard to treat "
@@ -66,9 +66,8 @@ OpCall collectSlots(const c10::OperatorHandle& op, torch::jit::Stack* stack, siz
 
 // Gathers every DTensor argument to Replicate, runs the op on full tensors and
 // returns replicated DTensors. Opt-in via ReplicateFallbackGuard.
-void replicateFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, OpCall& call) {
-  thread_local std::unordered_set<std::string> warned;
-  if (warned.insert(op_name(op)).second) {
+void replicateFallback(DispatchContext& ctx, const c10::OperatorHandle& op, torch::jit::Stack* stack, OpCall& call) {
+  if (ctx.warned_replicate.insert(op_name(op)).second) {
     TORCH_WARN("dtp: no sharding rule for ", op_name(op),
                "; gathering its inputs to Replicate (ReplicateFallbackGuard). This costs "
                "communication and memory; add a rule for speed.");
@@ -105,24 +104,14 @@ at::Tensor localFor(const at::Tensor& t, const RedistributePlan& plan) {
   return run_redistribute(impl->local(), impl->spec(), plan);
 }
 
-// What the fallback needs to know of an op beyond its arguments, found once
-// per op and thread (no lock, no hashing of operator names per call).
-struct OpInfo {
-  Handler handler = nullptr;
-  bool has_rule = false;
-  bool writes = false;  // a return aliases a written argument (in place, out=)
-  bool single_output = false;  // one return, writes nothing: selective AC's save list may keep it
-  bool user_rule = false;  // register_sharding's: NOTE: [Ranks agree on sharding rules]
-};
-
-const OpInfo& opInfo(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> infos;
-  thread_local uint64_t version = 0;
-  if (rules_version() != version) {
-    infos.clear();
-    version = rules_version();
+// What the fallback needs to know of `op`, from this thread's cache.
+const detail::OpInfo& opInfo(DispatchContext& ctx, const c10::OperatorHandle& op) {
+  auto& infos = ctx.op_infos;
+  if (rules_version() != infos.rules_version) {
+    infos.map.clear();
+    infos.rules_version = rules_version();
   }
-  auto [it, fresh] = infos.try_emplace(&op.schema());
+  auto [it, fresh] = infos.map.try_emplace(&op.schema());
   if (fresh) {
     const auto& registry = RuleRegistry::get();
     it->second.handler = registry.find_handler(op.operator_name());
@@ -142,8 +131,8 @@ const OpInfo& opInfo(const c10::OperatorHandle& op) {
 // cache empties at calls where other ranks' does not, and a check must run at
 // the same call on every rank. Holding the mesh keeps its id from being
 // reused.
-void checkUserRuleOnce(const c10::OperatorHandle& op, const DeviceMesh& mesh) {
-  thread_local std::vector<std::pair<const c10::FunctionSchema*, DeviceMesh>> checked;
+void checkUserRuleOnce(DispatchContext& ctx, const c10::OperatorHandle& op, const DeviceMesh& mesh) {
+  auto& checked = ctx.checked_user_rules;
   for (const auto& [schema, m] : checked)
     if (schema == &op.schema() && (m.id() == mesh.id() || m == mesh)) return;
   check_user_rule_agrees(mesh, op_name(op));
@@ -203,7 +192,8 @@ at::Tensor wrapOutput(const c10::OperatorHandle& op, const at::Tensor& local, co
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const CurrentOp current(op);
   const auto& schema = op.schema();
-  const OpInfo& info = opInfo(op);
+  DispatchContext& ctx = dispatch_context();  // NOTE: [Dispatch context]
+  const detail::OpInfo& info = opInfo(ctx, op);
   if (info.handler != nullptr && info.handler(op, stack)) return;
   const size_t nargs = schema.arguments().size();
   // NOTE: [Result tape]: selective activation checkpointing keeps the
@@ -216,15 +206,15 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     stack->emplace_back(tape->pop());
     return;
   }
-  OpCall call = collectSlots(op, stack, nargs);
-  if (replicate_fallback && !info.has_rule) {
-    replicateFallback(op, stack, call);
+  OpCall call = collectSlots(ctx, op, stack, nargs);
+  if (!info.has_rule && ctx.replicate_fallback.get(false)) {
+    replicateFallback(ctx, op, stack, call);
     return;
   }
   const PlannedDecision& d = propagate(call);
   // After the local decision (a rule's own error stays on the rank that
   // raised it), before any communication.
-  if (info.user_rule) checkUserRuleOnce(op, call.mesh());
+  if (info.user_rule) checkUserRuleOnce(ctx, op, call.mesh());
   if (explicit_redistribute_active()) check_implicit_redistribution(call, d);
   const detail::TraceSpan span([&] { return opSpanName(call, d); });
 
@@ -270,17 +260,15 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void detail::dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { dtensorFallback(op, stack); }
 
-ImplicitReplicationGuard::ImplicitReplicationGuard() : prev_(implicit_replication) {
-  implicit_replication = true;
-}
-ImplicitReplicationGuard::~ImplicitReplicationGuard() { implicit_replication = prev_; }
-bool ImplicitReplicationGuard::enabled() { return implicit_replication; }
+// The public guards are scopes of the context's switches (NOTE: [Dispatch
+// context]).
+ImplicitReplicationGuard::ImplicitReplicationGuard() { dispatch_context().implicit_replication.enter(this, true); }
+ImplicitReplicationGuard::~ImplicitReplicationGuard() { dispatch_context().implicit_replication.leave(this); }
+bool ImplicitReplicationGuard::enabled() { return dispatch_context().implicit_replication.get(false); }
 
-ReplicateFallbackGuard::ReplicateFallbackGuard() : prev_(replicate_fallback) {
-  replicate_fallback = true;
-}
-ReplicateFallbackGuard::~ReplicateFallbackGuard() { replicate_fallback = prev_; }
-bool ReplicateFallbackGuard::enabled() { return replicate_fallback; }
+ReplicateFallbackGuard::ReplicateFallbackGuard() { dispatch_context().replicate_fallback.enter(this, true); }
+ReplicateFallbackGuard::~ReplicateFallbackGuard() { dispatch_context().replicate_fallback.leave(this); }
+bool ReplicateFallbackGuard::enabled() { return dispatch_context().replicate_fallback.get(false); }
 
 std::vector<std::string> supported_ops() { return RuleRegistry::get().names(); }
 

@@ -1,6 +1,7 @@
 #include "dtp/explicit_redistribute.h"
 
 #include "dtensor/explicit_redistribute.h"
+#include "dtensor/dispatch_context.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 
@@ -33,26 +34,19 @@ ExplicitRedistributeMode environmentMode() {
   return mode;
 }
 
-// The live guards of this thread, innermost last. A guard leaves from
-// wherever it is, so guards destroyed out of order (heap-held, moved into
-// other scopes) never leave a mode behind.
-thread_local std::vector<std::pair<const ExplicitRedistributeGuard*, ExplicitRedistributeMode>> guards;
-
 }  // namespace
 
-ExplicitRedistributeGuard::ExplicitRedistributeGuard(ExplicitRedistributeMode mode) { guards.emplace_back(this, mode); }
-
-ExplicitRedistributeGuard::~ExplicitRedistributeGuard() {
-  for (auto it = guards.end(); it != guards.begin();) {
-    if ((--it)->first == this) {
-      guards.erase(it);
-      return;
-    }
-  }
+// A scope of the context's switch (NOTE: [Dispatch context]): the innermost
+// live guard decides, whatever order guards are destroyed in.
+ExplicitRedistributeGuard::ExplicitRedistributeGuard(ExplicitRedistributeMode mode) {
+  detail::dispatch_context().explicit_redistribute.enter(this, mode);
 }
 
+ExplicitRedistributeGuard::~ExplicitRedistributeGuard() { detail::dispatch_context().explicit_redistribute.leave(this); }
+
 ExplicitRedistributeMode ExplicitRedistributeGuard::mode() {
-  return guards.empty() ? environmentMode() : guards.back().second;
+  const auto& modes = detail::dispatch_context().explicit_redistribute;
+  return modes.depth() == 0 ? environmentMode() : modes.get(ExplicitRedistributeMode::Off);
 }
 
 bool explicit_redistribute_active() { return ExplicitRedistributeGuard::mode() != ExplicitRedistributeMode::Off; }

@@ -26,6 +26,7 @@
 #include "dtp/fused_ops.h"
 
 #include "dtensor/dispatch.h"
+#include "dtensor/dispatch_context.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/explicit_redistribute.h"
 #include "dtensor/redistribute.h"
@@ -48,7 +49,8 @@ namespace {
 
 const c10::DispatchKeySet kDTensorKey(c10::DispatchKey::PrivateUse1);
 
-thread_local bool decompose_fused = false;  // DecomposeFusedOpsGuard
+// Inside a DecomposeFusedOpsGuard on this thread (NOTE: [Dispatch context]).
+bool decomposeFused() { return dispatch_context().decompose_fused.get(false); }
 
 // The fused graph's gradients are wrapped without history: a backward that
 // records a graph of its own (create_graph=true) would lose the second
@@ -228,7 +230,7 @@ at::Tensor fusedGraph(const char* what, const at::Tensor& x, const at::Tensor& w
 // Whether x and the weight are DTensors on one mesh that a fused graph may
 // take: a graph is recorded, no tape, not in explicit-redistribution mode.
 bool fusableWithGraph(const DTensorImpl* xi, const DTensorImpl* wi, const at::Tensor& x, const at::Tensor& weight) {
-  return xi != nullptr && wi != nullptr && !decompose_fused && recordsGraph({&x, &weight}) && !taped() &&
+  return xi != nullptr && wi != nullptr && !decomposeFused() && recordsGraph({&x, &weight}) && !taped() &&
          !explicit_redistribute_active() && xi->spec().mesh == wi->spec().mesh;
 }
 
@@ -277,7 +279,7 @@ at::Tensor fusedProduct(const at::Tensor& x, const at::Tensor& weight, bool tran
 
 at::Tensor linearAutograd(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   const at::Tensor none;
-  if (decompose_fused || recordsGraph({&input, &weight, bias ? &*bias : &none}) || taped()) {
+  if (decomposeFused() || recordsGraph({&input, &weight, bias ? &*bias : &none}) || taped()) {
     if (!bias || !bias->defined()) {
       at::Tensor fused = fusedProduct(input, weight, /*transposed=*/true);
       if (fused.defined()) return fused;
@@ -288,14 +290,14 @@ at::Tensor linearAutograd(const at::Tensor& input, const at::Tensor& weight, con
 }
 
 void linearDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (!decompose_fused && torch::jit::peek(*stack, 1, 3).toTensor().dim() == 2) return dtensor_fallback(op, stack);
+  if (!decomposeFused() && torch::jit::peek(*stack, 1, 3).toTensor().dim() == 2) return dtensor_fallback(op, stack);
   auto bias = torch::jit::pop(*stack).toOptional<at::Tensor>();
   at::Tensor weight = torch::jit::pop(*stack).toTensor(), input = torch::jit::pop(*stack).toTensor();
   torch::jit::push(*stack, at::native::linear(input, weight, bias));
 }
 
 at::Tensor matmulAutograd(const at::Tensor& self, const at::Tensor& other) {
-  if (decompose_fused || recordsGraph({&self, &other}) || taped()) {
+  if (decomposeFused() || recordsGraph({&self, &other}) || taped()) {
     at::Tensor fused = fusedProduct(self, other, /*transposed=*/false);
     return fused.defined() ? fused : at::native::matmul(self, other);
   }
@@ -303,7 +305,7 @@ at::Tensor matmulAutograd(const at::Tensor& self, const at::Tensor& other) {
 }
 
 void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (!decompose_fused && torch::jit::peek(*stack, 0, 2).toTensor().dim() >= 2 &&
+  if (!decomposeFused() && torch::jit::peek(*stack, 0, 2).toTensor().dim() >= 2 &&
       torch::jit::peek(*stack, 1, 2).toTensor().dim() == 2)
     return dtensor_fallback(op, stack);
   at::Tensor other = torch::jit::pop(*stack).toTensor(), self = torch::jit::pop(*stack).toTensor();
@@ -315,7 +317,7 @@ void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, LocalRmsNorm local) {
   const DTensorImpl* xi = maybeGetDTensorImpl(x);
   const DTensorImpl* wi = maybeGetDTensorImpl(weight);
-  if (xi == nullptr || wi == nullptr || decompose_fused || x.dim() == 0 || weight.dim() != 1 ||
+  if (xi == nullptr || wi == nullptr || decomposeFused() || x.dim() == 0 || weight.dim() != 1 ||
       weight.size(0) != x.size(-1) || taped() || !(xi->spec().mesh == wi->spec().mesh))
     return {};
   const bool graph = recordsGraph({&x, &weight});
@@ -355,8 +357,8 @@ void register_fused_ops() {
 
 namespace dtp {
 
-DecomposeFusedOpsGuard::DecomposeFusedOpsGuard() : prev_(detail::decompose_fused) { detail::decompose_fused = true; }
-DecomposeFusedOpsGuard::~DecomposeFusedOpsGuard() { detail::decompose_fused = prev_; }
-bool DecomposeFusedOpsGuard::enabled() { return detail::decompose_fused; }
+DecomposeFusedOpsGuard::DecomposeFusedOpsGuard() { detail::dispatch_context().decompose_fused.enter(this, true); }
+DecomposeFusedOpsGuard::~DecomposeFusedOpsGuard() { detail::dispatch_context().decompose_fused.leave(this); }
+bool DecomposeFusedOpsGuard::enabled() { return detail::dispatch_context().decompose_fused.get(false); }
 
 }  // namespace dtp

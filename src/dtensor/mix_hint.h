@@ -17,9 +17,9 @@ namespace dtp::detail {
 // error appends it and clears it (a forward that throws never reaches the
 // post-hook that would restore the outer value; the next root forward
 // clears it too). Nothing reads it on the per-op path.
-inline std::shared_ptr<const std::string>& mix_hint() {
-  thread_local std::shared_ptr<const std::string> hint;
-  return hint;
-}
+//
+// This thread's hint: a field of its DispatchContext (NOTE: [Dispatch
+// context]), declared here so that the layer that sets it needs no more.
+std::shared_ptr<const std::string>& mix_hint();
 
 }  // namespace dtp::detail

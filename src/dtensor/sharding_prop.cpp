@@ -1,5 +1,6 @@
 #include "dtensor/sharding_prop.h"
 
+#include "dtensor/dispatch_context.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 
@@ -17,15 +18,7 @@ namespace dtp {
 
 namespace {
 
-using Signature = std::vector<int64_t>;
-
-struct SignatureHash {
-  size_t operator()(const Signature& s) const {
-    size_t h = s.size();
-    for (int64_t v : s) h = c10::hash_combine(h, std::hash<int64_t>()(v));
-    return h;
-  }
-};
+using detail::Signature;
 
 void encodeSpec(Signature& sig, const DTensorSpec& spec) {
   sig.push_back(reinterpret_cast<intptr_t>(spec.mesh.id()));
@@ -462,35 +455,34 @@ void encodeCall(Signature& sig, const OpCall& call) {
   }
 }
 
-// Per thread: ranks may run as threads, and no lock sits on the hot path.
-thread_local std::unordered_map<Signature, PlannedDecision, SignatureHash> cache;
-thread_local PropagationCacheStats stats;
-
 }  // namespace
 
-void clear_propagation_cache() { cache.clear(); }
+// The cache is this thread's: NOTE: [Dispatch context].
+void clear_propagation_cache() { detail::dispatch_context().decisions.map.clear(); }
 
 PropagationCacheStats propagation_cache_stats() {
-  PropagationCacheStats s = stats;
-  s.size = static_cast<int64_t>(cache.size());
+  const auto& decisions = detail::dispatch_context().decisions;
+  PropagationCacheStats s = decisions.stats;
+  s.size = static_cast<int64_t>(decisions.map.size());
   return s;
 }
 
 const PlannedDecision& propagate(const OpCall& call) {
-  thread_local uint64_t version = 0;
-  if (rules_version() != version) {  // a rule was added: earlier decisions may be stale
+  auto& decisions = detail::dispatch_context().decisions;
+  auto& cache = decisions.map;
+  if (rules_version() != decisions.rules_version) {  // a rule was added: earlier decisions may be stale
     cache.clear();
-    version = rules_version();
+    decisions.rules_version = rules_version();
   }
-  thread_local Signature sig;
+  Signature& sig = decisions.key;
   sig.clear();
   encodeCall(sig, call);
   auto it = cache.find(sig);
   if (it != cache.end()) {
-    ++stats.hits;
+    ++decisions.stats.hits;
     return it->second;
   }
-  ++stats.misses;
+  ++decisions.stats.misses;
   PlannedDecision d = compute(call);
   // Bounded: programs with ever-new shapes must not grow it forever. Callers
   // use a decision before the next propagate on their thread.
