@@ -76,6 +76,16 @@ inline InferenceSetup resolve_inference(CLI::App& app, ModelFlags& flags, const 
   return s;
 }
 
+// Hands malloc's free memory back to the system (glibc keeps freed heap
+// memory for reuse): without it, what construction dropped stayed resident
+// through the load, a peak of 0.48 GB instead of 0.42 GB per rank for a
+// dim-1024 checkpoint at TP=2 (load_hf_model does so itself).
+inline void release_freed_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 // "TP=2", or "EP=2 x TP=1": how load_inference_model lays out `world_size` ranks.
 inline std::string layout_name(int world_size, int64_t ep) {
   return ep > 1 ? c10::str("EP=", ep, " x TP=", world_size / ep) : c10::str("TP=", world_size);
@@ -103,22 +113,27 @@ inline models::Llama load_inference_model(InferenceSetup& s, const std::string& 
   if (!hf.empty()) {
     // Each rank allocates and reads only its shards: NOTE: [Loading only the shards].
     model = models::load_hf_model(s.config, hf, parallelize);
-  } else {
+  } else if (std::filesystem::is_regular_file(s.checkpoint)) {  // the older single file: whole tensors
     model = models::Llama(s.config);
     parallelize(model);
-    if (std::filesystem::is_regular_file(s.checkpoint)) {
-      models::load_checkpoint(s.checkpoint, model, nullptr);
-    } else {
-      dcp::load_state(s.checkpoint, *model, nullptr, models::llama_state_dict_options());
-    }
+    models::load_checkpoint(s.checkpoint, model, nullptr);
+  } else {
+    // Under TP every parameter becomes a DTensor (what the plan leaves plain
+    // is replicated), so a model built on the meta device and parallelized
+    // holds only its shards, allocated, which load_state fills: no rank
+    // builds or initializes the whole model (NOTE: [Deferred
+    // initialization]). On one rank, or EP alone, the parameters outside
+    // the experts would stay on meta: built as before.
+    models::LlamaConfig c = s.config;
+    c.deferred_init = tp > 1;
+    model = models::Llama(c);
+    parallelize(model);
+    release_freed_memory();  // the blocks built in full and dropped for meta
+    dcp::load_state(s.checkpoint, *model, nullptr, models::llama_state_dict_options());
+    model->awaiting_init = false;  // every parameter was loaded (load_state errors on a missing one)
   }
   model->eval();
-#if defined(__GLIBC__)
-  // What a checkpoint's load freed (whole parameters before sharding, read
-  // buffers) goes back to the system, not to malloc's free lists
-  // (load_hf_model does so itself).
-  malloc_trim(0);
-#endif
+  release_freed_memory();  // a load's read buffers, whole parameters before sharding
   return model;
 }
 
