@@ -4,6 +4,7 @@
 #include "comm/trace_span.h"
 #include "dtensor/dispatch_context.h"
 #include "dtensor/explicit_redistribute.h"
+#include "dtensor/fused_ops.h"
 #include "dtensor/op_args.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rules_agree.h"
@@ -120,6 +121,7 @@ const detail::OpInfo& opInfo(DispatchContext& ctx, const c10::OperatorHandle& op
     for (const auto& r : op.schema().returns())
       it->second.writes |= r.alias_info() != nullptr && r.alias_info()->isWrite();
     it->second.single_output = !it->second.writes && op.schema().returns().size() == 1;
+    it->second.product = detail::fused_product_of(op);
   }
   return it->second;
 }
@@ -162,6 +164,11 @@ std::string opSpanName(const OpCall& call, const Decision& d) {
 }
 
 // The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
+//  - Fused products: aten::linear and aten::matmul (CompositeImplicitAutograd,
+//    routed here by their autograd kernels when no graph is recorded) whose
+//    shapes do not fuse, or under DecomposeFusedOpsGuard, run ATen's
+//    decomposition, each piece a DTensor op; the others go on as one op
+//    (NOTE: [Which products fuse], fused_ops.h).
 //  - Ops with a handler (random ops, scalar reads...) are handed over whole
 //    when the handler takes them.
 //  - Unwrap: find the DTensor arguments ("slots"); check they share a mesh;
@@ -190,10 +197,11 @@ at::Tensor wrapOutput(const c10::OperatorHandle& op, const at::Tensor& local, co
 }
 
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const CurrentOp current(op);
-  const auto& schema = op.schema();
   DispatchContext& ctx = dispatch_context();  // NOTE: [Dispatch context]
   const detail::OpInfo& info = opInfo(ctx, op);
+  if (info.product != detail::FusedProduct::None && detail::decompose_product(info.product, *stack)) return;
+  const CurrentOp current(op);
+  const auto& schema = op.schema();
   if (info.handler != nullptr && info.handler(op, stack)) return;
   const size_t nargs = schema.arguments().size();
   // NOTE: [Result tape]: selective activation checkpointing keeps the
@@ -299,6 +307,10 @@ void ensure_dtensor_dispatch() {
       if (!name.overload_name.empty()) n += "." + name.overload_name;
       lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());
     }
+    // linear and matmul (CompositeImplicitAutograd) reach the DTensor key
+    // only from their own autograd kernels: NOTE: [Fused ops without autograd].
+    for (const char* product : detail::kFusedProductOps)
+      lib->impl(product, torch::CppFunction::makeFromBoxedFunction<&dtensorFallback>());
     detail::register_fused_ops();
     static auto* fallback = new torch::Library(torch::Library::IMPL, "_",
                                                c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);

@@ -19,9 +19,6 @@ void route_to_dtensor_fallback(const c10::OperatorHandle& op);
 namespace detail {
 // The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
 void dtensor_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-// Gives aten::linear and aten::matmul their DTensor kernels (NOTE: [Fused ops
-// without autograd], fused_ops.cpp). Called by ensure_dtensor_dispatch.
-void register_fused_ops();
 }  // namespace detail
 
 }  // namespace dtp

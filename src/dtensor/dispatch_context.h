@@ -1,6 +1,7 @@
 // The per-thread state that decides how an op on DTensors dispatches.
 #pragma once
 
+#include "dtensor/fused_ops.h"
 #include "dtensor/sharding_prop.h"
 #include "dtp/explicit_redistribute.h"
 
@@ -88,6 +89,7 @@ struct OpInfo {
   bool writes = false;  // a return aliases a written argument (in place, out=)
   bool single_output = false;  // one return, writes nothing: selective AC's save list may keep it
   bool user_rule = false;  // register_sharding's: NOTE: [Ranks agree on sharding rules]
+  FusedProduct product = FusedProduct::None;  // linear, matmul: NOTE: [Which products fuse]
 };
 
 // A call's cache key (sharding_prop.cpp's encodeCall).

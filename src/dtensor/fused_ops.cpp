@@ -10,10 +10,10 @@
 //    graph is recorded or an activation-checkpointing tape is active (the
 //    recomputation, which has gradients, must replay the first pass's ops
 //    and collectives); else on to the DTensor key;
-//  - at the DTensor key (reached directly under InferenceMode): one DTensor
-//    op through the fallback and the op's rule (rules/matrix.cpp), for the
-//    shapes the rule models (a 2-D weight or right operand); else the
-//    decomposition.
+//  - at the DTensor key (reached directly under InferenceMode): the
+//    fallback, whose "fused products" step (decompose_product) runs the
+//    decomposition unless the shapes fuse (NOTE: [Which products fuse]);
+//    those run as one DTensor op by the op's rule (rules/matrix.cpp).
 // The fallback runs ATen's op on the local shards, i.e. the same local ops
 // as the decomposition: the values are the same bit for bit.
 // dtp::nn::rms_norm (six DTensor ops: pow, mean, add, rsqrt, mul, mul) is
@@ -25,7 +25,6 @@
 #include "dtensor/fused_ops.h"
 #include "dtp/fused_ops.h"
 
-#include "dtensor/dispatch.h"
 #include "dtensor/dispatch_context.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/explicit_redistribute.h"
@@ -241,7 +240,10 @@ at::Tensor fusedProduct(const at::Tensor& x, const at::Tensor& weight, bool tran
   const DTensorImpl* xi = maybeGetDTensorImpl(x);
   const DTensorImpl* wi = maybeGetDTensorImpl(weight);
   const int64_t out_dim = transposed ? 0 : 1, in_dim = 1 - out_dim;
-  if (!fusableWithGraph(xi, wi, x, weight) || weight.dim() != 2 || x.dim() < 2 || x.size(-1) != weight.size(in_dim))
+  const FusedProduct kind = transposed ? FusedProduct::Linear : FusedProduct::Matmul;
+  // A contraction of unequal sizes is left to the decomposition's error.
+  if (!fusableWithGraph(xi, wi, x, weight) || !fuses_as_product(kind, x.dim(), weight.dim()) ||
+      x.size(-1) != weight.size(in_dim))
     return {};
   const int64_t last = x.dim() - 1;
   const Placements& px = xi->spec().placements;
@@ -289,13 +291,6 @@ at::Tensor linearAutograd(const at::Tensor& input, const at::Tensor& weight, con
   return at::_ops::linear::redispatch(kDTensorKey, input, weight, bias);
 }
 
-void linearDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (!decomposeFused() && torch::jit::peek(*stack, 1, 3).toTensor().dim() == 2) return dtensor_fallback(op, stack);
-  auto bias = torch::jit::pop(*stack).toOptional<at::Tensor>();
-  at::Tensor weight = torch::jit::pop(*stack).toTensor(), input = torch::jit::pop(*stack).toTensor();
-  torch::jit::push(*stack, at::native::linear(input, weight, bias));
-}
-
 at::Tensor matmulAutograd(const at::Tensor& self, const at::Tensor& other) {
   if (decomposeFused() || recordsGraph({&self, &other}) || taped()) {
     at::Tensor fused = fusedProduct(self, other, /*transposed=*/false);
@@ -304,15 +299,34 @@ at::Tensor matmulAutograd(const at::Tensor& self, const at::Tensor& other) {
   return at::_ops::matmul::redispatch(kDTensorKey, self, other);
 }
 
-void matmulDTensor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (!decomposeFused() && torch::jit::peek(*stack, 0, 2).toTensor().dim() >= 2 &&
-      torch::jit::peek(*stack, 1, 2).toTensor().dim() == 2)
-    return dtensor_fallback(op, stack);
-  at::Tensor other = torch::jit::pop(*stack).toTensor(), self = torch::jit::pop(*stack).toTensor();
-  torch::jit::push(*stack, at::native::matmul(self, other));
+}  // namespace
+
+FusedProduct fused_product_of(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  if (!name.overload_name.empty()) return FusedProduct::None;
+  if (name.name == "aten::linear") return FusedProduct::Linear;
+  if (name.name == "aten::matmul") return FusedProduct::Matmul;
+  return FusedProduct::None;
 }
 
-}  // namespace
+bool decompose_product(FusedProduct kind, torch::jit::Stack& stack) {
+  if (kind == FusedProduct::Linear) {
+    if (!decomposeFused() && fuses_as_product(kind, torch::jit::peek(stack, 0, 3).toTensor().dim(),
+                                              torch::jit::peek(stack, 1, 3).toTensor().dim()))
+      return false;
+    auto bias = torch::jit::pop(stack).toOptional<at::Tensor>();
+    at::Tensor weight = torch::jit::pop(stack).toTensor(), input = torch::jit::pop(stack).toTensor();
+    torch::jit::push(stack, at::native::linear(input, weight, bias));
+    return true;
+  }
+  TORCH_INTERNAL_ASSERT(kind == FusedProduct::Matmul);
+  if (!decomposeFused() && fuses_as_product(kind, torch::jit::peek(stack, 0, 2).toTensor().dim(),
+                                            torch::jit::peek(stack, 1, 2).toTensor().dim()))
+    return false;
+  at::Tensor other = torch::jit::pop(stack).toTensor(), self = torch::jit::pop(stack).toTensor();
+  torch::jit::push(stack, at::native::matmul(self, other));
+  return true;
+}
 
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, LocalRmsNorm local) {
   const DTensorImpl* xi = maybeGetDTensorImpl(x);
@@ -345,12 +359,8 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
 void register_fused_ops() {
   static auto* autograd = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,
                                              __FILE__, __LINE__);
-  static auto* dtensor = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-                                            __LINE__);
   autograd->impl("linear", TORCH_FN(linearAutograd));
-  dtensor->impl("linear", torch::CppFunction::makeFromBoxedFunction<&linearDTensor>());
   autograd->impl("matmul", TORCH_FN(matmulAutograd));
-  dtensor->impl("matmul", torch::CppFunction::makeFromBoxedFunction<&matmulDTensor>());
 }
 
 }  // namespace dtp::detail

@@ -88,7 +88,9 @@ StrategyFn withBias(const std::string& spec) {
 // An n-D operand times a matrix, "<batch>k,kn-><batch>n" (matmul) or, with
 // the matrix transposed, "<batch>k,nk-><batch>n" (linear, whose bias, the
 // third slot, follows the output's last dim as addmm's does). Reached without
-// autograd only, for these shapes (NOTE: [Fused ops without autograd]).
+// autograd only (NOTE: [Fused ops without autograd]), and only for the shapes
+// of NOTE: [Which products fuse] (fuses_as_product, dtensor/fused_ops.h):
+// x at least 1-D (2-D for matmul) by a 2-D matrix.
 StrategyFn byMatrix(bool transposed) {
   return [transposed](const OpCall& call, int64_t m) {
     const int64_t n = call.spec(0).ndim();
