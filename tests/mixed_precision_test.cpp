@@ -149,6 +149,26 @@ std::pair<int64_t, int64_t> gradientReduction(const CommCounter& comm) {
   return {count, bytes};
 }
 
+// TP=2 with sequence parallelism (and full AC if asked) under `policy`:
+// rank 0's run; every parameter a DTensor, the policy applied or not.
+MpRun tensorParallelRun(const LlamaConfig& c, std::optional<MixedPrecisionPolicy> policy, bool ac = false) {
+  MpRun out;
+  run_ranks(2, [&](int rank) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    Llama model(c);
+    ParallelizeOptions o;
+    o.tp = TensorParallelOptions{true, kSeq};
+    if (ac) o.ac = ACOptions{};
+    o.mp_policy = policy;
+    parallelize_llama(model, mesh, o);
+    EXPECT_EQ(has_mixed_precision(*model), policy.has_value());
+    MpRun r = train(model, nullptr, gradientReduction);
+    for (auto& [name, p] : model->unique_named_parameters()) EXPECT_TRUE(is_dtensor(p)) << name;
+    if (rank == 0) out = r;
+  });
+  return out;
+}
+
 }  // namespace
 
 // apply_mixed_precision on one device computes what fully_shard's policy
@@ -181,23 +201,8 @@ TEST(MixedPrecision, OneDeviceEqualsFullyShardsPolicyOnOneRank) {
 TEST(MixedPrecision, TensorParallelBf16IsAsExactAsOneDevice) {
   const LlamaConfig c = config();
   const MpRun f64 = float64Run(), f32 = oneDevice(c, std::nullopt), one = oneDevice(c, bf16());
-  auto tpRun = [&](std::optional<MixedPrecisionPolicy> policy) {
-    MpRun out;
-    run_ranks(2, [&](int rank) {
-      auto mesh = init_device_mesh("cpu", {2}, {"tp"});
-      Llama model(c);
-      ParallelizeOptions o;
-      o.tp = TensorParallelOptions{true, kSeq};
-      o.mp_policy = policy;
-      parallelize_llama(model, mesh, o);
-      EXPECT_EQ(has_mixed_precision(*model), policy.has_value());
-      MpRun r = train(model, nullptr, gradientReduction);
-      for (auto& [name, p] : model->unique_named_parameters()) EXPECT_TRUE(is_dtensor(p)) << name;
-      if (rank == 0) out = r;
-    });
-    return out;
-  };
-  const MpRun tp32 = tpRun(std::nullopt), tp = tpRun(bf16(at::kFloat)), tp_bf16_reduce = tpRun(bf16(at::kBFloat16));
+  const MpRun tp32 = tensorParallelRun(c, std::nullopt), tp = tensorParallelRun(c, bf16(at::kFloat)),
+              tp_bf16_reduce = tensorParallelRun(c, bf16(at::kBFloat16));
   EXPECT_EQ(tp32.forward_dtype, at::kFloat);
   EXPECT_EQ(tp.forward_dtype, at::kBFloat16);
   EXPECT_EQ(tp_bf16_reduce.forward_dtype, at::kBFloat16);
@@ -226,24 +231,10 @@ TEST(MixedPrecision, TensorParallelBf16IsAsExactAsOneDevice) {
 // gradient once: n_layers + 1 all-reduces, the same bytes.
 TEST(MixedPrecision, ActivationCheckpointingRecomputesWithTheSameCopies) {
   const LlamaConfig c = config();
-  auto run = [&](bool ac, c10::ScalarType reduce) {
-    MpRun out;
-    run_ranks(2, [&](int rank) {
-      auto mesh = init_device_mesh("cpu", {2}, {"tp"});
-      Llama model(c);
-      ParallelizeOptions o;
-      o.tp = TensorParallelOptions{true, kSeq};
-      if (ac) o.ac = ACOptions{};
-      o.mp_policy = bf16(reduce);
-      parallelize_llama(model, mesh, o);
-      MpRun r = train(model, nullptr, gradientReduction);
-      if (rank == 0) out = r;
-    });
-    return out;
-  };
   const int64_t partial_elems = (2 * c.n_layers + 1) * c.dim;
   for (const c10::ScalarType reduce : {at::kFloat, at::kBFloat16}) {
-    const MpRun plain = run(false, reduce), checkpointed = run(true, reduce);
+    const MpRun plain = tensorParallelRun(c, bf16(reduce));
+    const MpRun checkpointed = tensorParallelRun(c, bf16(reduce), /*ac=*/true);
     for (int s = 0; s < kSteps; ++s) EXPECT_EQ(checkpointed.losses[s], plain.losses[s]) << reduce << " step " << s;
     ASSERT_EQ(checkpointed.grads.size(), plain.grads.size());
     for (size_t i = 0; i < plain.grads.size(); ++i)
