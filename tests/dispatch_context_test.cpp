@@ -2,13 +2,17 @@
 // guards are scopes of its switches, they nest and restore in any order of
 // destruction, and each thread (each rank, when ranks are threads) has its
 // own.
+#include "close.h"
 #include "dist.h"
 
 #include "dtensor/dispatch_context.h"
+#include "dtensor/fused_ops.h"
 #include "dtensor/sharding_prop.h"
 #include "dtp/dtensor.h"
 #include "dtp/explicit_redistribute.h"
 #include "dtp/fused_ops.h"
+
+#include <torch/csrc/autograd/function.h>
 
 #include <condition_variable>
 #include <memory>
@@ -140,6 +144,46 @@ TEST(DispatchContext, ThreadsHaveIndependentContexts) {
   });
   EXPECT_EQ(asked[0], 1) << "rank 0 ran one op";
   EXPECT_EQ(asked[1], 3) << "rank 1 ran three";
+}
+
+// NOTE: [Which products fuse]: the one shape rule that the fallback's
+// "fused products" step and the autograd kernels' fused graph both ask.
+TEST(DispatchContext, OneRuleSaysWhichProductsFuse) {
+  using dtp::detail::FusedProduct;
+  using dtp::detail::fuses_as_product;
+  EXPECT_TRUE(fuses_as_product(FusedProduct::Linear, 1, 2));
+  EXPECT_TRUE(fuses_as_product(FusedProduct::Linear, 3, 2));
+  EXPECT_FALSE(fuses_as_product(FusedProduct::Linear, 2, 1));
+  EXPECT_FALSE(fuses_as_product(FusedProduct::Matmul, 1, 2)) << "a vector by a matrix is ATen's unsqueezed mm";
+  EXPECT_TRUE(fuses_as_product(FusedProduct::Matmul, 2, 2));
+  EXPECT_TRUE(fuses_as_product(FusedProduct::Matmul, 3, 2));
+  EXPECT_FALSE(fuses_as_product(FusedProduct::Matmul, 3, 3));
+  EXPECT_FALSE(fuses_as_product(FusedProduct::None, 2, 2));
+}
+
+// Under autograd, a bias-free linear of a 1-D input takes the fused graph
+// (the rule's x at least 1-D), with one device's values and gradients.
+TEST(DispatchContext, LinearOfAVectorFusesUnderAutograd) {
+  const at::Tensor x = at::arange(8, at::kDouble) * 0.1 - 0.3;
+  const at::Tensor w = at::arange(24, at::kDouble).reshape({3, 8}) * 0.05 - 0.4;
+  at::Tensor xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_();
+  const at::Tensor ref = at::linear(xr, wr);
+  ref.sum().backward();
+  const std::vector<std::pair<Placement, Placement>> cases = {
+      {Replicate(), Shard(0)}, {Shard(0), Shard(1)}, {Replicate(), Replicate()}};
+  run_ranks(2, [&](int) {
+    const auto mesh = init_device_mesh("cpu", {2});
+    for (const auto& [px, pw] : cases) {
+      const at::Tensor fx = distribute_tensor(x.clone().requires_grad_(), mesh, {px});
+      const at::Tensor fw = distribute_tensor(w.clone().requires_grad_(), mesh, {pw});
+      const at::Tensor fy = at::linear(fx, fw);
+      EXPECT_EQ(fy.grad_fn()->name(), "dtp::FusedOutBackward") << px.str() << " " << pw.str();
+      EXPECT_CLOSE(full_tensor(fy), ref, 0.0, 1e-12);
+      full_tensor(fy).sum().backward();
+      EXPECT_CLOSE(full_tensor(fx.grad()), xr.grad(), 0.0, 1e-12);
+      EXPECT_CLOSE(full_tensor(fw.grad()), wr.grad(), 0.0, 1e-12);
+    }
+  });
 }
 
 }  // namespace

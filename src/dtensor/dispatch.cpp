@@ -163,27 +163,6 @@ std::string opSpanName(const OpCall& call, const Decision& d) {
   return name + ")";
 }
 
-// The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
-//  - Fused products: aten::linear and aten::matmul (CompositeImplicitAutograd,
-//    routed here by their autograd kernels when no graph is recorded) whose
-//    shapes do not fuse, or under DecomposeFusedOpsGuard, run ATen's
-//    decomposition, each piece a DTensor op; the others go on as one op
-//    (NOTE: [Which products fuse], fused_ops.h).
-//  - Ops with a handler (random ops, scalar reads...) are handed over whole
-//    when the handler takes them.
-//  - Unwrap: find the DTensor arguments ("slots"); check they share a mesh;
-//    plain tensors are an error unless ImplicitReplicationGuard is on
-//    (0-dim plain tensors pass as scalars).
-//  - Propagate: the cached decision says which placements each input needs
-//    and what each output is (sharding_prop.cpp). In the explicit-
-//    redistribution mode, a decision that costs a collective is reported.
-//  - An op with a user rule (register_sharding), at its first dispatch on
-//    a mesh, checks that every rank registered the same rule for it.
-//  - Redistribute inputs whose placement differs (written arguments never do)
-//    by the plans the decision keeps: a cache hit plans nothing.
-//  - Run the op on the local shards.
-//  - Wrap: outputs become DTensors with the decided specs; in-place and out=
-//    returns give back the original DTensor argument.
 // The local output the kernel computed must be the shard its spec says. A
 // mismatch comes from a user rule (register_sharding) whose output shapes or
 // placements are not what the op computes: a user error, named as such.
@@ -196,6 +175,35 @@ at::Tensor wrapOutput(const c10::OperatorHandle& op, const at::Tensor& local, co
   return makeDTensor(local, spec);
 }
 
+// NOTE: [Dispatch]
+// The DTensor fallback: every ATen op on a DTensor lands here, below autograd.
+// What it reads besides its arguments and the rule registry is this thread's
+// DispatchContext (NOTE: [Dispatch context]): the guards' switches and the
+// caches below (op infos, decisions with their plans, user rules checked).
+//  - Fused products: aten::linear and aten::matmul (CompositeImplicitAutograd,
+//    routed here by their autograd kernels when no graph is recorded) whose
+//    shapes do not fuse, or under DecomposeFusedOpsGuard, run ATen's
+//    decomposition, each piece a DTensor op; the others go on as one op
+//    (NOTE: [Which products fuse], fused_ops.h).
+//  - Ops with a handler (random ops, scalar reads...) are handed over whole
+//    when the handler takes them.
+//  - Replay: in selective AC's recomputation, an op its save list keeps
+//    returns the first pass's output (NOTE: [Result tape]).
+//  - Unwrap: find the DTensor arguments ("slots"); check they share a mesh;
+//    plain tensors are an error unless ImplicitReplicationGuard is on
+//    (0-dim plain tensors pass as scalars).
+//  - An op without a rule, under ReplicateFallbackGuard: gather to
+//    Replicate, run on the full tensors, return replicated DTensors.
+//  - Propagate: the cached decision says which placements each input needs
+//    and what each output is (sharding_prop.cpp). In the explicit-
+//    redistribution mode, a decision that costs a collective is reported.
+//  - An op with a user rule (register_sharding), at its first dispatch on
+//    a mesh, checks that every rank registered the same rule for it.
+//  - Redistribute inputs whose placement differs (written arguments never do)
+//    by the plans the decision keeps: a cache hit plans nothing.
+//  - Run the op on the local shards.
+//  - Wrap: outputs become DTensors with the decided specs; in-place and out=
+//    returns give back the original DTensor argument.
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   DispatchContext& ctx = dispatch_context();  // NOTE: [Dispatch context]
   const detail::OpInfo& info = opInfo(ctx, op);
