@@ -53,7 +53,11 @@ namespace dtp::detail {
 // loss_parallel's flag and handlers (NOTE: [loss_parallel's handlers],
 // src/tp/loss_parallel_rules.cpp), the collective and result tapes
 // (src/comm), the random-number state (random_state.cpp: what a random op
-// draws, not how it dispatches).
+// draws, not how it dispatches), the gradient buckets of a backward pass
+// (grad_reduction.cpp), scratch buffers of the propagator's search
+// (sharding_prop.cpp's candidateCost), and the vocabulary-parallel
+// embedding's side table (rules/nn_ops.cpp, to become a placement: #57
+// item 2).
 
 // A switch of the context: the value of the innermost live scope on this
 // thread, else the caller's default. A scope leaves from wherever it is, so
