@@ -98,13 +98,7 @@ struct OpInfo {
 
 // A call's cache key (sharding_prop.cpp's encodeCall).
 using Signature = std::vector<int64_t>;
-struct SignatureHash {
-  size_t operator()(const Signature& s) const {
-    size_t h = s.size();
-    for (int64_t v : s) h = c10::hash_combine(h, std::hash<int64_t>()(v));
-    return h;
-  }
-};
+using SignatureHash = c10::hash<Signature>;
 
 struct DispatchContext {
   // Switches.

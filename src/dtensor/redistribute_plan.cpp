@@ -139,14 +139,7 @@ RedistributePlan plan_redistribute(const DTensorSpec& src, const Placements& dst
 namespace {
 
 using PlanKey = std::vector<int64_t>;
-
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& k) const {
-    size_t h = k.size();
-    for (int64_t v : k) h = c10::hash_combine(h, std::hash<int64_t>()(v));
-    return h;
-  }
-};
+using PlanKeyHash = c10::hash<PlanKey>;
 
 int64_t encodePlacement(const Placement& p) {
   return static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op));
