@@ -3,7 +3,6 @@
 #include "dtensor/explicit_redistribute.h"
 #include "dtensor/dispatch_context.h"
 #include "dtensor/op_args.h"
-#include "dtensor/redistribute.h"
 
 #include <c10/util/Exception.h>
 
@@ -51,16 +50,17 @@ ExplicitRedistributeMode ExplicitRedistributeGuard::mode() {
 
 bool explicit_redistribute_active() { return ExplicitRedistributeGuard::mode() != ExplicitRedistributeMode::Off; }
 
-void check_implicit_redistribution(const OpCall& call, const Decision& d) {
+void check_implicit_redistribution(const OpCall& call, const PlannedDecision& d) {
   std::ostringstream what;
   bool found = false;
   for (size_t s = 0; s < call.specs.size(); ++s) {
     const DTensorSpec& spec = call.spec(s);
     if (spec.placements == d.in[s]) continue;
     std::vector<std::string> collectives;
-    for (const auto& step : plan_redistribute(spec, d.in[s])) {
-      if (const auto c = transition_collective(step.from, step.to, spec.mesh.size(step.mesh_dim)))
-        collectives.push_back(std::string(to_string(*c)) + " on mesh dim " + std::to_string(step.mesh_dim));
+    for (const auto& step : d.in_plans[s]) {
+      if (step.collective)
+        collectives.push_back(std::string(to_string(*step.collective)) + " on mesh dim " +
+                              std::to_string(step.mesh_dim));
     }
     if (collectives.empty()) continue;
     what << (found ? "; " : "") << "input " << s << " " << spec.str() << " to " << to_string(d.in[s]) << " (";
