@@ -136,14 +136,14 @@ RedistributePlan plan_redistribute(const DTensorSpec& src, const Placements& dst
   return plan;
 }
 
+int64_t placement_key(const Placement& p) {
+  return static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op));
+}
+
 namespace {
 
 using PlanKey = std::vector<int64_t>;
 using PlanKeyHash = c10::hash<PlanKey>;
-
-int64_t encodePlacement(const Placement& p) {
-  return static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op));
-}
 
 // Everything a plan depends on: the mesh's shape (which steps are
 // collectives, their cost), the tensor's rank (the check of target dims) and
@@ -155,9 +155,9 @@ void encodePlanKey(PlanKey& key, const DTensorSpec& src, const Placements& dst) 
   for (int64_t m = 0; m < mesh_ndim; ++m) key.push_back(src.mesh.size(m));
   key.push_back(src.ndim());
   key.push_back(src.numel());
-  for (const auto& p : src.placements) key.push_back(encodePlacement(p));
+  for (const auto& p : src.placements) key.push_back(placement_key(p));
   key.push_back(static_cast<int64_t>(dst.size()));
-  for (const auto& p : dst) key.push_back(encodePlacement(p));
+  for (const auto& p : dst) key.push_back(placement_key(p));
 }
 
 thread_local std::unordered_map<PlanKey, RedistributePlan, PlanKeyHash> plan_cache;

@@ -54,6 +54,10 @@ double step_cost(const Placement& from, const Placement& to, double numel, int64
 // [Redistribute order] in redistribute_plan.cpp. Computes afresh.
 RedistributePlan plan_redistribute(const DTensorSpec& src, const Placements& dst);
 
+// One placement as one integer, distinct for distinct placements (a shard
+// dim below 1024): the placements' part of cache keys (plans, decisions).
+int64_t placement_key(const Placement& p);
+
 // The plan for src -> dst from this thread's cache (ranks may run as
 // threads; no lock), computed on a miss. The reference is valid until the
 // next cached_plan call on this thread.

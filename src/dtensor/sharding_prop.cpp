@@ -25,8 +25,7 @@ void encodeSpec(Signature& sig, const DTensorSpec& spec) {
   sig.push_back(static_cast<int64_t>(spec.dtype));
   sig.push_back(spec.ndim());
   sig.insert(sig.end(), spec.shape.begin(), spec.shape.end());
-  for (const auto& p : spec.placements)
-    sig.push_back(static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op)));
+  for (const auto& p : spec.placements) sig.push_back(placement_key(p));
 }
 
 void encodeValue(Signature& sig, const c10::IValue& v) {
@@ -273,7 +272,7 @@ class SlotPlans {
   explicit SlotPlans(const DTensorSpec& spec) : spec_(&spec) {}
   const RedistributePlan& to(const Placements& dst) {
     key_.clear();
-    for (const auto& p : dst) key_.push_back(static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op)));
+    for (const auto& p : dst) key_.push_back(placement_key(p));
     auto it = plans_.find(key_);
     if (it == plans_.end()) it = plans_.emplace(key_, plan_redistribute(*spec_, dst)).first;
     return it->second;
