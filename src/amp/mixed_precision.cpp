@@ -49,14 +49,6 @@ struct CastBackward : torch::autograd::Node {
   variable_list apply(variable_list&& grads) override;
 };
 
-c10::ScalarType computeDtype(const MixedPrecisionPolicy& policy, const at::Tensor& p) {
-  return at::isFloatingType(p.scalar_type()) ? policy.param_dtype.value_or(p.scalar_type()) : p.scalar_type();
-}
-
-c10::ScalarType reduceDtype(const MixedPrecisionPolicy& policy, const at::Tensor& p) {
-  return at::isFloatingType(p.scalar_type()) ? policy.reduce_dtype.value_or(computeDtype(policy, p)) : p.scalar_type();
-}
-
 SpecPtr withDtype(const DTensorSpec& spec, c10::ScalarType dtype) {
   return make_spec(spec.mesh, spec.placements, spec.shape, dtype);
 }
@@ -75,7 +67,7 @@ variable_list CastBackward::apply(variable_list&& grads) {
     const at::Tensor& g = grads[k];
     if (!g.defined()) continue;
     const at::Tensor& p = masters[k];
-    const c10::ScalarType master = p.scalar_type(), reduce = reduceDtype(policy, p);
+    const c10::ScalarType master = p.scalar_type(), reduce = detail::mp_reduce_dtype(policy, p);
     auto* pi = maybeGetDTensorImpl(p);
     if (pi == nullptr) {
       out[k] = g.to(reduce).to(master);
@@ -126,7 +118,7 @@ void castForForward(torch::nn::Module& module, const MixedPrecisionPolicy& polic
     const at::Tensor& p = site.param;
     TORCH_CHECK(!p.is_meta(), "apply_mixed_precision: parameter ", site.fqn, " of ", module.name(), " is on the meta "
                 "device (deferred init). Initialize the weights (init_weights) before the first forward.");
-    const c10::ScalarType dtype = computeDtype(policy, p);
+    const c10::ScalarType dtype = detail::mp_compute_dtype(policy, p);
     auto* pi = maybeGetDTensorImpl(p);
     const at::Tensor local = pi ? pi->local() : p;
     const at::Tensor copy = local.scalar_type() == dtype ? detached_alias(local) : local.detach().to(dtype);
@@ -146,10 +138,7 @@ void castForForward(torch::nn::Module& module, const MixedPrecisionPolicy& polic
   }
   for (size_t i = 0; i < sites.size(); ++i)
     for (const auto& [owner, field] : sites[i].fields) set_parameter_field(*owner, field, copies[i]);
-  if (policy.param_dtype && policy.cast_forward_inputs)
-    for (auto& x : inputs)
-      if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *policy.param_dtype)
-        x = x.to(*policy.param_dtype);
+  detail::mp_cast_forward_inputs(policy, inputs);
 }
 
 void checkDtype(const std::optional<c10::ScalarType>& dtype, const char* what, const std::string& name) {

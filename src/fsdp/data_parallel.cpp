@@ -100,4 +100,21 @@ std::vector<ParamSite> collect_params(torch::nn::Module& module, const std::stri
   return out;
 }
 
+c10::ScalarType mp_compute_dtype(const MixedPrecisionPolicy& policy, const at::Tensor& param) {
+  return at::isFloatingType(param.scalar_type()) ? policy.param_dtype.value_or(param.scalar_type())
+                                                 : param.scalar_type();
+}
+
+c10::ScalarType mp_reduce_dtype(const MixedPrecisionPolicy& policy, const at::Tensor& param) {
+  return at::isFloatingType(param.scalar_type()) ? policy.reduce_dtype.value_or(mp_compute_dtype(policy, param))
+                                                 : param.scalar_type();
+}
+
+void mp_cast_forward_inputs(const MixedPrecisionPolicy& policy, std::vector<at::Tensor>& inputs) {
+  const auto dtype = policy.param_dtype;
+  if (!dtype || !policy.cast_forward_inputs) return;
+  for (auto& x : inputs)
+    if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
+}
+
 }  // namespace dtp::detail

@@ -4,6 +4,7 @@
 
 #include "dtp/device_mesh.h"
 #include "dtp/dtensor_spec.h"
+#include "dtp/fsdp/mixed_precision_policy.h"
 #include "nn/applied.h"
 
 #include <torch/nn/module.h>
@@ -58,5 +59,14 @@ struct ParamSite {
 // The parameters under `module` in registration order, skipping subtrees
 // where `skip` was applied; tied parameters once.
 std::vector<ParamSite> collect_params(torch::nn::Module& module, const std::string& skip);
+
+// A MixedPrecisionPolicy as fully_shard, replicate and apply_mixed_precision
+// apply it: the dtype a parameter is computed in (param_dtype; a parameter
+// that is not floating point keeps its own), the dtype its gradient is
+// reduced in (reduce_dtype, else the compute dtype), and the unit's
+// floating-point inputs cast to param_dtype under cast_forward_inputs.
+c10::ScalarType mp_compute_dtype(const MixedPrecisionPolicy& policy, const at::Tensor& param);
+c10::ScalarType mp_reduce_dtype(const MixedPrecisionPolicy& policy, const at::Tensor& param);
+void mp_cast_forward_inputs(const MixedPrecisionPolicy& policy, std::vector<at::Tensor>& inputs);
 
 }  // namespace dtp::detail

@@ -408,9 +408,7 @@ void fully_shard(torch::nn::Module& module, const DeviceMesh& mesh, FullyShardOp
     } else if (auto next = unit->next_in_forward.lock()) {
       next->prefetch();
     }
-    if (const auto dtype = unit->options.mp_policy.param_dtype; dtype && unit->options.mp_policy.cast_forward_inputs)
-      for (auto& x : inputs)
-        if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
+    detail::mp_cast_forward_inputs(unit->options.mp_policy, inputs);
   });
   host.post_hooks.push_back([unit](nn::Slots& outputs) {
     detail::mix_hint() = unit->outer_hint;

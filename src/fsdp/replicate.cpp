@@ -180,12 +180,8 @@ class State : public std::enable_shared_from_this<State> {
 
  private:
   // Mixed precision: what forward computes in and what the all-reduce sums in.
-  c10::ScalarType computeDtype(const at::Tensor& p) const {
-    return at::isFloatingType(p.scalar_type()) ? mp.param_dtype.value_or(p.scalar_type()) : p.scalar_type();
-  }
-  c10::ScalarType reduceDtype(const at::Tensor& p) const {
-    return at::isFloatingType(p.scalar_type()) ? mp.reduce_dtype.value_or(computeDtype(p)) : p.scalar_type();
-  }
+  c10::ScalarType computeDtype(const at::Tensor& p) const { return detail::mp_compute_dtype(mp, p); }
+  c10::ScalarType reduceDtype(const at::Tensor& p) const { return detail::mp_reduce_dtype(mp, p); }
 
   void finish(Backward& run) {
     at::NoGradGuard no_grad;
@@ -286,9 +282,7 @@ void replicate(torch::nn::Module& module, const DeviceMesh& mesh, ReplicateOptio
     state->owns_batch = !detail::data_parallel_batch().valid();
     if (state->owns_batch) detail::set_data_parallel_batch(state->dp);
     state->attach();
-    if (const auto dtype = state->mp.param_dtype; dtype && state->mp.cast_forward_inputs)
-      for (auto& x : inputs)
-        if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
+    detail::mp_cast_forward_inputs(state->mp, inputs);
   });
   host.post_hooks.push_back([state](nn::Slots&) {
     if (state->owns_batch) detail::set_data_parallel_batch(ProcessGroup());
