@@ -118,12 +118,7 @@ void castForForward(torch::nn::Module& module, const MixedPrecisionPolicy& polic
     const at::Tensor& p = site.param;
     TORCH_CHECK(!p.is_meta(), "apply_mixed_precision: parameter ", site.fqn, " of ", module.name(), " is on the meta "
                 "device (deferred init). Initialize the weights (init_weights) before the first forward.");
-    const c10::ScalarType dtype = detail::mp_compute_dtype(policy, p);
-    auto* pi = maybeGetDTensorImpl(p);
-    const at::Tensor local = pi ? pi->local() : p;
-    const at::Tensor copy = local.scalar_type() == dtype ? detached_alias(local) : local.detach().to(dtype);
-    copies.push_back(pi ? makeDTensor(copy, pi->spec().dtype == dtype ? pi->spec_ptr() : withDtype(pi->spec(), dtype))
-                        : copy);
+    copies.push_back(detail::mp_compute_copy(p, detail::mp_compute_dtype(policy, p)));
     if (p.requires_grad()) {
       masters.push_back(p);
       connected.push_back(copies.back());

@@ -117,4 +117,13 @@ void mp_cast_forward_inputs(const MixedPrecisionPolicy& policy, std::vector<at::
     if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != *dtype) x = x.to(*dtype);
 }
 
+at::Tensor mp_compute_copy(const at::Tensor& param, c10::ScalarType dtype) {
+  auto* pi = maybeGetDTensorImpl(param);
+  const at::Tensor local = pi ? pi->local() : param;
+  const at::Tensor copy = local.scalar_type() == dtype ? detached_alias(local) : local.detach().to(dtype);
+  if (pi == nullptr) return copy;
+  const DTensorSpec& spec = pi->spec();
+  return makeDTensor(copy, spec.dtype == dtype ? pi->spec_ptr() : make_spec(spec.mesh, spec.placements, spec.shape, dtype));
+}
+
 }  // namespace dtp::detail

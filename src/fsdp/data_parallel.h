@@ -68,5 +68,9 @@ std::vector<ParamSite> collect_params(torch::nn::Module& module, const std::stri
 c10::ScalarType mp_compute_dtype(const MixedPrecisionPolicy& policy, const at::Tensor& param);
 c10::ScalarType mp_reduce_dtype(const MixedPrecisionPolicy& policy, const at::Tensor& param);
 void mp_cast_forward_inputs(const MixedPrecisionPolicy& policy, std::vector<at::Tensor>& inputs);
+// A parameter's compute copy in `dtype`, without history: a detached alias
+// where the dtype is already that, else a cast of its local shard (a DTensor
+// keeps its mesh and placements).
+at::Tensor mp_compute_copy(const at::Tensor& param, c10::ScalarType dtype);
 
 }  // namespace dtp::detail

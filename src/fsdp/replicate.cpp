@@ -105,14 +105,7 @@ class State : public std::enable_shared_from_this<State> {
         const at::Tensor& p = params[i].param;
         inputs.push_back(p);
         needs_grad = needs_grad || p.requires_grad();
-        auto* pi = maybeGetDTensorImpl(p);
-        const at::Tensor local = pi ? pi->local() : p;
-        const c10::ScalarType dtype = computeDtype(p);
-        const at::Tensor copy = local.scalar_type() == dtype ? detached_alias(local) : local.detach().to(dtype);
-        aliases.push_back(!pi ? copy
-                          : makeDTensor(copy, dtype == pi->spec().dtype ? pi->spec_ptr()
-                                                                       : make_spec(pi->spec().mesh, pi->spec().placements,
-                                                                                   pi->spec().shape, dtype)));
+        aliases.push_back(detail::mp_compute_copy(p, computeDtype(p)));
       }
       if ((!grad || !needs_grad) && !mp.param_dtype) aliases = inputs;  // under mp: the copies, with no history
       if (grad && needs_grad) {
