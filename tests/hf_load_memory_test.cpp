@@ -3,6 +3,7 @@
 // build-then-load path's bit for bit, logits and greedy tokens equal one
 // device's, and each rank's tensor memory, counted per rank thread, peaks at
 // its shards instead of the whole model.
+#include "comm/compat.h"
 #include "dist.h"
 #include "files.h"
 #include "llama_util.h"
@@ -34,7 +35,8 @@ class HfLoadMemoryTest : public dtp::test::TempDirTest {};
 // before it was installed are ignored.
 class TensorBytes : public c10::MemoryReportingInfoBase {
  public:
-  void reportMemoryUsage(void* ptr, int64_t alloc_size, int64_t, int64_t, c10::Device) override {
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, compat::MemoryReportTotal, compat::MemoryReportTotal,
+                         c10::Device) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (alloc_size > 0) {
       live_[ptr] = alloc_size;

@@ -19,9 +19,13 @@
 //   kernel it picks (_scaled_dot_product_flash_attention_for_cpu) are 2.2's:
 //   DTP_HAS_SDPA; the _safe_softmax of its math path is 2.5's:
 //   DTP_HAS_SAFE_SOFTMAX.
+// - c10::MemoryReportingInfoBase::reportMemoryUsage takes the allocator's
+//   totals as int64_t in 1.13 and as size_t in 2.x: MemoryReportTotal, read
+//   off the declaration itself.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
 #include <c10/util/string_utils.h>
 
@@ -55,6 +59,18 @@ using Backend = c10d::Backend;
 #else
 using Backend = c10d::ProcessGroup;
 #endif
+
+namespace detail {
+template <class F>
+struct ThirdArgument;
+template <class C, class R, class A1, class A2, class A3, class... Rest>
+struct ThirdArgument<R (C::*)(A1, A2, A3, Rest...)> {
+  using type = A3;
+};
+}  // namespace detail
+
+// The type of reportMemoryUsage's total_allocated and total_reserved.
+using MemoryReportTotal = detail::ThirdArgument<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
 
 inline c10d::TCPStoreOptions tcp_store_options(
     uint16_t port, bool is_server, size_t world_size,
