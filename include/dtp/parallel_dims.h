@@ -26,7 +26,7 @@ namespace dtp {
 struct ParallelDims {
   TORCH_ARG(int64_t, dp_replicate) = 1;  // DDP, or HSDP's replicas
   TORCH_ARG(int64_t, dp_shard) = -1;     // FSDP; -1: world_size / (dp_replicate * cp * tp * pp)
-  TORCH_ARG(int64_t, cp) = 1;            // context parallelism: NYI beyond the mesh (#58)
+  TORCH_ARG(int64_t, cp) = 1;            // context parallelism (parallelize_llama: apply_context_parallel)
   TORCH_ARG(int64_t, tp) = 1;
   TORCH_ARG(int64_t, pp) = 1;
   // Expert parallelism, borrowed from dp_shard (and cp), as torchtitan's

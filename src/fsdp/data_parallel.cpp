@@ -36,8 +36,32 @@ DataParallelMesh data_parallel_mesh(const DeviceMesh& mesh, const char* api) {
   if (mesh.ndim() == 1) return {mesh.get_group(0), std::nullopt, mesh.get_group(0), std::nullopt, mesh};
   // The names are read once, by parallel_mesh_dims (NOTE: [Mesh dimension names]).
   const ParallelMeshDims d = parallel_mesh_dims(mesh);
-  TORCH_CHECK(!d.cp, "NYI: context parallelism (#58): ", api, " on ", mesh.str(), ", which has a \"", *d.cp,
-              "\" dimension. Build the mesh without cp (ParallelDims cp(1)).");
+  if (d.cp) {
+    // NOTE: [Data parallelism over cp] Under context parallelism every cp
+    // rank holds the whole model and computes gradients from its positions
+    // of the same sequences: the parameters are replicated over cp and their
+    // gradients must be summed over cp as over dp. As torchtitan does, the
+    // data-parallel dimension is then dp_shard x cp, flattened as
+    // "dp_shard_cp" (the ranks that differ only in those), and FSDP shards
+    // (or DDP averages) over it: on (dp=2, cp=2, tp=2), mesh[{"dp", "cp"}]
+    // flattened and root[{"dp_shard_cp", "tp"}] in place of the mesh given.
+    // The average over dp x cp is the mean over the batch because each cp
+    // rank's loss is weighted by its share of the positions (NOTE:
+    // [Context-parallel loss] in src/models/llama_cp.cpp). With cp alone
+    // (no dp) this is still the clean way: the sum over cp is a gradient
+    // reduction like dp's, and FSDP or DDP over cp does it with their
+    // buckets, their overlap and their mixed precision, where a hook of its
+    // own would be a second reducer.
+    std::vector<std::string> shard, names;
+    if (d.dp_shard) shard.push_back(*d.dp_shard);
+    shard.push_back(*d.cp);
+    (void)mesh[shard].flatten("dp_shard_cp");  // collective the first time; the same group afterwards
+    for (const auto& name : mesh.mesh_dim_names()) {
+      if (name == *d.cp) names.emplace_back("dp_shard_cp");
+      else if (!d.dp_shard || name != *d.dp_shard) names.push_back(name);
+    }
+    return data_parallel_mesh(mesh.get_root_mesh()[names], api);
+  }
   const size_t n = mesh.mesh_dim_names().size();
   // The second dimension of a 2-D mesh is where the parameters are DTensors
   // already: "tp" (the TP plan), or "ep" (the experts, by expert parallelism).

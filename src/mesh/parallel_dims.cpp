@@ -27,8 +27,9 @@ namespace dtp {
 // "dp_shard_cp" (torchtitan's name for FSDP's dimension; ParallelDims
 // registers it, parallelize_llama registers it on a hand-built mesh), so
 // every parameter lives on the user's mesh or a slice of it.
-// cp is accepted here and in ParallelDims' mesh; what would need context
-// parallelism errors "NYI: context parallelism (#58)".
+// A "cp" dimension is context parallelism: parameters replicated over it
+// and data parallel over (dp_shard, cp), flattened as "dp_shard_cp" (NOTE:
+// [Data parallelism over cp] in src/fsdp/data_parallel.cpp).
 
 namespace {
 

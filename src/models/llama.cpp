@@ -4,6 +4,7 @@
 #include "dtp/models/llama.h"
 
 #include "comm/compat.h"
+#include "models/llama_cp.h"
 
 #include "dtp/dcp/state_dict.h"
 #include "dtp/dtensor.h"
@@ -228,8 +229,12 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
     q = q_norm(q);
     k = k_norm(k);
   }
-  if (KVCache* cache = KVCache::active())
+  if (KVCache* cache = KVCache::active()) {
+    TORCH_CHECK(!context_parallel, "NYI: the KV cache under context parallelism (#58): layer ", layer_index,
+                " has a cp group. Generate with a model parallelized without a cp dimension.");
     return wo(cached_attention(q, k, v, rope_cos, rope_sin, *cache, layer_index, sliding_window));
+  }
+  if (context_parallel) return wo(detail::context_parallel_attention(*this, q, k, v));
   return wo(causal_attention(q, k, v, rope_cos, rope_sin, sliding_window));
 }
 

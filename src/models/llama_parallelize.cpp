@@ -47,10 +47,22 @@ Options withPolicy(Options o, const std::optional<MixedPrecisionPolicy>& policy)
   return o;
 }
 
-// What needs context parallelism stops here. See NOTE: [Mesh dimension names].
-void checkNoCp(const char* api, const DeviceMesh& mesh, const ParallelMeshDims& d) {
-  TORCH_CHECK(!d.cp, "NYI: context parallelism (#58): ", api, " on ", mesh.str(), ", which has a \"", *d.cp,
-              "\" dimension. Build the mesh without cp (ParallelDims cp(1)).");
+// What context parallelism does not compose with yet stops here.
+void checkCpComposes(const char* api, const LlamaConfig& c, const DeviceMesh& mesh, const ParallelMeshDims& d,
+                     const ParallelizeOptions& o) {
+  if (!d.cp) return;
+  TORCH_CHECK(!d.pp, "NYI: context parallelism with pipeline parallelism (#58): ", api, " on ", mesh.str(),
+              ", which has \"", *d.pp, "\" and \"", *d.cp, "\". Build the mesh without one of them (ParallelDims "
+              "cp(1) or pp(1)).");
+  TORCH_CHECK(!d.ep, "NYI: context parallelism with expert parallelism (#58): ", api, " on ", mesh.str(),
+              ", which has \"", *d.ep, "\" and \"", *d.cp, "\". Build the mesh without one of them (ParallelDims "
+              "cp(1) or ep(1)).");
+  const int64_t cp = mesh.size(mesh.dim_index(*d.cp)), tp = d.tp ? mesh.size(mesh.dim_index(*d.tp)) : 1;
+  const int64_t heads = c.n_heads / tp;
+  TORCH_CHECK(o.cp.attention != ContextParallelAttention::AllToAll || heads % cp == 0, api, ": all-to-all "
+              "attention over cp ", cp, " with ", heads, " query heads per rank (n_heads / tp = ", heads * tp, " / ",
+              tp, "): got a head count that does not divide by cp, expected a multiple of ", cp, ". Use ring attention "
+              "(ContextParallelOptions::attention Ring), or a cp dividing ", heads, ".");
 }
 
 // NOTE: [Expert parallelism with data parallelism] On a (dp, ep[, tp])
@@ -110,16 +122,20 @@ void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOp
   const ParallelMeshDims d = parallel_mesh_dims(mesh);
   TORCH_CHECK(!d.pp, "parallelize_llama: ", mesh.str(), " has a \"pp\" dimension. Cut the model into "
               "stages with pipeline_llama, which parallelizes each stage over the other dimensions.");
-  checkNoCp("parallelize_llama", mesh, d);
+  checkCpComposes("parallelize_llama", model->config, mesh, d, options);
   if (d.ep) return parallelizeWithExperts(model, mesh, d, options);
   // torchtitan shards only over dp_shard (and cp); dp_replicate alone is DDP's.
-  TORCH_CHECK(d.dp_shard || !d.dp_replicate || options.data_parallel == DataParallel::DDP, "parallelize_llama: ",
+  TORCH_CHECK(d.dp_shard || d.cp || !d.dp_replicate || options.data_parallel == DataParallel::DDP, "parallelize_llama: ",
               mesh.str(), " has \"", d.dp_replicate.value_or(""), "\" and no dimension to shard over (\"dp\" or "
               "\"dp_shard\"), expected one for FSDP. Pass data_parallel = DataParallel::DDP (torchtitan's choice for "
               "dp_replicate alone), or give the mesh a dp_shard dimension (ParallelDims dp_shard > 1).");
-  if (d.tp) apply_tensor_parallel(model, mesh, options.tp);
+  TensorParallelOptions tp = options.tp;
+  if (d.cp) tp.seq_len = 0;  // SP cuts each cp rank's S_local, which varies by rank when S does not divide
+  if (d.tp) apply_tensor_parallel(model, mesh, tp);
+  // See NOTE: [Context parallelism in the Llama] in src/models/llama_cp.cpp.
+  if (d.cp) apply_context_parallel(model, mesh[*d.cp], options.cp);
   if (options.ac) apply_ac(model, *options.ac);
-  if (!d.dp_shard && !d.dp_replicate) {
+  if (!d.dp_shard && !d.dp_replicate && !d.cp) {
     if (options.mp_policy) apply_mixed_precision(*model, *options.mp_policy);  // TP only
     return;
   }
@@ -164,7 +180,7 @@ std::map<std::string, std::string> LlamaPipeline::load_state(const std::string& 
 LlamaPipeline pipeline_llama(const Llama& model, const DeviceMesh& mesh, const PipelineOptions& pipeline,
                              ParallelizeOptions options) {
   const ParallelMeshDims d = parallel_mesh_dims(mesh);
-  checkNoCp("pipeline_llama", mesh, d);
+  checkCpComposes("pipeline_llama", model->config, mesh, d, options);
   TORCH_CHECK(d.pp, "pipeline_llama: ", mesh.str(), " has no \"pp\" dimension. Name one mesh "
               "dimension \"pp\" (e.g. init_device_mesh(\"cpu\", {pp, dp, tp}, {\"pp\", \"dp\", \"tp\"})), or use "
               "parallelize_llama without a pipeline.");

@@ -12,8 +12,8 @@
 // Every rank passes its local q, k and v ([B, H, S_local, D], k and v with
 // H_kv heads, H a multiple of H_kv: GQA, query head h uses key/value head
 // h / (H / H_kv) as PyTorch's enable_gqa), holding the positions the layout
-// gives it. Not yet (#58): a cp mesh dim in parallelize_llama, dtp-train --cp.
-// See docs/long-context.md.
+// gives it. In the Llama: a "cp" mesh dimension in parallelize_llama
+// (apply_context_parallel, dtp/models/parallelize.h). See docs/long-context.md.
 #pragma once
 
 #include "dtp/device_mesh.h"

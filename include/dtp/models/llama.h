@@ -6,6 +6,7 @@
 // apply_expert_parallel, parallelize_llama): dtp/models/parallelize.h.
 #pragma once
 
+#include "dtp/cp/context_parallel.h"
 #include "dtp/models/moe.h"
 #include "dtp/nn/modules.h"
 #include "dtp/process_group.h"
@@ -15,6 +16,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -123,6 +125,20 @@ at::Tensor rope_inv_freq(const LlamaConfig& c);
 // broadcastable to [batch, seq, 1, head_dim / 2]: pairs (2i, 2i+1) rotate.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// A model's context parallelism, shared by the model and its attention
+// layers (apply_context_parallel in dtp/models/parallelize.h): the sequence
+// is sharded over `group` by `layout`, and each attention runs ring or
+// all-to-all attention over it. See NOTE: [Context parallelism in the Llama]
+// in src/models/llama_cp.cpp.
+struct ContextParallelState {
+  ProcessGroup group;
+  CpLayout layout = CpLayout::HeadTail;
+  bool all_to_all = false;  // all_to_all_attention (Ulysses) instead of ring_attention
+  // The global sequence length of the batch being trained on: set by
+  // context_parallel_shard_batch; 0 means cp * S_local (the even case).
+  int64_t seq_len = 0;
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c);
@@ -139,6 +155,8 @@ class AttentionImpl : public torch::nn::Module {
   // >= 0: wk and wv are replicated and this rank attends with this KV head
   // only (TensorParallelOptions::replicate_kv_heads).
   int64_t kv_head = -1;
+  // Set: x holds this cp rank's positions of the sequence (apply_context_parallel).
+  std::shared_ptr<ContextParallelState> context_parallel;
 };
 DTP_MODULE(Attention);
 
@@ -181,6 +199,8 @@ class LlamaImpl : public torch::nn::Module {
 
   LlamaConfig config;
   bool awaiting_init = false;  // deferred_init until init_weights
+  // Set by apply_context_parallel (the same state as every attention layer's).
+  std::shared_ptr<ContextParallelState> context_parallel;
   dtp::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
   dtp::nn::RMSNorm norm{nullptr};
@@ -205,6 +225,25 @@ dcp::StateDictOptions llama_state_dict_options();
 // Mean cross-entropy of logits [batch, seq, vocab] against targets
 // [batch, seq]; vocab-sharded DTensor logits go through loss_parallel.
 at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+// The training loss of `model`'s logits on this rank's tokens: llama_loss,
+// and under context parallelism that times S_local * cp / S (this rank's
+// share of the sequence's positions), so that the mean over the cp ranks,
+// which data parallelism over dp_shard_cp takes of the gradients, is the
+// mean over every token of the sequence, even when the ranks hold unequal
+// lengths (NOTE: [Context-parallel loss] in src/models/llama_cp.cpp). Each
+// rank's value is its weighted share; their mean over the cp group is the
+// loss of the whole sequence.
+at::Tensor llama_loss(const Llama& model, const at::Tensor& logits, const at::Tensor& targets);
+
+// The data loader's side of context parallelism: this rank's positions of
+// each tensor of `batch` (tokens and labels, [B, S, ...], along `seq_dim`)
+// under `model`'s layout, and S recorded as the attention's global length.
+// No communication; without context parallelism the batch unchanged. Errors
+// when the tensors disagree on S, when S > max_seq_len, or when the
+// HeadTail layout has fewer than 2 * cp positions to cut.
+std::vector<at::Tensor> context_parallel_shard_batch(const Llama& model, const std::vector<at::Tensor>& batch,
+                                                     int64_t seq_dim = 1);
 
 // The load-balancing loss of the last forward (Switch / Mixtral form, HF's
 // load_balancing_loss_func over all MoE layers at once):

@@ -12,11 +12,18 @@
 // parallelism, borrowed from data parallelism: a (dp, ep[, tp]) mesh, NOTE:
 // [Expert parallelism with data parallelism]), and "pp". A mesh from
 // ParallelDims::build_mesh (torchtitan's names, dtp/parallel_dims.h) reads
-// alike: parallel_mesh_dims decides the names once. A "cp" dimension is an
-// error: NYI: context parallelism (#58).
+// alike: parallel_mesh_dims decides the names once. A "cp" dimension is
+// context parallelism (apply_context_parallel), composed with "tp" and the
+// data-parallel dimensions (FSDP or DDP over dp_shard x cp); with "pp" or
+// "ep" it is an error: NYI (#58).
 //
 //   auto mesh = dtp::ParallelDims().tp(2).ep(2).world_size(8).build_mesh();
 //   parallelize_llama(model, mesh);  // (dp_shard_mod_ep=2, dp_shard_in_ep=2, tp=2)
+//
+//   auto cp_mesh = dtp::ParallelDims().cp(2).tp(2).world_size(8).build_mesh();  // (dp_shard=2, cp=2, tp=2)
+//   parallelize_llama(model, cp_mesh);
+//   auto in = context_parallel_shard_batch(model, {tokens, labels});  // this rank's positions
+//   llama_loss(model, model(in[0]), in[1]).backward();
 #pragma once
 // Read by dtp/models/llama.h (NOTE: [Deprecated forwarding]): a translation
 // unit that includes this header first gets no deprecation note.
@@ -118,10 +125,38 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh);
 // torchtitan's apply_ddp: replicate() on the whole model.
 void apply_ddp(Llama& model, const DeviceMesh& mesh, ReplicateOptions options = {});
 
+// Which exact attention runs over the cp group (dtp/cp/context_parallel.h).
+enum class ContextParallelAttention : uint8_t {
+  Ring,      // ring_attention: key/value chunks around the ring, any head count
+  AllToAll,  // all_to_all_attention (Ulysses): heads per rank must divide by cp
+};
+
+struct ContextParallelOptions {
+  ContextParallelAttention attention = ContextParallelAttention::Ring;
+  // HeadTail: torchtitan's load balancing for the causal mask (each rank one
+  // early and one late chunk); Contiguous: torch.chunk, the naive layout.
+  CpLayout layout = CpLayout::HeadTail;
+  // The global sequence length until context_parallel_shard_batch records
+  // the batch's; 0: cp * S_local (the even case).
+  int64_t seq_len = 0;
+};
+
+// Context parallelism over the 1-D mesh `cp_mesh` (mesh["cp"]): every
+// attention layer runs `options.attention` over its group on the sequence
+// that `options.layout` shards, with rotary positions of the layout
+// (context_parallel_position_ids). The parameters stay as they are: their
+// gradients hold this rank's positions only, and data parallelism over
+// dp_shard x cp completes them (parallelize_llama does that; NOTE: [Data
+// parallelism over cp] in src/fsdp/data_parallel.cpp). Feed the model with
+// context_parallel_shard_batch and train with llama_loss(model, ...). A
+// sliding window shorter than the sequence and the KV cache are NYI under it.
+void apply_context_parallel(Llama& model, const DeviceMesh& cp_mesh, ContextParallelOptions options = {});
+
 enum class DataParallel : uint8_t { FSDP, DDP };
 
 struct ParallelizeOptions {
   TensorParallelOptions tp;
+  ContextParallelOptions cp;  // on a mesh with a "cp" dimension
   std::optional<ACOptions> ac;  // none: no activation checkpointing
   DataParallel data_parallel = DataParallel::FSDP;
   FullyShardOptions fsdp;
@@ -134,10 +169,11 @@ struct ParallelizeOptions {
 };
 
 // On a whole model or a pipeline stage, on a mesh without "pp": tensor
-// parallelism over "tp" if the mesh has it, then activation checkpointing if
-// asked, then FSDP or DDP over the data-parallel dimensions if it has any
-// (with options.mp_policy as theirs), or else, with options.mp_policy,
-// apply_mixed_precision.
+// parallelism over "tp" if the mesh has it, then context parallelism over
+// "cp" if it has it, then activation checkpointing if asked, then FSDP or
+// DDP over the data-parallel dimensions if it has any (with "cp": over
+// dp_shard x cp, even with cp alone, as torchtitan; with options.mp_policy
+// as theirs), or else, with options.mp_policy, apply_mixed_precision.
 void parallelize_llama(Llama& model, const DeviceMesh& mesh, const ParallelizeOptions& options = {});
 
 // The ranks that train on slices of one batch, for the data loader and
