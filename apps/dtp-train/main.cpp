@@ -1,7 +1,9 @@
 // dtp-train: trains the reference Llama with tensor parallelism, data
-// parallelism (FSDP or DDP) and pipeline parallelism on a (pp, dp, tp) mesh,
-// on byte-level English text. Run it under the launcher:
-// `dtprun -n 4 dtp-train --dp 2 --tp 2`, `dtprun -n 8 dtp-train --pp 2 --dp 2 --tp 2`.
+// parallelism (FSDP or DDP), context parallelism and pipeline parallelism on
+// a (pp, dp, tp) mesh, or ParallelDims' (dp_shard, cp, tp) one with --cp, on
+// byte-level English text. Run it under the launcher:
+// `dtprun -n 4 dtp-train --dp 2 --tp 2`, `dtprun -n 8 dtp-train --pp 2 --dp 2 --tp 2`,
+// `dtprun -n 4 dtp-train --cp 4 --seq 16384`.
 #include "../common/checkpoint_flags.h"
 #include "../common/corpus.h"
 #include "../common/model_flags.h"
@@ -44,7 +46,9 @@ using namespace dtp::models;
 struct Options {
   std::string data = apps::kDefaultCorpus;
   apps::ModelFlags model;
-  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0, pp = 1, ep = 1, warmup = 0, ac_every = 1;
+  int64_t steps = 200, batch = 8, seq = 64, log_every = 20, tp = 0, dp = 0, pp = 1, ep = 1, cp = 1, warmup = 0,
+          ac_every = 1;
+  std::string cp_attention = "ring", cp_layout = "head-tail";
   int microbatches = 0;
   std::string pipeline_schedule = "1f1b";
   double lr = 3e-3, dropout = 0.0, clip = 0.0;
@@ -56,30 +60,6 @@ struct Options {
   // --resume: the config the checkpoint records (NOTE: [Config in the checkpoint]).
   std::optional<LlamaConfig> saved_config;
 };
-
-// One JSON object per rank, in rank order, to `path` (rank 0 writes it): the
-// ranks' collectives can differ (uneven shards, different groups).
-void writeCommDebug(const CommDebugMode& debug, const std::string& path, const ProcessGroup& world) {
-  const std::string mine = debug.to_json();
-  at::Tensor bytes = at::from_blob(const_cast<char*>(mine.data()), {static_cast<int64_t>(mine.size())}, at::kChar).clone();
-  at::Tensor size = at::full({1}, bytes.numel(), at::kLong);
-  std::vector<int64_t> sizes(world.size(), 0);
-  at::Tensor all_sizes = world.all_gather(size, 0, std::vector<int64_t>(world.size(), 1)).wait();
-  for (int r = 0; r < world.size(); ++r) sizes[r] = all_sizes[r].item<int64_t>();
-  at::Tensor all = world.all_gather(bytes, 0, sizes).wait();
-  if (world.rank() != 0) return;
-  std::ofstream out(path);
-  TORCH_CHECK(out, "--comm-debug: cannot write ", path, ".");
-  out << "{\"ranks\": [";
-  int64_t at = 0;
-  for (int r = 0; r < world.size(); ++r) {
-    out << (r ? ",\n" : "\n") << std::string(static_cast<const char*>(all.data_ptr()) + at, sizes[r]);
-    at += sizes[r];
-  }
-  out << "\n]}\n";
-  TORCH_CHECK(out.good(), "--comm-debug: writing ", path, " failed.");
-  std::printf("comm-debug: the first step's collectives per module, pass and op in %s\n", path.c_str());
-}
 
 // --mixed-precision bf16 (--mp): bf16 compute, float32 master weights and
 // gradient reduction, under every layout (FSDP's and DDP's mp_policy, or
@@ -173,15 +153,17 @@ struct MemoryEstimate {
   double total() const { return states + activations; }
 };
 
+// Under --cp each rank holds seq/cp positions, and its attention keeps one
+// block of scores at a time (ring) instead of every layer's.
 MemoryEstimate estimateMemory(const Options& o, int64_t dp, int64_t tp) {
   const LlamaConfig c = configOf(o);
-  const double bytes = c10::elementSize(c.dtype), B = static_cast<double>(o.batch) / dp, S = o.seq, D = c.dim,
-               L = c.n_layers;
+  const double bytes = c10::elementSize(c.dtype), B = static_cast<double>(o.batch) / dp,
+               S = static_cast<double>(o.seq) / o.cp, D = c.dim, L = c.n_layers;
   const double params = 2.0 * c.vocab_size * D + L * (D * D * 2 + 2.0 * D * c.n_kv_heads * c.head_dim() +
                                                       3.0 * D * c.hidden());
   MemoryEstimate m;
-  m.states = 4 * params / tp / (o.ddp ? 1 : dp) * bytes;
-  m.scores = L * 3 * B * (static_cast<double>(c.n_heads) / tp) * S * S * bytes;
+  m.states = 4 * params / tp / (o.ddp ? 1 : dp * o.cp) * bytes;
+  m.scores = (o.cp > 1 ? 1 : L) * 3 * B * (static_cast<double>(c.n_heads) / tp) * S * S * bytes;
   m.activations = L * B * S * (10 * D + 4.0 * c.hidden() / tp) * bytes + m.scores +
                   3 * B * S * (static_cast<double>(c.vocab_size) / tp) * bytes;
   return m;
@@ -233,8 +215,12 @@ std::vector<std::pair<std::string, at::Tensor>> fullParams(Llama& model, const L
   return out;
 }
 
+// Under context parallelism (`cp` valid) each cp rank trains its positions of
+// those rows (context_parallel_shard_batch), and the loss reported is the
+// average over cp too: each rank's loss is weighted by its share of the
+// positions (llama_loss(model, ...)), so that average is the whole batch's.
 Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::Tensor& corpus, bool log,
-          const ProcessGroup& world, const ProcessGroup& dp, const ProcessGroup& pp) {
+          const ProcessGroup& world, const ProcessGroup& dp, const ProcessGroup& pp, const ProcessGroup& cp = {}) {
   const std::vector<at::Tensor> params = pipe ? pipe->parameters() : model->unique_parameters();
   dtp::optim::AdamW opt(params, torch::optim::AdamWOptions(o.lr));
   const int64_t first = startFrom(o, model, pipe, opt);
@@ -288,7 +274,8 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
       opt.zero_grad();
       loss = pipe->pipeline->step(b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq));
     } else {
-      loss = llama_loss(model(b.narrow(1, 0, o.seq)), b.narrow(1, 1, o.seq));
+      const auto in = context_parallel_shard_batch(model, {b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq)});
+      loss = llama_loss(model, model(in[0]), in[1]);
       if (model->config.moe.aux_loss_coef > 0) {
         aux = moe_load_balancing_loss(model, dp.valid() ? std::optional<ProcessGroup>(dp) : std::nullopt);
         loss = loss + aux;
@@ -297,7 +284,7 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
       loss.backward();
     }
     if (debug) {
-      writeCommDebug(*debug, o.comm_debug, world);
+      apps::write_comm_debug(*debug, o.comm_debug, world);
       debug.reset();
     }
     const bool logged = log && ((step + 1) % o.log_every == 0 || step + 1 == o.steps);
@@ -313,6 +300,7 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
                           : (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).reshape({1});
     if (pipe) notCounted([&] { pp.all_reduce(reported); });  // from the last stage to every rank
     if (dp.valid()) dp.all_reduce(reported, ReduceOp::Avg);
+    if (cp.valid()) cp.all_reduce(reported, ReduceOp::Avg);
     run.losses.push_back(reported.item<double>());
     if (trace && (step + 1 == traced + o.profile_steps || step + 1 == o.steps)) {
       const std::string path = o.profile + "/rank" + std::to_string(world.rank()) + ".json";
@@ -509,6 +497,15 @@ int main(int argc, char** argv) {
   app.add_option("--ep", o.ep, "Expert-parallel degree (--experts): each MoE layer's experts spread over ep "
                  "ranks, borrowed from data parallelism (dp x ep ranks train on slices of the batch); pp * dp * ep * "
                  "tp = WORLD_SIZE")->check(dtp::apps::kPositive)->capture_default_str();
+  app.add_option("--cp", o.cp, "Context-parallel degree: each sequence's positions spread over cp ranks (ring or "
+                 "all-to-all attention), parameters data parallel over dp x cp; pp * dp * cp * tp = WORLD_SIZE")
+      ->check(dtp::apps::kPositive)->capture_default_str();
+  app.add_option("--cp-attention", o.cp_attention, "Attention over the cp ranks: ring (any head count) or all_to_all "
+                 "(Ulysses: heads per tp rank divisible by cp)")
+      ->check(CLI::IsMember({"ring", "all_to_all"}))->capture_default_str();
+  app.add_option("--cp-layout", o.cp_layout, "Positions per cp rank: head-tail (two chunks, balanced causal work) or "
+                 "contiguous (one chunk, the naive layout)")
+      ->check(CLI::IsMember({"head-tail", "contiguous"}))->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline-parallel degree: the layers cut into pp stages, each rank allocating its "
                  "stage only")->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--microbatches", o.microbatches, "Microbatches per step under --pp [default: pp]")
@@ -588,12 +585,15 @@ int main(int argc, char** argv) {
         o.saved_config = saved.config;
       }
     }
-    const int64_t pp = o.pp, ep = o.ep, tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp * ep) : W / (pp * ep),
-                  dp = o.dp > 0 ? o.dp : W / (pp * ep * tp);
-    TORCH_CHECK(pp * dp * ep * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp,
-                ep > 1 ? c10::str(" x --ep ", ep) : "", " x --tp ", tp, " = ", pp * dp * ep * tp, " ranks, but "
-                "WORLD_SIZE=", W, ". Choose degrees whose product is the number of ranks (dtprun -n ",
-                pp * dp * ep * tp, ").");
+    const int64_t pp = o.pp, ep = o.ep, cp = o.cp,
+                  tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp * ep * cp) : W / (pp * ep * cp),
+                  dp = o.dp > 0 ? o.dp : W / (pp * ep * cp * tp);
+    TORCH_CHECK(pp * dp * ep * cp * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp,
+                ep > 1 ? c10::str(" x --ep ", ep) : "", cp > 1 ? c10::str(" x --cp ", cp) : "", " x --tp ", tp, " = ",
+                pp * dp * ep * cp * tp, " ranks, but WORLD_SIZE=", W, ". Choose degrees whose product is the number "
+                "of ranks (dtprun -n ", pp * dp * ep * cp * tp, ").");
+    TORCH_CHECK(cp == 1 || (pp == 1 && ep == 1), "NYI: --cp with ", pp > 1 ? "--pp" : "--ep", " (#58). Train with "
+                "--cp alone, or with --dp and --tp.");
     // The model: the flags', the HF folder's or the checkpoint's.
     LlamaConfig config = configOf(o);
     const MoEConfig& moe = config.moe;
@@ -637,18 +637,25 @@ int main(int argc, char** argv) {
     TORCH_CHECK(o.mixed_precision != "f16", "NYI: --mixed-precision f16: float16 needs loss scaling against "
                 "gradient underflow (PyTorch's GradScaler), which dtp-train does not do yet. Use --mixed-precision "
                 "bf16 (bf16 has float32's range: no scaling needed; libtorch 1.13 also has no float16 matmul on CPU).");
-    const bool fsdp = dp * ep > 1 && !o.ddp;
-    DeviceMesh mesh = pp > 1 && ep > 1     ? init_device_mesh(o.device, {pp, dp, ep, tp}, {"pp", "dp", "ep", "tp"})
+    const bool fsdp = (dp * ep > 1 || cp > 1) && !o.ddp;
+    // --cp: torchtitan's mesh, (dp_shard, cp, tp) without the degrees of 1,
+    // with dp_shard_cp (FSDP's or DDP's) and dp_cp flattened.
+    DeviceMesh mesh = cp > 1 ? ParallelDims().dp_shard(dp).cp(cp).tp(tp).world_size(W).build_mesh(o.device)
+                      : pp > 1 && ep > 1   ? init_device_mesh(o.device, {pp, dp, ep, tp}, {"pp", "dp", "ep", "tp"})
                       : pp > 1             ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
                       : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})
                       : dp > 1 || fsdp     ? init_device_mesh(o.device, {dp, tp}, {"dp", "tp"})
                                            : init_device_mesh(o.device, {tp}, {"tp"});
-    config.deferred_init = !o.eager_init;  // each rank allocates its shards (of its stages) only
+    // Each rank allocates its shards (of its stages) only. DDP over cp alone
+    // (ParallelDims' mesh has no tp of 1 to shard over) holds the whole model
+    // anyway, and replicate takes initialized parameters: eager there.
+    config.deferred_init = !o.eager_init && !(cp > 1 && !fsdp && tp == 1);
     config.device = mesh.device();
     Llama model(config);
     if (world.rank() == 0)
-      std::printf("dtp-train: %s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f M tokens (%s)%s%s\n",
-                  mesh.str().c_str(), (std::string(fsdp ? " FSDP" : dp * ep > 1 ? " DDP" : "") + (o.mixed_precision.empty() ? "" : ", bf16 mixed precision")).c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
+      std::printf("dtp-train: %s%s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f M tokens (%s)%s%s\n",
+                  mesh.str().c_str(), cp > 1 ? c10::str(" ", o.cp_attention, " attention, ", o.cp_layout, " layout,").c_str() : "",
+                  (std::string(fsdp ? " FSDP" : dp * ep > 1 || cp > 1 ? " DDP" : "") + (o.mixed_precision.empty() ? "" : ", bf16 mixed precision")).c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
                   static_cast<long long>(config.n_heads), static_cast<long long>(config.n_kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),
@@ -660,6 +667,8 @@ int main(int argc, char** argv) {
     parallel.tp.shard_experts = o.shard_experts;
     if (o.ac != "none") parallel.ac = ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every};
     parallel.data_parallel = fsdp ? DataParallel::FSDP : DataParallel::DDP;
+    parallel.cp.attention = o.cp_attention == "ring" ? ContextParallelAttention::Ring : ContextParallelAttention::AllToAll;
+    parallel.cp.layout = o.cp_layout == "head-tail" ? CpLayout::HeadTail : CpLayout::Contiguous;
     parallel.mp_policy = mpPolicy(o);
     std::optional<LlamaPipeline> pipe;
     if (pp > 1) {
@@ -668,7 +677,7 @@ int main(int argc, char** argv) {
         std::printf("dtp-train: pipeline of %lld stages, %s schedule, %d microbatches per step (TP inside stages "
                     "without sequence parallelism)\n%s", static_cast<long long>(pp), o.pipeline_schedule.c_str(),
                     pipe->pipeline->schedule().microbatches(), pipe->pipeline->schedule().str().c_str());
-    } else if (tp > 1 || dp * ep > 1) {
+    } else if (tp > 1 || dp * ep > 1 || cp > 1) {
       parallelize_llama(model, mesh, parallel);
     } else {  // one device
       if (parallel.ac) apply_ac(model, *parallel.ac);
@@ -691,10 +700,10 @@ int main(int argc, char** argv) {
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, pipe ? &*pipe : nullptr, o, corpus, /*log=*/true, world,
-                    ep > 1 ? data_parallel_group(pp > 1 ? mesh[{"dp", "ep"}] : mesh)
+                    ep > 1 || (cp > 1 && dp > 1) ? data_parallel_group(pp > 1 ? mesh[{"dp", "ep"}] : mesh)
                     : dp > 1 ? mesh.get_group("dp")
                              : ProcessGroup(),
-                    pp > 1 ? mesh.get_group("pp") : ProcessGroup());
+                    pp > 1 ? mesh.get_group("pp") : ProcessGroup(), cp > 1 ? mesh.get_group("cp") : ProcessGroup());
     if (o.check_parity && world.rank() == 0) return checkParity(o, corpus, run);
   } catch (const c10::Error& e) {
     std::cerr << "dtp-train: " << e.what_without_backtrace() << "\n";  // a user error: no C++ backtrace

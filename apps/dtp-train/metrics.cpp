@@ -1,5 +1,9 @@
 #include "metrics.h"
 
+#include "dtp/comm_counter.h"
+#include "dtp/process_group.h"
+
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -41,6 +45,30 @@ void MetricsWriter::write(const StepMetrics& m) {
   out_ << "}\n";
   out_.flush();
   TORCH_CHECK(out_.good(), "dtp-train --metrics: writing ", path_, " failed (disk full?).");
+}
+
+// One JSON object per rank, in rank order, to `path` (rank 0 writes it): the
+// ranks' collectives can differ (uneven shards, different groups).
+void write_comm_debug(const CommDebugMode& debug, const std::string& path, const ProcessGroup& world) {
+  const std::string mine = debug.to_json();
+  at::Tensor bytes = at::from_blob(const_cast<char*>(mine.data()), {static_cast<int64_t>(mine.size())}, at::kChar).clone();
+  at::Tensor size = at::full({1}, bytes.numel(), at::kLong);
+  std::vector<int64_t> sizes(world.size(), 0);
+  at::Tensor all_sizes = world.all_gather(size, 0, std::vector<int64_t>(world.size(), 1)).wait();
+  for (int r = 0; r < world.size(); ++r) sizes[r] = all_sizes[r].item<int64_t>();
+  at::Tensor all = world.all_gather(bytes, 0, sizes).wait();
+  if (world.rank() != 0) return;
+  std::ofstream out(path);
+  TORCH_CHECK(out, "--comm-debug: cannot write ", path, ".");
+  out << "{\"ranks\": [";
+  int64_t at = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    out << (r ? ",\n" : "\n") << std::string(static_cast<const char*>(all.data_ptr()) + at, sizes[r]);
+    at += sizes[r];
+  }
+  out << "\n]}\n";
+  TORCH_CHECK(out.good(), "--comm-debug: writing ", path, " failed.");
+  std::printf("comm-debug: the first step's collectives per module, pass and op in %s\n", path.c_str());
 }
 
 }  // namespace dtp::apps

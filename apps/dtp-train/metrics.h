@@ -9,6 +9,11 @@
 #include <string>
 #include <vector>
 
+namespace dtp {
+class CommDebugMode;  // dtp/comm_counter.h
+class ProcessGroup;   // dtp/process_group.h
+}  // namespace dtp
+
 namespace dtp::apps {
 
 // What one logged step reports. Rates and per-step figures are over the steps
@@ -41,5 +46,9 @@ class MetricsWriter {
   std::string path_;
   std::ofstream out_;
 };
+
+// --comm-debug FILE: one JSON object per rank, in rank order (rank 0 writes
+// it); collective over `world`.
+void write_comm_debug(const CommDebugMode& debug, const std::string& path, const ProcessGroup& world);
 
 }  // namespace dtp::apps
