@@ -61,7 +61,14 @@ at::Tensor full_tensor(const at::Tensor& t);
 // the reverse transition (a Partial source gets a Replicate gradient). To the
 // same placements it is still a gradient boundary, as in PyTorch: a Partial
 // gradient of a Replicate tensor is all-reduced there.
-// async_op is accepted for API parity; collectives complete before returning.
+// async_op = true returns once the last collective is issued (PyTorch's
+// AsyncCollectiveTensor): the result's shard is waited for, once, at its
+// first use (any op on it, to_local, full_tensor, redistribute), and a
+// failed collective throws there, naming it. Collectives before the last
+// complete at the call; every rank must still issue the same redistributions
+// in the same order. Gloo, NCCL and the shared-memory and two-level paths are
+// all asynchronous (the latter on a progress thread per group). The backward
+// is synchronous. See docs/dtensor.md, "Async redistribution".
 at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
                         bool async_op = false);
 // The same for a tensor the caller gives up (a temporary, std::move): when

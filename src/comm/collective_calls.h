@@ -3,7 +3,9 @@
 // on a LocalPath and on a c10d backend. Here the reductions, broadcast and
 // barrier; the all-to-all family and scatter in exchange_calls.h. Arguments arrive validated
 // (collectives.cpp); a call lives for one run_collective and holds
-// references to its caller's arguments.
+// references to its caller's arguments, except a kAsyncLocal call, which
+// owns them: the progress thread runs a copy later (NOTE: [Async collectives
+// on a LocalPath]).
 #pragma once
 
 #include "comm/collective_check.h"
@@ -75,7 +77,7 @@ inline c10::intrusive_ptr<c10d::Work> all_to_all_flat(const ProcessGroup::Impl& 
 struct AllReduceCall {
   static constexpr CollectiveType kType = CollectiveType::AllReduce;
   static constexpr const char* kWhat = "all_reduce";
-  static constexpr bool kKeepsResult = true, kHasLocalPath = true;
+  static constexpr bool kKeepsResult = true, kHasLocalPath = true, kAsyncLocal = true;
   at::Tensor tensor;  // in place
   ReduceOp op;
   int size;
@@ -131,10 +133,10 @@ inline at::Tensor join_shards(const std::vector<at::Tensor>& flat, const at::Ten
 struct AllGatherCall {
   static constexpr CollectiveType kType = CollectiveType::AllGather;
   static constexpr const char* kWhat = "all_gather";
-  static constexpr bool kKeepsResult = true, kHasLocalPath = true;
-  const at::Tensor& local_;
+  static constexpr bool kKeepsResult = true, kHasLocalPath = true, kAsyncLocal = true;
+  at::Tensor local_;
   int64_t dim;
-  const std::vector<int64_t>& sizes;
+  std::vector<int64_t> sizes;
   int size;
   int64_t total = 0, gathered = 0, max_numel = 0;
   std::vector<int64_t> numels;  // of each rank's shard
@@ -191,10 +193,10 @@ struct AllGatherCall {
 struct ReduceScatterCall {
   static constexpr CollectiveType kType = CollectiveType::ReduceScatter;
   static constexpr const char* kWhat = "reduce_scatter";
-  static constexpr bool kKeepsResult = true, kHasLocalPath = true;
-  const at::Tensor& input;
+  static constexpr bool kKeepsResult = true, kHasLocalPath = true, kAsyncLocal = true;
+  at::Tensor input;
   int64_t dim;
-  const std::vector<int64_t>& sizes;
+  std::vector<int64_t> sizes;
   ReduceOp op;
   int me, size;
   int64_t inner = 0;  // elements per index along `dim`
@@ -254,7 +256,7 @@ struct ReduceScatterCall {
 struct BroadcastCall {
   static constexpr CollectiveType kType = CollectiveType::Broadcast;
   static constexpr const char* kWhat = "broadcast";
-  static constexpr bool kKeepsResult = true, kHasLocalPath = true;
+  static constexpr bool kKeepsResult = true, kHasLocalPath = true, kAsyncLocal = true;
   at::Tensor tensor;  // in place
   int src, me, size;
   at::Tensor buf;  // `tensor`, or a contiguous copy
@@ -298,7 +300,7 @@ struct BroadcastCall {
 struct BarrierCall {
   static constexpr CollectiveType kType = CollectiveType::Barrier;
   static constexpr const char* kWhat = "barrier";
-  static constexpr bool kKeepsResult = false, kHasLocalPath = true;
+  static constexpr bool kKeepsResult = false, kHasLocalPath = true, kAsyncLocal = true;
   int size;
   at::Tensor none;  // no tensor: Gloo carries it
 

@@ -18,13 +18,18 @@
 //     one, the tensor is on the CPU, call.local_bytes() fits and the path
 //     does not decline (alike on every rank: NOTE: [Shared-memory
 //     all_to_all]), else the c10d backend of the tensor's device (Gloo or
-//     NCCL; NOTE: [Backends per device]) through call.issue();
+//     NCCL; NOTE: [Backends per device]) through call.issue(). With
+//     async_op, a LocalPath collective runs on the group's progress thread
+//     (NOTE: [Async collectives on a LocalPath]); c10d's are asynchronous
+//     by themselves, waited for at Work::wait();
 //   - finish: the collective gets its number on the group, and a failure
 //     becomes one line naming it and the ranks that did not arrive (NOTE:
 //     [Who did not arrive]).
 // A call type provides:
 //   static constexpr CollectiveType kType; static constexpr const char* kWhat;
 //   static constexpr bool kKeepsResult (tape), kHasLocalPath;
+//   static constexpr bool kAsyncLocal;  (when kHasLocalPath) the progress thread may run it: the
+//                                    call owns what it reads (copied into the task) and its path never declines
 //   at::Tensor* in_place();          the tensor a replayed result is copied into, or null
 //   const at::Tensor& carrier();     the tensor whose device picks the backend (undefined: Gloo)
 //   at::Tensor one_rank();  WireContract contract();  bool empty();  at::Tensor empty_result();
@@ -40,11 +45,16 @@
 #include "comm/collective_check.h"
 #include "comm/local_path.h"
 #include "comm/process_group_impl.h"
+#include "comm/progress_thread.h"
 #include "comm/result_tape.h"
 #include "comm/trace_span.h"
+#include "comm/two_level.h"
 #include "dtp/comm_counter.h"
 
+#include <ATen/ThreadLocalState.h>
+
 #include <exception>
+#include <future>
 #include <memory>
 #include <utility>
 
@@ -89,6 +99,42 @@ Work await_collective(const std::shared_ptr<ProcessGroup::Impl>& group, const ch
 template <class Call>
 Work run_collective(const std::shared_ptr<ProcessGroup::Impl>& group, Call& call, bool async_op);
 
+// The group's in-memory path, kept alive by a task of its progress thread.
+inline std::shared_ptr<LocalPath> local_path_owner(const ProcessGroup::Impl& g) {
+  if (g.shm) return g.shm;
+  return g.two_level;
+}
+
+// See NOTE: [Async collectives on a LocalPath]: `call` (copied) runs on the
+// group's progress thread, under the caller's thread-local state (grad and
+// inference mode); the Work waits for it and names a failure as
+// await_collective does.
+template <class Call>
+Work run_local_async(const std::shared_ptr<ProcessGroup::Impl>& group, const Call& call) {
+  ProcessGroup::Impl& g = *group;
+  const int64_t n = ++g.collectives;
+  if (g.progress == nullptr) g.progress = std::make_shared<ProgressThread>();
+  auto done = std::make_shared<std::promise<at::Tensor>>();
+  std::shared_future<at::Tensor> result = done->get_future().share();
+  g.progress->submit([done, call = Call(call), path = local_path_owner(g), state = at::ThreadLocalState()]() mutable {
+    const at::ThreadLocalStateGuard guard(state);
+    try {
+      at::Tensor out;
+      TORCH_INTERNAL_ASSERT(call.local(*path, out), Call::kWhat, ": an async in-memory collective was declined");
+      done->set_value(std::move(out));
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
+  });
+  return Work([group, n, result] {
+    try {
+      return result.get();
+    } catch (const std::exception& e) {
+      explain_failure(*group, Call::kWhat, n, e);
+    }
+  });
+}
+
 // NOTE: [Result tape]: while recording, the collective completes and a copy
 // of its result is kept; while replaying, the kept result stands in (copied
 // into the in-place target, if any).
@@ -122,6 +168,10 @@ Work run_collective(const std::shared_ptr<ProcessGroup::Impl>& group, Call& call
   const TraceSpan span = count_and_trace(Call::kType, call.bytes(), g.global_ranks);
   if constexpr (Call::kHasLocalPath) {
     if (LocalPath* path = local_path_for(g, call.carrier(), call.local_bytes())) {
+      if constexpr (Call::kAsyncLocal) {
+        if (async_op) return run_local_async(group, call);
+      }
+      if (g.progress != nullptr) g.progress->drain();  // none of its queued collectives may be overtaken
       const int64_t n = g.collectives + 1;  // the path is synchronous: done when it returns
       at::Tensor result;
       try {

@@ -86,7 +86,8 @@ struct AllToAllCall {
 struct AllToAllSingleCall {
   static constexpr CollectiveType kType = CollectiveType::AllToAll;
   static constexpr const char* kWhat = "all_to_all_single";
-  static constexpr bool kKeepsResult = true, kHasLocalPath = true;
+  // Not kAsyncLocal: its path may decline (NOTE: [Async collectives on a LocalPath]).
+  static constexpr bool kKeepsResult = true, kHasLocalPath = true, kAsyncLocal = false;
   const at::Tensor& input;
   const std::vector<int64_t>& output_split_sizes;
   const std::vector<int64_t>& input_split_sizes;

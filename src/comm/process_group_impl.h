@@ -15,6 +15,7 @@ namespace dtp {
 
 namespace detail {
 class LocalPath;
+class ProgressThread;
 class TwoLevel;
 }
 
@@ -37,6 +38,10 @@ struct ProcessGroup::Impl {
   // Point-to-point messages per (source, destination, tag), counted alike by
   // both ends: the n-th send from a to b with tag t matches b's n-th recv.
   mutable std::map<std::tuple<int, int, int>, int64_t> p2p_messages;
+  // Runs async collectives of the in-memory path; made at the first one.
+  // Last: it ends (running what is queued) before the paths it uses.
+  // NOTE: [Async collectives on a LocalPath] in progress_thread.h.
+  std::shared_ptr<detail::ProgressThread> progress;
 };
 
 // The backend that carries `t`: Gloo for CPU tensors, NCCL for CUDA ones

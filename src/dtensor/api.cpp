@@ -214,7 +214,7 @@ at::Tensor to_local(const at::Tensor& t, std::optional<Placements> grad_placemen
 namespace {
 
 at::Tensor redistributeImpl(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
-                            bool consume) {
+                            bool consume, bool async_op) {
   const auto& impl = checkedDTensorImpl(t, "redistribute");
   TORCH_CHECK(mesh == impl.spec().mesh, "redistribute: the tensor lives on ",
               impl.spec().mesh.str(), ", not on ", mesh.str(),
@@ -226,6 +226,13 @@ at::Tensor redistributeImpl(const at::Tensor& t, const DeviceMesh& mesh, const P
     // here leaves as the source's placements (Replicate gets an all-reduce).
     if (!t.requires_grad() || !at::GradMode::is_enabled()) return t;
     out = makeDTensor(impl.local(), impl.spec_ptr());
+  } else if (async_op && !SyncRedistributeScope::active()) {  // NOTE: [Async redistribution]
+    const RedistributePlan& plan = cached_plan(impl.spec(), spec->placements);
+    if (auto pending = run_redistribute_async(impl.local(), impl.spec_ptr(), plan, consume)) {
+      out = makeDTensor(std::move(pending), spec);
+    } else {
+      out = makeDTensor(run_redistribute(impl.local(), impl.spec(), plan, /*backward=*/false, consume), spec);
+    }
   } else {
     out = makeDTensor(redistribute_local(impl.local(), impl.spec(), spec->placements, /*backward=*/false, consume), spec);
   }
@@ -240,13 +247,13 @@ at::Tensor redistributeImpl(const at::Tensor& t, const DeviceMesh& mesh, const P
 }  // namespace
 
 at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
-                        bool /*async_op*/) {
-  return redistributeImpl(t, mesh, placements, /*consume=*/false);
+                        bool async_op) {
+  return redistributeImpl(t, mesh, placements, /*consume=*/false, async_op);
 }
 
 at::Tensor redistribute(at::Tensor&& t, const DeviceMesh& mesh, const Placements& placements,
-                        bool /*async_op*/) {
-  return redistributeImpl(t, mesh, placements, solely_owned(t));
+                        bool async_op) {
+  return redistributeImpl(t, mesh, placements, solely_owned(t), async_op);
 }
 
 at::Tensor full_tensor(const at::Tensor& t) {

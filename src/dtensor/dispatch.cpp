@@ -200,7 +200,9 @@ at::Tensor wrapOutput(const c10::OperatorHandle& op, const at::Tensor& local, co
 //  - An op with a user rule (register_sharding), at its first dispatch on
 //    a mesh, checks that every rank registered the same rule for it.
 //  - Redistribute inputs whose placement differs (written arguments never do)
-//    by the plans the decision keeps: a cache hit plans nothing.
+//    by the plans the decision keeps: a cache hit plans nothing. Reading an
+//    input's shard waits, once, for an async redistribution that still
+//    computes it (NOTE: [Async redistribution]); deciding reads only specs.
 //  - Run the op on the local shards.
 //  - Wrap: outputs become DTensors with the decided specs; in-place and out=
 //    returns give back the original DTensor argument.

@@ -1,5 +1,8 @@
 #include "dtensor/dtensor_impl.h"
 
+#include "comm/compat.h"
+#include "comm/error_text.h"
+
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
@@ -44,9 +47,15 @@ std::vector<int64_t> dense_strides_like(c10::IntArrayRef sizes, c10::IntArrayRef
 // gradient (through weight.t()) comes back contiguous, as for a plain tensor.
 // A contiguous shard gives contiguous strides, which AccumulateGrad's layout
 // contract compares with the parameter's.
+// A pending shard (NOTE: [Async redistribution]) takes the layout its
+// collective will give it: that of `like` when like_layout (an all_reduce,
+// in place), else contiguous; the local steps after the collective (a
+// chunk, zeros) keep the order of strides.
 void DTensorImpl::refreshStrides() {
-  if (local_.is_contiguous()) return set_sizes_contiguous(spec_->shape);
-  set_sizes_and_strides(spec_->shape, dense_strides_like(spec_->shape, local_.strides()));
+  const bool contiguous = pending_ ? !pending_->like_layout() || pending_->like().is_contiguous() : local_.is_contiguous();
+  if (contiguous) return set_sizes_contiguous(spec_->shape);
+  const at::Tensor& layout = pending_ ? pending_->like() : local_;
+  set_sizes_and_strides(spec_->shape, dense_strides_like(spec_->shape, layout.strides()));
 }
 
 DTensorImpl::DTensorImpl(at::Tensor local, SpecPtr spec)
@@ -57,22 +66,41 @@ DTensorImpl::DTensorImpl(at::Tensor local, SpecPtr spec)
   refreshStrides();
 }
 
-void DTensorImpl::set(at::Tensor local, SpecPtr spec) {
-  local_ = std::move(local);
-  spec_ = std::move(spec);
+DTensorImpl::DTensorImpl(std::shared_ptr<PendingLocal> pending, SpecPtr spec)
+    : c10::TensorImpl(keysFor(pending->like()), pending->like().dtype(), pending->like().device()),
+      spec_(std::move(spec)),
+      pending_(std::move(pending)) {
+  set_storage_access_should_throw();
   refreshStrides();
 }
 
+void DTensorImpl::resolve() const {
+  local_ = pending_->get();  // a failure throws here and leaves it pending: every later use throws it again
+  pending_.reset();
+  TORCH_INTERNAL_ASSERT(local_.sizes() == c10::IntArrayRef(spec_->local_sizes), "async redistribution to ",
+                        spec_->str(), " gave a local shard of ", local_.sizes(), ", expected ",
+                        c10::IntArrayRef(spec_->local_sizes));
+}
+
+void DTensorImpl::set(at::Tensor local, SpecPtr spec) {
+  local_ = std::move(local);
+  spec_ = std::move(spec);
+  pending_.reset();
+  refreshStrides();
+}
+
+// A pending DTensor's aliases share its PendingLocal: whichever is used
+// first waits, once, for all of them.
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
-  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  auto impl = pending_ ? c10::make_intrusive<DTensorImpl>(pending_, spec_) : c10::make_intrusive<DTensorImpl>(local_, spec_);
   copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
   return impl;
 }
 
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
     c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
-  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  auto impl = pending_ ? c10::make_intrusive<DTensorImpl>(pending_, spec_) : c10::make_intrusive<DTensorImpl>(local_, spec_);
   copy_tensor_metadata(this, impl.get(), std::move(version_counter),
                        allow_tensor_metadata_change);
   return impl;
@@ -86,6 +114,28 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
   local_ = other->local_;
   spec_ = other->spec_;
+  pending_ = other->pending_;
+}
+
+const at::Tensor& PendingLocal::get() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+  if (!done_) {
+    try {
+      at::Tensor t = work_.wait();
+      result_ = finish_ ? finish_(std::move(t)) : std::move(t);
+    } catch (const std::exception& e) {
+      error_ = std::make_exception_ptr(compat::error_without_backtrace(
+          c10::str("dtp: redistribute ", src_->str(), " -> (", to_string(dst_), ") with async_op=true failed; its ",
+                   "result was first used here: ", error_text(e))));
+      std::rethrow_exception(error_);
+    }
+    done_ = true;
+    work_ = Work();
+    finish_ = nullptr;
+    like_ = at::Tensor();
+  }
+  return result_;
 }
 
 const DTensorImpl& checkedDTensorImpl(const at::Tensor& t, const char* fn) {
@@ -120,6 +170,14 @@ at::Tensor makeDTensor(at::Tensor local, SpecPtr spec) {
     return at::detail::make_tensor<DTensorImpl>(std::move(local), std::move(spec));
   }
   return at::detail::make_tensor<DTensorImpl>(std::move(local), std::move(spec));
+}
+
+at::Tensor makeDTensor(std::shared_ptr<PendingLocal> pending, SpecPtr spec) {
+  if (c10::InferenceMode::is_enabled() && !pending->like().is_inference()) {  // as makeDTensor above
+    const c10::InferenceMode normal(/*enabled=*/false);
+    return at::detail::make_tensor<DTensorImpl>(std::move(pending), std::move(spec));
+  }
+  return at::detail::make_tensor<DTensorImpl>(std::move(pending), std::move(spec));
 }
 
 }  // namespace dtp

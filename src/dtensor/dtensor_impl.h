@@ -3,6 +3,7 @@
 // an at::Tensor", for why each piece below is there.
 #pragma once
 
+#include "dtensor/pending_local.h"
 #include "dtp/dtensor_spec.h"
 
 #include <ATen/core/Tensor.h>
@@ -13,13 +14,22 @@
 
 namespace dtp {
 
-using SpecPtr = std::shared_ptr<const DTensorSpec>;
-
 class DTensorImpl : public c10::TensorImpl {
  public:
   DTensorImpl(at::Tensor local, SpecPtr spec);
+  // A DTensor whose shard an async redistribution still computes; its
+  // metadata (sizes, strides, dtype, device) is known now.
+  DTensorImpl(std::shared_ptr<PendingLocal> pending, SpecPtr spec);
 
-  const at::Tensor& local() const { return local_; }
+  // This rank's shard. Of a pending DTensor, it waits for the collective
+  // first, once (NOTE: [Async redistribution]): every op, to_local,
+  // full_tensor and redistribute read the shard through here.
+  const at::Tensor& local() const {
+    if (C10_UNLIKELY(pending_ != nullptr)) resolve();
+    return local_;
+  }
+  // Whether the shard is still being computed (no wait).
+  bool pending() const { return pending_ != nullptr; }
   const DTensorSpec& spec() const { return *spec_; }
   const SpecPtr& spec_ptr() const { return spec_; }
   // Replaces shard and spec together (set_data, in-place redistribution).
@@ -36,8 +46,10 @@ class DTensorImpl : public c10::TensorImpl {
  private:
   const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
   void refreshStrides();
-  at::Tensor local_;
+  void resolve() const;
+  mutable at::Tensor local_;
   SpecPtr spec_;
+  mutable std::shared_ptr<PendingLocal> pending_;  // null once the shard is here
 };
 
 inline bool isDTensor(const at::Tensor& t) {
@@ -60,6 +72,8 @@ std::vector<int64_t> dense_strides_like(c10::IntArrayRef sizes, c10::IntArrayRef
 at::Tensor detached_alias(const at::Tensor& t);
 // Wraps `local` (this rank's shard of `spec`); checks the shard's shape.
 at::Tensor makeDTensor(at::Tensor local, SpecPtr spec);
+// A DTensor of `spec` whose shard `pending` computes.
+at::Tensor makeDTensor(std::shared_ptr<PendingLocal> pending, SpecPtr spec);
 // Whether `t` is a DTensor that nothing else can observe: no other handle on
 // it, on its shard or on the shard's memory (views, autograd's saved copies).
 // A redistribution may then reduce the shard in place.

@@ -6,7 +6,32 @@
 
 namespace dtp {
 
+// NOTE: [Async redistribution]
+// redistribute(..., async_op=true) returns at once with a DTensor whose shard
+// its last collective still computes (PyTorch's AsyncCollectiveTensor): the
+// DTensorImpl holds a PendingLocal, and DTensorImpl::local() waits for it the
+// first time anything reads the shard: any op on the DTensor (the dispatch
+// fallback), to_local, full_tensor, a redistribution of it, autograd's
+// gradient formulas (they run ops). Its metadata is known at once.
+//  - Only the plan's last collective is left running: a later step needs an
+//    earlier one's result, so every collective before it completes now (as
+//    in PyTorch, whose next step waits on the previous AsyncCollectiveTensor).
+//    Local steps after it (a chunk, zeros) run at the first use.
+//  - Every collective is issued at the call, on the calling thread, in
+//    program order: Gloo queues it on c10d's worker, NCCL on its stream, the
+//    in-memory paths on the group's progress thread (NOTE: [Async collectives
+//    on a LocalPath]). Counts (CommCounter) are taken at the call.
+//  - A collective that fails throws at the first use, naming the
+//    redistribution and the collective ("all_gather #3 ... failed: global
+//    rank 1 did not reach it"), and again at every later use.
+//  - Backward: the gradient's redistribution is synchronous.
+//  - An unused result is never waited for: its collective completes
+//    regardless (every rank issued it), and its buffers live until then.
+// SyncRedistributeScope makes async_op=true synchronous on this thread.
+
 namespace {
+
+thread_local bool sync_redistribute = false;
 
 // Size of tensor dim `d` before mesh dim `m` chunks it, on this rank.
 int64_t sizeBefore(const DTensorSpec& spec, const Placements& p, size_t m, int64_t d,
@@ -17,41 +42,55 @@ int64_t sizeBefore(const DTensorSpec& spec, const Placements& p, size_t m, int64
   return n;
 }
 
-}  // namespace
+// Carries a shard through a plan's steps, one at a time.
+struct Executor {
+  const DTensorSpec& src;
+  std::vector<int64_t> coord;
+  Placements cur;
+  at::Tensor t;
+  bool backward;
+  bool owned;  // t is ours to overwrite (the input given up, or a fresh result)
 
-at::Tensor run_redistribute(const at::Tensor& local, const DTensorSpec& src, const RedistributePlan& plan,
-                            bool backward, bool consume) {
-  if (plan.empty()) return local;
-  TORCH_INTERNAL_ASSERT(plan.src == src.placements, "a plan from ", to_string(plan.src), " run on ", src.str());
-  const detail::TraceSpan span([&] { return c10::str("redistribute ", src.str(), " -> (", to_string(plan.dst), ")"); });
-  const auto coord = src.mesh.get_coordinate();
-  Placements cur = src.placements;
-  at::Tensor t = local;
-  bool owned = consume;  // t is ours to overwrite (the input given up, or a fresh result)
-  for (const auto& s : plan.steps) {
+  Executor(const DTensorSpec& src, at::Tensor local, Placements cur, bool backward, bool owned)
+      : src(src), coord(src.mesh.get_coordinate()), cur(std::move(cur)), t(std::move(local)), backward(backward),
+        owned(owned) {}
+
+  // Step `s`. With `pending`, its collective is left running there: t is
+  // then the collective's input, or for an all_reduce its buffer (the result,
+  // in place).
+  void step(const RedistributeStep& s, Work* pending = nullptr) {
     const size_t m = static_cast<size_t>(s.mesh_dim);
     const int64_t n = src.mesh.size(s.mesh_dim);
     if (n == 1) {  // one rank holds the whole: every transition keeps the data
       cur[m] = s.to;
-      continue;
+      return;
     }
-    const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
+    const bool async_op = pending != nullptr;
+    auto finish = [&](Work w) {
+      if (async_op) {
+        *pending = std::move(w);
+      } else {
+        t = w.wait();
+      }
+      owned = true;
+    };
     const int64_t me = coord[m];
     if (s.from.is_shard() && s.to.is_replicate()) {
+      const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
       const int64_t d = s.from.dim;
-      t = group.all_gather(t, d, chunk_sizes(sizeBefore(src, cur, m, d, coord), n)).wait();
-      owned = true;
+      finish(group.all_gather(t, d, chunk_sizes(sizeBefore(src, cur, m, d, coord), n), async_op));
     } else if (s.from.is_shard() && s.to.is_shard()) {
+      const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
       const int64_t i = s.from.dim, j = s.to.dim;
-      t = group.all_to_all(t, j, chunk_sizes(t.size(j), n), i, chunk_sizes(src.shape[i], n)).wait();
-      owned = true;
+      finish(group.all_to_all(t, j, chunk_sizes(t.size(j), n), i, chunk_sizes(src.shape[i], n), async_op));
     } else if (s.from.is_partial() && s.to.is_replicate()) {
-      t = group.all_reduce(owned ? t : t.clone(), s.from.op).wait();
-      owned = true;
+      const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
+      if (!owned) t = t.clone();
+      finish(group.all_reduce(t, s.from.op, async_op));
     } else if (s.from.is_partial() && s.to.is_shard()) {
+      const ProcessGroup group = src.mesh.get_group(s.mesh_dim);
       const int64_t d = s.to.dim;
-      t = group.reduce_scatter(t, d, chunk_sizes(t.size(d), n), s.from.op).wait();
-      owned = true;
+      finish(group.reduce_scatter(t, d, chunk_sizes(t.size(d), n), s.from.op, async_op));
     } else if (s.from.is_replicate() && s.to.is_shard()) {
       const int64_t d = s.to.dim;
       t = t.narrow(d, chunk_start(t.size(d), n, me), chunk_size(t.size(d), n, me));
@@ -68,8 +107,50 @@ at::Tensor run_redistribute(const at::Tensor& local, const DTensorSpec& src, con
     }
     cur[m] = s.to;
   }
-  return t;
+};
+
+}  // namespace
+
+at::Tensor run_redistribute(const at::Tensor& local, const DTensorSpec& src, const RedistributePlan& plan,
+                            bool backward, bool consume) {
+  if (plan.empty()) return local;
+  TORCH_INTERNAL_ASSERT(plan.src == src.placements, "a plan from ", to_string(plan.src), " run on ", src.str());
+  const detail::TraceSpan span([&] { return c10::str("redistribute ", src.str(), " -> (", to_string(plan.dst), ")"); });
+  Executor ex(src, local, src.placements, backward, consume);
+  for (const auto& s : plan.steps) ex.step(s);
+  return ex.t;
 }
+
+std::shared_ptr<PendingLocal> run_redistribute_async(const at::Tensor& local, const SpecPtr& src,
+                                                     const RedistributePlan& plan, bool consume) {
+  TORCH_INTERNAL_ASSERT(plan.src == src->placements, "a plan from ", to_string(plan.src), " run on ", src->str());
+  size_t last = plan.size();  // the last step that communicates
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (plan.steps[i].collective) last = i;
+  if (last == plan.size()) return nullptr;
+  const detail::TraceSpan span(
+      [&] { return c10::str("redistribute ", src->str(), " -> (", to_string(plan.dst), ") async"); });
+  Executor ex(*src, local, src->placements, /*backward=*/false, consume);
+  for (size_t i = 0; i < last; ++i) ex.step(plan.steps[i]);
+  Work work;
+  ex.step(plan.steps[last], &work);
+  std::function<at::Tensor(at::Tensor)> finish;
+  if (last + 1 < plan.size()) {
+    finish = [src, rest = std::vector<RedistributeStep>(plan.steps.begin() + last + 1, plan.steps.end()),
+              cur = ex.cur](at::Tensor t) {
+      Executor after(*src, std::move(t), cur, /*backward=*/false, /*owned=*/true);
+      for (const auto& s : rest) after.step(s);
+      return after.t;
+    };
+  }
+  const bool in_place = *plan.steps[last].collective == CollectiveType::AllReduce;
+  return std::make_shared<PendingLocal>(std::move(work), std::move(finish), ex.t, /*like_layout=*/in_place, src,
+                                        plan.dst);
+}
+
+SyncRedistributeScope::SyncRedistributeScope() : prev_(sync_redistribute) { sync_redistribute = true; }
+SyncRedistributeScope::~SyncRedistributeScope() { sync_redistribute = prev_; }
+bool SyncRedistributeScope::active() { return sync_redistribute; }
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src,
                               const Placements& dst, bool backward, bool consume) {

@@ -39,7 +39,9 @@ std::string argText(size_t i, const std::vector<std::string>& names) {
   return s;
 }
 
-// Prepares slot `i` of `slots` (an argument or an output).
+// Prepares slot `i` of `slots` (an argument or an output). Synchronous, as
+// PyTorch's PrepareModuleInput and PrepareModuleOutput (only Colwise,
+// Rowwise and SequenceParallel pass async_op=True there).
 void prepare(nn::Slots& slots, size_t i, const Step& step, const DeviceMesh& mesh, bool use_local, bool boundary,
              const std::string& where, const std::string& what) {
   TORCH_CHECK(slots.is_tensor(i), where, ": ", what, " is not a tensor, but has the layout ",

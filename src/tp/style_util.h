@@ -29,9 +29,12 @@ at::Tensor as_dtensor(at::Tensor t, const DeviceMesh& mesh, Placement layout,
 // Redistributes only when the layout differs (PyTorch's styles do the same): a
 // redistribute to the same placements would be a gradient boundary.
 // Takes `t` over: a module output nobody else holds is reduced in place.
-at::Tensor relayout(at::Tensor t, const DeviceMesh& mesh, Placement p);
+// `async_op`: as PyTorch's Colwise, Rowwise and SequenceParallel do, the
+// result waits for its collective at first use (NOTE: [Async
+// redistribution]).
+at::Tensor relayout(at::Tensor t, const DeviceMesh& mesh, Placement p, bool async_op = false);
 
 // relayout, then to_local when `use_local`.
-at::Tensor to_layout(at::Tensor t, const DeviceMesh& mesh, Placement p, bool use_local);
+at::Tensor to_layout(at::Tensor t, const DeviceMesh& mesh, Placement p, bool use_local, bool async_op = false);
 
 }  // namespace dtp::tp_detail

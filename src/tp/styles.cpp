@@ -34,13 +34,13 @@ at::Tensor as_dtensor(at::Tensor t, const DeviceMesh& mesh, Placement layout, st
   return from_local(t, mesh, {layout}, /*run_check=*/false, shape);
 }
 
-at::Tensor relayout(at::Tensor t, const DeviceMesh& mesh, Placement p) {
-  return placements(t) == Placements{p} ? t : redistribute(std::move(t), mesh, {p});
+at::Tensor relayout(at::Tensor t, const DeviceMesh& mesh, Placement p, bool async_op) {
+  return placements(t) == Placements{p} ? t : redistribute(std::move(t), mesh, {p}, async_op);
 }
 
-at::Tensor to_layout(at::Tensor t, const DeviceMesh& mesh, Placement p, bool use_local) {
+at::Tensor to_layout(at::Tensor t, const DeviceMesh& mesh, Placement p, bool use_local, bool async_op) {
   if (!t.defined()) return t;
-  at::Tensor out = relayout(std::move(t), mesh, p);
+  at::Tensor out = relayout(std::move(t), mesh, p, async_op);
   return use_local ? to_local(out) : out;
 }
 
@@ -88,13 +88,15 @@ at::Tensor& firstInput(nn::Slots& in, const std::string& style, const std::strin
 }
 
 // Colwise's and Rowwise's output hook: the forward's one tensor output to
-// `layout`, local when `use_local`.
+// `layout`, local when `use_local`. Async, as PyTorch's _prepare_output_fn
+// (to_local then waits at once; PyTorch's returns the AsyncCollectiveTensor,
+// which a plain at::Tensor cannot be).
 nn::PostHook outputTo(const std::string& style, const std::string& fqn, const DeviceMesh& mesh, Placement layout,
                       bool use_local) {
   return [style, fqn, mesh, layout, use_local](nn::Slots& out) {
     TORCH_CHECK(out.size() == 1 && out.is_tensor(0), style, ": the forward of '", fqn, "' returns ", out.size(),
                 " outputs; this style prepares one tensor output. Use PrepareModuleOutput with one layout per output.");
-    out[0] = to_layout(std::move(out[0]), mesh, layout, use_local);
+    out[0] = to_layout(std::move(out[0]), mesh, layout, use_local, /*async_op=*/true);
   };
 }
 
@@ -112,9 +114,11 @@ void ColwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
   }
   auto& host = hooks_of(m, fqn, name());
   const auto o = options_;
+  // The input's redistribution is async, as PyTorch's _prepare_input_fn:
+  // the forward's first op on it waits (NOTE: [Async redistribution]).
   host.pre_hooks.push_back([o, mesh, fqn, n = name()](nn::Slots& in) {
     at::Tensor& x = firstInput(in, n, fqn);
-    x = relayout(as_dtensor(x, mesh, o.input_layouts()), mesh, Replicate());
+    x = relayout(as_dtensor(x, mesh, o.input_layouts()), mesh, Replicate(), /*async_op=*/true);
   });
   host.post_hooks.push_back(outputTo(name(), fqn, mesh, o.output_layouts(), o.use_local_output()));
 }
@@ -140,7 +144,8 @@ void RowwiseParallel::apply(torch::nn::Module& m, const std::string& fqn, const 
     at::Tensor& x = firstInput(in, n, fqn);
     const bool last_dim = o.input_layouts().is_shard() && (o.input_layouts().dim == -1 ||
                                                            o.input_layouts().dim == x.dim() - 1);
-    x = relayout(as_dtensor(x, mesh, o.input_layouts(), last_dim ? in_size : std::nullopt), mesh, desired_input);
+    x = relayout(as_dtensor(x, mesh, o.input_layouts(), last_dim ? in_size : std::nullopt), mesh, desired_input,
+                 /*async_op=*/true);
   });
   host.post_hooks.push_back(outputTo(name(), fqn, mesh, o.output_layouts(), o.use_local_output()));
 }
@@ -156,7 +161,7 @@ void SequenceParallel::apply(torch::nn::Module& m, const std::string& fqn, const
     at::Tensor& x = firstInput(in, n, fqn);
     if (!x.defined()) return;
     const Placement seq = Shard(c10::maybe_wrap_dim(o.sequence_dim(), x.dim()));
-    x = relayout(as_dtensor(x, mesh, seq), mesh, seq);
+    x = relayout(as_dtensor(x, mesh, seq), mesh, seq, /*async_op=*/true);
   });
   if (o.use_local_output()) {
     host.post_hooks.push_back([](nn::Slots& out) {
