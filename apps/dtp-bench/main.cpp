@@ -18,6 +18,7 @@
 #include "sizes.h"
 #include "stats.h"
 #include "ac.h"
+#include "async.h"
 #include "moe.h"
 #include "collectives.h"
 #include "decode.h"
@@ -368,6 +369,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "Untimed steps first")->check(dtp::apps::kNonNegative)->capture_default_str();
   app.add_flag("--aa", o.aa, "Also time a second, identical hand-written model: the comparison's noise floor");
   app.add_flag("--ac", o.ac, "Run the activation-checkpointing table (no AC, full, selective) instead");
+  bool async_ab = false;
+  app.add_flag("--async", async_ab,
+               "Run the async-redistribution table instead: redistribute(async_op=true) vs all synchronous, A B A B, "
+               "on the Llama TP step of --sizes and on a step with compute between issue and use");
   bool moe = false;
   app.add_flag("--moe", moe, "Run the mixture-of-experts table instead: one MoE layer, expert parallelism over every "
                "rank vs one device, training and decode, and the dispatch all-to-all");
@@ -442,6 +447,19 @@ int main(int argc, char** argv) {
         std::printf("dtp-bench --decode: %d ranks, %d threads per rank, libtorch %s\n", world.size(),
                     at::get_num_threads(), TORCH_VERSION);
       const bool ok = bench::run_decode(decode, world);
+      std::fflush(stdout);
+      return ok ? 0 : 1;
+    }
+    if (async_ab) {
+      std::vector<const Size*> sizes;
+      for (const auto& name : o.sizes)
+        sizes.push_back(&*std::find_if(std::begin(kSizes), std::end(kSizes), [&](const Size& x) { return name == x.name; }));
+      if (world.rank() == 0)
+        std::printf("dtp-bench --async: %d ranks, libtorch %s\n", world.size(), TORCH_VERSION);
+      const bool ok = bench::run_async(sizes, o.reps, o.warmup, world);
+      if (world.rank() == 0)
+        std::printf(ok ? "\ndtp-bench --async: checks passed (same losses and collectives)\n"
+                       : "\ndtp-bench --async: CHECKS FAILED (see above)\n");
       std::fflush(stdout);
       return ok ? 0 : 1;
     }
