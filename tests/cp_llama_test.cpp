@@ -83,6 +83,9 @@ struct Layout {
   DataParallel data_parallel = DataParallel::FSDP;
   int64_t seq = 16;
   LlamaConfig config = ::config();
+  // Not empty: a hand-built mesh of dims' shape under these names in place
+  // of ParallelDims::build_mesh's.
+  std::vector<std::string> names = {};
 };
 
 // One training step on `l.dims`' mesh against one device: the loss (the mean
@@ -99,7 +102,7 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
   double worst = 0;
   run_ranks(static_cast<int>(world), [&](int rank) {
     SCOPED_TRACE(l.what + " rank " + std::to_string(rank));
-    const DeviceMesh mesh = dims.build_mesh();
+    const DeviceMesh mesh = l.names.empty() ? dims.build_mesh() : init_device_mesh("cpu", dims.mesh_shape(), l.names);
     Llama model(l.config);
     ParallelizeOptions options;
     options.cp = l.cp;
@@ -178,6 +181,15 @@ TEST(CpLlamaTest, ComposesWithTensorAndDataParallelism) {
                                 DataParallel::FSDP, 13});
   expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2) DDP", ParallelDims().dp_shard(2).cp(2).world_size(4), ring(),
                                 DataParallel::DDP});
+  // HSDP: shards over dp_shard_cp = (cp), replicas over dp_replicate.
+  expectOneStepEqualsOneDevice({"(dp_replicate, cp) = (2, 2) HSDP, S 13", ParallelDims().dp_replicate(2).cp(2).world_size(4),
+                                ring(), DataParallel::FSDP, 13});
+  // A hand-built (dp, cp, tp) mesh reads as ParallelDims' (NOTE: [Mesh
+  // dimension names]): parallelize_llama flattens (dp, cp) itself.
+  Layout hand{"hand-built (dp, cp, tp) = (2, 2, 2), S 13", ParallelDims().dp_shard(2).cp(2).tp(2).world_size(8), ring(),
+              DataParallel::FSDP, 13};
+  hand.names = {"dp", "cp", "tp"};
+  expectOneStepEqualsOneDevice(hand);
 }
 
 // The Hugging Face families run the same decoder (NOTE: [Model families]):
