@@ -208,7 +208,7 @@ def main():
                          lambda g=gguf: llama_cpp(mods, g, ids, a.tokens, context)))
     variants = [("f32", "float32", [], 4, 4)]
     if accepts(a.build, tiny, ["--dtype", "bfloat16"]):
-        variants.append(("bf16", "bfloat16", ["--dtype", "bfloat16"], 2, 2))
+        variants.append(("bf16", "bfloat16 weights", ["--dtype", "bfloat16"], 2, 4))
     else:
         log("decode_bench: this dtp-generate does not take --dtype bfloat16: no bfloat16 rows.")
     if accepts(a.build, tiny, ["--quantize", "int8"]):

@@ -1,5 +1,5 @@
 // Greedy decode of a Hugging Face folder at TP = the ranks, fed token ids,
-// printing the tokens (bench/decode_bench.sh compares them with llama.cpp's)
+// printing the tokens (bench/decode_bench.py compares them with llama.cpp's)
 // and, with --profile, where one decode step's time goes: per ATen op and
 // input shapes, its self time per step against the bytes it reads
 // (#59 item 1). libtorch 1.13 has no Kineto, so the timer is our own, on
