@@ -96,8 +96,12 @@ inline std::string layout_name(int world_size, int64_t ep) {
 // the same tokens; each expert computes on its owner), the rest TP over tp.
 // Parallelized for inference, with the --hf folder's or the checkpoint's
 // weights (each rank reading its shards), in eval mode. Collective.
+// With `weight_only` (weight_only_of: --dtype bfloat16 / float16, --quantize
+// int8) the Linear weights are stored so: converted as each is read from a
+// --hf folder, after the load from a checkpoint.
 inline models::Llama load_inference_model(InferenceSetup& s, const std::string& hf, const std::string& device,
-                                          int world_size, int64_t ep = 1) {
+                                          int world_size, int64_t ep = 1,
+                                          const std::optional<nn::WeightOnlyOptions>& weight_only = std::nullopt) {
   TORCH_CHECK(ep == 1 || s.config.moe.num_experts > 0, "--ep ", ep, ": the model has no mixture-of-experts layers "
               "to spread. Drop --ep.");
   TORCH_CHECK(world_size % ep == 0, "--ep ", ep, " does not divide the ", world_size, " ranks: the ranks form an "
@@ -112,7 +116,9 @@ inline models::Llama load_inference_model(InferenceSetup& s, const std::string& 
   models::Llama model{nullptr};
   if (!hf.empty()) {
     // Each rank allocates and reads only its shards: NOTE: [Loading only the shards].
-    model = models::load_hf_model(s.config, hf, parallelize);
+    models::HFLoadOptions options;
+    options.weight_only = weight_only;
+    model = models::load_hf_model(s.config, hf, parallelize, options);
   } else if (std::filesystem::is_regular_file(s.checkpoint)) {  // the older single file: whole tensors
     model = models::Llama(s.config);
     parallelize(model);
@@ -132,6 +138,7 @@ inline models::Llama load_inference_model(InferenceSetup& s, const std::string& 
     dcp::load_state(s.checkpoint, *model, nullptr, models::llama_state_dict_options());
     model->awaiting_init = false;  // every parameter was loaded (load_state errors on a missing one)
   }
+  if (weight_only && hf.empty()) models::to_weight_only(model, *weight_only);
   model->eval();
   release_freed_memory();  // a load's read buffers, whole parameters before sharding
   return model;

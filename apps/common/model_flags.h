@@ -4,9 +4,11 @@
 
 #include "checks.h"
 #include "dtp/models/llama.h"
+#include "dtp/nn/quantize.h"
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 
 namespace dtp::apps {
@@ -18,21 +20,49 @@ struct ModelFlags {
   double aux_loss_coef = 0.01;
   bool tie = false;
   std::string dtype = "float32";
+  // dtp-generate / dtp-serve: the Linear weights' storage (NOTE: [Weight-only linears]).
+  std::string quantize = "none";
+  int64_t quantize_group = 32;
 };
 
+// The computation's dtype: float64, else float32 (--dtype bfloat16 / float16
+// store the Linear weights narrow and compute in float32: weight_only_of).
 inline c10::ScalarType dtype_of(const std::string& name) {
   return name == "float64" ? c10::ScalarType::Double : c10::ScalarType::Float;
 }
 
-inline void add_model_flags(CLI::App& app, ModelFlags& f) {
+// How the Linear weights are stored: --quantize int8, else --dtype bfloat16
+// / float16; nullopt: in the model's dtype.
+inline std::optional<nn::WeightOnlyOptions> weight_only_of(const ModelFlags& f) {
+  if (f.quantize != "none") return nn::weight_only_options(f.quantize, f.quantize_group);
+  if (f.dtype == "bfloat16" || f.dtype == "float16") return nn::weight_only_options(f.dtype);
+  return std::nullopt;
+}
+
+// `inference` (dtp-generate, dtp-serve): --dtype also takes bfloat16 and
+// float16, and --quantize / --quantize-group are added.
+inline void add_model_flags(CLI::App& app, ModelFlags& f, bool inference = false) {
   app.add_option("--dim", f.dim, "Model width")->check(apps::kPositive);
   app.add_option("--layers", f.layers, "Transformer blocks")->check(apps::kNonNegative);
   app.add_option("--heads", f.heads, "Attention heads")->check(apps::kPositive);
   app.add_option("--kv-heads", f.kv_heads, "Key/value heads (grouped-query attention)")->check(apps::kPositive);
   app.add_option("--ffn", f.ffn, "MLP hidden size [default: SwiGLU's 8/3 dim]")->check(apps::kNonNegative);
   app.add_flag("--tie-embeddings", f.tie, "Share the embedding and output weights");
-  app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks")
-      ->check(CLI::IsMember({"float32", "float64"}));
+  if (!inference) {
+    app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks")
+        ->check(CLI::IsMember({"float32", "float64"}));
+    return;
+  }
+  app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks; "
+                 "bfloat16 or float16: the Linear weights stored so (a --hf folder's cast at load), the rest and "
+                 "the computation float32")
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
+  app.add_option("--quantize", f.quantize, "int8: weight-only int8 Linear weights, quantized at load (one float32 "
+                 "scale per --quantize-group inputs of each row, llama.cpp's Q8_0 at 32), computing in --dtype")
+      ->check(CLI::IsMember({"none", "int8"}))->capture_default_str();
+  app.add_option("--quantize-group", f.quantize_group, "Inputs per int8 scale along each row; 0: one scale per "
+                 "output row (torchao's int8_weight_only). Under TP each rank's share of a row must be a multiple "
+                 "of it")->check(apps::kNonNegative)->capture_default_str();
 }
 
 // dtp-train's mixture-of-experts flags (dtp-generate's --top-k samples).

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path,
                  "A model folder, tokenizer.json (Hugging Face), tokenizer.model (sentencepiece) or \"byte\" "
                  "[default: the --hf folder (its tokenizer.json, else tokenizer.model), else byte]");
-  apps::add_model_flags(app, model_flags);
+  apps::add_model_flags(app, model_flags, /*inference=*/true);
   auto* prompt_opt = app.add_option("--prompt", prompts, "Text to continue (repeat for a batch)");
   auto* prompt_file_opt = app.add_option("--prompt-file", prompt_file, "A file of prompts, one per line (a batch)");
   auto* chat_opt = app.add_option("--chat", chat,
@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
                   << tokenizer->encode(prompts[0], /*add_bos=*/false).size() << " tokens, stops at [" << stops << "]\n";
       }
     }
-    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
+    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep,
+                                                apps::weight_only_of(model_flags));
     std::cerr << "dtp-generate: " << apps::memory_after_load(world.rank()) << std::endl;
     std::vector<std::vector<int64_t>> ids;
     // A chat prompt holds its BOS already (the template writes bos_token).

@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--hf", hf, "Hugging Face folder (config.json, safetensors, tokenizer.json or tokenizer.model)")->excludes(ck);
   app.add_option("--tokenizer", tokenizer_path, "A model folder, tokenizer.json, tokenizer.model or \"byte\" [default: "
                  "the --hf folder's, else byte]");
-  apps::add_model_flags(app, model_flags);
+  apps::add_model_flags(app, model_flags, /*inference=*/true);
   app.add_option("--ep", ep, "Expert-parallel degree for MoE models: ranks form an (ep, tp) mesh, each MoE layer's "
                  "experts spread over ep, the rest tensor parallel over tp = ranks / ep")
       ->check(dtp::apps::kPositive)->capture_default_str();
@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
         }
       }
     }
-    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep);
+    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep,
+                                                apps::weight_only_of(model_flags));
     std::cerr << "dtp-serve: " << apps::memory_after_load(world.rank()) << std::endl;
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
     eo.context = ctx;

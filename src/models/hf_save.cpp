@@ -237,6 +237,11 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
   checkFamily(model->config);
   const at::ScalarType dtype = options.dtype.value_or(model->config.dtype);
   const auto tensors = hf_tensors(model);
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.param.scalar_type() != at::kChar, "save_hf: NYI: '", t.fqn, "' is int8 (weight-only "
+                "quantized); HF folders hold float weights. Save the float model, or reload it without "
+                "weight_only.");
+  }
   std::vector<FileLayout> files;
   // NOTE: [Nothing dtp did not write]: the export joins the folder's other
   // entries; only its own older shards go.

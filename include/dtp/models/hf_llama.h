@@ -33,6 +33,7 @@
 #pragma once
 
 #include "dtp/models/llama.h"
+#include "dtp/nn/quantize.h"
 #include "dtp/process_group.h"
 
 #include <functional>
@@ -54,7 +55,21 @@ LlamaConfig llama_config_from_hf(const std::string& dir, int64_t max_seq_len = 0
 
 struct HFLoadOptions {
   uint64_t buffer_bytes = uint64_t{16} << 20;  // NOTE: [Bounded box IO]
+  // Set: the Linear layers to_weight_only converts (below) are stored as it
+  // says (bfloat16, float16, or int8 quantized at load), each converted as
+  // soon as it is read, so the float copy of one weight shard at a time is
+  // all the load holds beyond the narrow model. The model's dtype stays the
+  // computation's (NOTE: [Weight-only linears] in dtp/nn/quantize.h).
+  std::optional<nn::WeightOnlyOptions> weight_only;
 };
+
+// Converts the model's Linear layers with nn::to_weight_only: attention and
+// MLP projections (shared experts' too) and an untied output head. Kept in
+// the model's dtype: embeddings, norms, biases, a tied head (it is the
+// embedding), MoE routers (as llama.cpp keeps ffn_gate_inp) and the stacked
+// routed experts (NYI). After parallelizing, as the load does; the weights
+// must be set. Collective only where nn::to_weight_only is.
+void to_weight_only(Llama& model, const nn::WeightOnlyOptions& options);
 
 // Fills every parameter of `model` (built from llama_config_from_hf, then
 // parallelized any way, or not) from the folder's safetensors files, cast to

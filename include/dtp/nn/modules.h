@@ -18,11 +18,25 @@
 
 namespace dtp::nn {
 
+// The forward of a Linear converted by to_weight_only (NOTE: [Weight-only
+// linears] in dtp/nn/quantize.h): x [..., k] (float32 or float64) times the
+// narrow weight [n, k] -> [..., n] in x's dtype, plus `bias` when defined;
+// `scales` is defined for int8 weights only.
+at::Tensor weight_only_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
+                              const at::Tensor& bias);
+
 template <>
 class HookedImpl<torch::nn::LinearImpl> : public torch::nn::LinearImpl, public HookHost {
  public:
   using torch::nn::LinearImpl::LinearImpl;
-  at::Tensor forward(const at::Tensor& input) { return at::linear(input, weight, bias); }
+  at::Tensor forward(const at::Tensor& input) {
+    if (weight_only) return weight_only_linear(input, weight, weight_scales, bias);
+    return at::linear(input, weight, bias);
+  }
+  // Set by dtp::nn::to_weight_only: the weight is stored narrow (bf16,
+  // float16, int8 with the "weight_scales" buffer).
+  bool weight_only = false;
+  at::Tensor weight_scales;
 };
 
 class Linear : public Hooked<torch::nn::LinearImpl> {
