@@ -116,7 +116,7 @@ std::vector<at::Tensor> context_parallel_shard_batch(const Llama& model, const s
   if (!model->context_parallel) return batch;
   ContextParallelState& cp = *model->context_parallel;
   TORCH_CHECK(!batch.empty(), api, ": got no tensors, expected the batch's (tokens, labels).");
-  const int64_t dim = at::maybe_wrap_dim(seq_dim, batch[0].dim());
+  const int64_t dim = c10::maybe_wrap_dim(seq_dim, batch[0].dim());
   const int64_t seq = batch[0].size(dim), n = cp.group.size();
   for (size_t i = 1; i < batch.size(); ++i)
     TORCH_CHECK(batch[i].dim() > dim && batch[i].size(dim) == seq, api, ": tensor ", i, " has ",
