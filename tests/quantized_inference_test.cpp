@@ -11,6 +11,7 @@
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/parallelize.h"
+#include "dtp/module_utils.h"
 #include "dtp/nn/quantize.h"
 
 #include <ATen/ATen.h>
@@ -204,7 +205,8 @@ Llama dequantizedTwin(const std::string& dir, Llama& quantized) {
   for (const auto& item : quantized->named_modules("", false)) {
     auto* lin = dynamic_cast<LinearImpl*>(item.value().get());
     if (lin == nullptr || !lin->weight_only) continue;
-    linearAt(twin, item.key()).weight.copy_(nn::dequantized_weight(*lin, at::kDouble));
+    // Set apart, not copied into: a tied head's copy would change the embedding.
+    set_parameter(linearAt(twin, item.key()), "weight", nn::dequantized_weight(*lin, at::kDouble));
   }
   return twin;
 }
@@ -288,6 +290,9 @@ TEST_F(QuantizedInferenceTest, EveryFamilyAgainstFloat32) {
       Llama q = loadAs(f.dir, at::kFloat, o);
       EXPECT_TRUE(linearAt(q, "layers.0.attention.wq").weight_only);
       EXPECT_EQ(linearAt(q, "layers.0.attention.wq").weight.scalar_type(), o.dtype());
+      // The head is converted, tied or not; the embedding stays float32.
+      EXPECT_EQ(linearAt(q, "output").weight.scalar_type(), o.dtype());
+      EXPECT_EQ(q->tok_embeddings->weight.scalar_type(), at::kFloat);
       const std::vector<int64_t> got = greedy(q, kTokens);
       int64_t same = 0;
       for (size_t i = 0; i < got.size() && i < want.size(); ++i) same += got[i] == want[i];

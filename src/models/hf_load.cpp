@@ -99,7 +99,6 @@ std::map<std::string, std::pair<std::string, LinearImpl*>> weightOnlyLinears(Lla
     const std::string& fqn = item.key();
     const std::string leaf = fqn.substr(fqn.rfind('.') + 1);
     if (leaf == "gate" || leaf == "shared_expert_gate") continue;  // MoE routers
-    if (fqn == "output" && model->config.tie_embeddings) continue;  // the embedding itself
     out[fqn + ".weight"] = {fqn, linear};
   }
   return out;
@@ -187,6 +186,13 @@ void load_hf_weights(Llama& model, const std::string& dir, const HFLoadOptions& 
       // resident (measured: int8 at dim 1024 peaked at 0.94 GB, float32 at
       // 0.83 GB).
       releaseFreedMemory();
+    }
+  }
+  // A tied head is not a tensor of its own in the folder: it becomes one
+  // here, from the embedding just read (NOTE: [Weight-only linears]).
+  if (options.weight_only) {
+    for (const auto& [weight, linear] : linears) {
+      if (!linear.second->weight_only) nn::to_weight_only(*linear.second, *options.weight_only, linear.first);
     }
   }
   // Every parameter now holds the folder's values: a deferred_init model

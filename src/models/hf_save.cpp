@@ -237,10 +237,12 @@ void save_hf(Llama& model, const std::string& dir, const HFSaveOptions& options)
   checkFamily(model->config);
   const at::ScalarType dtype = options.dtype.value_or(model->config.dtype);
   const auto tensors = hf_tensors(model);
-  for (const auto& t : tensors) {
-    TORCH_CHECK(t.param.scalar_type() != at::kChar, "save_hf: NYI: '", t.fqn, "' is int8 (weight-only "
-                "quantized); HF folders hold float weights. Save the float model, or reload it without "
-                "weight_only.");
+  for (const auto& item : model->named_modules("", /*include_self=*/false)) {
+    const auto* linear = dynamic_cast<const nn::HookedImpl<torch::nn::LinearImpl>*>(item.value().get());
+    TORCH_CHECK(linear == nullptr || !linear->weight_only, "save_hf: NYI: '", item.key(), "' holds a weight-only "
+                "weight (", linear == nullptr ? at::kFloat : linear->weight.scalar_type(), ", converted for "
+                "inference: int8 quantized, or a tied head stored apart from the embedding). Save the float "
+                "model, or reload it without weight_only.");
   }
   std::vector<FileLayout> files;
   // NOTE: [Nothing dtp did not write]: the export joins the folder's other

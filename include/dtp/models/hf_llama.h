@@ -64,11 +64,14 @@ struct HFLoadOptions {
 };
 
 // Converts the model's Linear layers with nn::to_weight_only: attention and
-// MLP projections (shared experts' too) and an untied output head. Kept in
-// the model's dtype: embeddings, norms, biases, a tied head (it is the
-// embedding), MoE routers (as llama.cpp keeps ffn_gate_inp) and the stacked
-// routed experts (NYI). After parallelizing, as the load does; the weights
-// must be set. Collective only where nn::to_weight_only is.
+// MLP projections (shared experts' too) and the output head. A tied head
+// gets its own narrow copy of the embedding (decode reads the head every
+// token, the embedding one row), so the embedding stays in the model's
+// dtype beside it. Kept in the model's dtype: the embedding, norms, biases,
+// MoE routers (as llama.cpp keeps ffn_gate_inp) and the stacked routed
+// experts (NYI). After parallelizing, as the load does; the weights must be
+// set. Collective only where nn::to_weight_only is. save_hf refuses the
+// result (NYI).
 void to_weight_only(Llama& model, const nn::WeightOnlyOptions& options);
 
 // Fills every parameter of `model` (built from llama_config_from_hf, then
