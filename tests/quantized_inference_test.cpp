@@ -13,6 +13,7 @@
 #include "dtp/models/parallelize.h"
 #include "dtp/module_utils.h"
 #include "dtp/nn/quantize.h"
+#include "nn/quantized_linear.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -221,7 +222,7 @@ class QuantizedInferenceTest : public dtp::test::TempDirTest {};
 // bf16 2^-8 and float16 2^-11 relative), so the output moves by at most
 // sum_k |x_k| * that. Both matrix-vector (<= 8 rows) and blocked paths, the
 // Q8_0 groups of 32, other groups, per-row scales and widths off the SIMD
-// step.
+// step, with each instruction set's kernel this CPU runs.
 TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
   const std::vector<LinearCase> cases = {
       {at::kChar, 32, 40, 96, 1, at::kFloat},   {at::kChar, 32, 40, 96, 13, at::kFloat},
@@ -230,9 +231,12 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
       {at::kBFloat16, 0, 40, 100, 1, at::kFloat}, {at::kBFloat16, 0, 40, 100, 12, at::kFloat},
       {at::kHalf, 0, 40, 100, 4, at::kFloat},   {at::kBFloat16, 0, 17, 33, 2, at::kDouble},
   };
+  const int best = nn::detail::weight_only_best_isa();
+  for (int isa = 0; isa <= best; ++isa) {  // each kernel this CPU runs: portable, AVX2, AVX-512
+  nn::detail::set_weight_only_isa(isa);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
   for (const LinearCase& c : cases) {
-    SCOPED_TRACE(describe(c));
+    SCOPED_TRACE(describe(c) + " isa " + std::to_string(isa));
     nn::Linear lin(torch::nn::LinearOptions(c.in, c.out).bias(true));
     const at::Tensor w = at::randn({c.out, c.in}, gen), b = at::randn({c.out}, gen);
     {
@@ -264,9 +268,11 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
     const at::Tensor bound = at::mm(x64.abs(), step.t()) + rounding;
     const double err = maxAbsDiff(y, at::mm(x64, w64.t()) + b64);
     EXPECT_LE(excess(y, at::mm(x64, w64.t()) + b64, bound), 0.0) << "max |y - x w^T - b| " << err;
-    std::printf("%s: max |y - float64| %.3g (bound at that element's scale: max %.3g)\n", describe(c).c_str(), err,
-                bound.max().item<double>());
+    std::printf("isa %d, %s: max |y - float64| %.3g (bound at that element's scale: max %.3g)\n", isa,
+                describe(c).c_str(), err, bound.max().item<double>());
   }
+  }
+  nn::detail::set_weight_only_isa(-1);
 }
 
 // Every family's folder loaded in float32, with bf16 Linear weights and with

@@ -3,6 +3,7 @@
 // conversion of a Linear. See NOTE: [Weight-only linears] in
 // include/dtp/nn/quantize.h.
 #include "dtp/nn/quantize.h"
+#include "nn/quantized_linear.h"
 
 #include "dtp/dtensor.h"
 #include "dtp/module_utils.h"
@@ -18,6 +19,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 
@@ -128,13 +130,82 @@ DTP_AVX2 float rowAvx2(const float* x, const W* w, const float* s, int64_t k, in
   return acc;
 }
 
-bool hasAvx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // F16C comes with AVX2
-  return yes;
+#define DTP_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+DTP_AVX512 inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+DTP_AVX512 inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+DTP_AVX512 inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <class W>
+DTP_AVX512 float dotAvx512(const float* x, const W* w, int64_t k) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 64 <= k; i += 64) {
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load16(w + i), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), load16(w + i + 16), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), load16(w + i + 32), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), load16(w + i + 48), a3);
+  }
+  for (; i + 16 <= k; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load16(w + i), a0);
+  float acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i < k; ++i) acc += x[i] * widen(w[i]);
+  return acc;
+}
+
+DTP_AVX512 inline __m512 group32x16(const float* x, const int8_t* w) {
+  const __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), load16(w));
+  return _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), load16(w + 16), p);
+}
+
+DTP_AVX512 float groups32Avx512(const float* x, const int8_t* w, const float* s, int64_t groups) {
+  __m512 t0 = _mm512_setzero_ps(), t1 = t0;
+  int64_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    t0 = _mm512_fmadd_ps(_mm512_set1_ps(s[g]), group32x16(x + g * 32, w + g * 32), t0);
+    t1 = _mm512_fmadd_ps(_mm512_set1_ps(s[g + 1]), group32x16(x + (g + 1) * 32, w + (g + 1) * 32), t1);
+  }
+  if (g < groups) t0 = _mm512_fmadd_ps(_mm512_set1_ps(s[g]), group32x16(x + g * 32, w + g * 32), t0);
+  return _mm512_reduce_add_ps(_mm512_add_ps(t0, t1));
+}
+
+template <class W>
+DTP_AVX512 float rowAvx512(const float* x, const W* w, const float* s, int64_t k, int64_t groups) {
+  if (groups == 0) return dotAvx512(x, w, k);
+  if (groups == 1) return dotAvx512(x, w, k) * s[0];
+  const int64_t gs = k / groups;
+  if constexpr (std::is_same_v<W, int8_t>) {
+    if (gs == 32) return groups32Avx512(x, w, s, groups);
+  }
+  float acc = 0;
+  for (int64_t g = 0; g < groups; ++g) acc += s[g] * dotAvx512(x + g * gs, w + g * gs, gs);
+  return acc;
+}
+
+int detectIsa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;  // F16C comes with AVX2
+  return 0;
 }
 #else
-bool hasAvx2() { return false; }
+int detectIsa() { return 0; }
 #endif
+
+// See detail::set_weight_only_isa in src/nn/quantized_linear.h.
+std::atomic<int> forcedIsa{-1};
+
+int activeIsa() {
+  static const int best = detectIsa();
+  const int forced = forcedIsa.load(std::memory_order_relaxed);
+  return forced < 0 ? best : std::min(forced, best);
+}
 
 // y[m, n] for m < rows of x (at most kGemvRows), n in [n0, n1): each weight
 // row is read once and used for every row of x while in cache.
@@ -142,13 +213,18 @@ template <class T, class W>
 void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int64_t groups, T* y, int64_t n,
               int64_t n0, int64_t n1) {
   const int64_t sStride = std::max<int64_t>(groups, 0);
+  const int isa = activeIsa();
   for (int64_t r = n0; r < n1; ++r) {
     const W* row = w + r * k;
     const float* rs = s == nullptr ? nullptr : s + r * sStride;
     for (int64_t i = 0; i < m; ++i) {
 #if defined(__x86_64__) && defined(__GNUC__)
       if constexpr (std::is_same_v<T, float>) {
-        if (hasAvx2()) {
+        if (isa == 2) {
+          y[i * n + r] = rowAvx512(x + i * k, row, rs, k, groups);
+          continue;
+        }
+        if (isa == 1) {
           y[i * n + r] = rowAvx2(x + i * k, row, rs, k, groups);
           continue;
         }
@@ -328,6 +404,11 @@ void quantizeRows(const at::Tensor& w, int64_t gs, const at::Tensor& row_amax, a
 }
 
 }  // namespace
+
+namespace detail {
+int weight_only_best_isa() { return detectIsa(); }
+void set_weight_only_isa(int level) { forcedIsa.store(level, std::memory_order_relaxed); }
+}  // namespace detail
 
 WeightOnlyOptions weight_only_options(const std::string& name, int64_t group_size) {
   WeightOnlyOptions o;
