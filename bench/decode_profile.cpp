@@ -29,7 +29,9 @@
 #include "dtp/models/parallelize.h"
 #include "dtp/process_group.h"
 
+#include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/record_function.h>
+#include <torch/library.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -237,6 +239,25 @@ void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int re
   }
 }
 
+// --mv: what decode would gain from a matrix-vector path, measured without
+// touching the library: aten::mm's CPU kernel is replaced, for this process
+// only, by one that sends a float32 product of one row by a transposed
+// contiguous weight (nn::Linear at batch 1: x [1, in] @ w.t()) to at::mv,
+// and everything else to libtorch's own CPU mm (at::cpu::mm, which bypasses
+// the dispatcher). libtorch warns once that a kernel was overridden.
+at::Tensor mm_one_row_as_mv(const at::Tensor& self, const at::Tensor& mat2) {
+  if (self.dim() == 2 && self.size(0) == 1 && self.scalar_type() == at::kFloat && mat2.scalar_type() == at::kFloat &&
+      mat2.t().is_contiguous()) {
+    return at::mv(mat2.t(), self.select(0, 0)).unsqueeze(0);
+  }
+  return at::cpu::mm(self, mat2);
+}
+
+void route_one_row_mm_to_mv() {
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  lib.impl("mm", TORCH_FN(mm_one_row_as_mv));
+}
+
 struct Run {
   std::vector<std::vector<int64_t>> tokens;
   dtp::models::GenerateStats stats;
@@ -281,12 +302,13 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile = true;
     else if (a == "--cpu-time") g_cpu_time = true;
     else if (a == "--gemv") gemv = true;
+    else if (a == "--mv") route_one_row_mm_to_mv();
     else if (a == "--top") top = std::stoll(next());
     else if (a == "--bandwidth-gbs") bandwidth_gbs = std::stod(next());
     else {
       std::cerr << "dtp_decode_profile: unknown argument '" << a << "'. Usage: --hf DIR [--prompt-ids a,b,c] "
                 << "[--tokens N] [--context C] [--dtype float32|bfloat16] [--profile [--top K] "
-                << "[--bandwidth-gbs G] [--cpu-time]] [--gemv]\n";
+                << "[--bandwidth-gbs G] [--cpu-time]] [--gemv] [--mv]\n";
       return 2;
     }
   }
