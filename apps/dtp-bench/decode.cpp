@@ -10,6 +10,7 @@
 #include "dtp/models/generate.h"
 #include "dtp/inference/kv_cache.h"
 #include "dtp/models/llama.h"
+#include "dtp/nn/modules.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -82,7 +83,7 @@ class DtpDecoder : public Decoder {
 };
 
 // What a user writes without dtp, on the model's weights (this rank's shards
-// under TP, gpt-fast style): plain tensors, at::linear, rms norm, a SwiGLU
+// under TP, gpt-fast style): plain tensors, linear, rms norm, a SwiGLU
 // MLP, the same KVCache and cached_attention as the model, and with a group
 // of more than one rank the collectives of Megatron TP written out: one
 // all-reduce after the embedding (each rank looks up its vocabulary rows,
@@ -159,6 +160,9 @@ class HandDecoder : public Decoder {
   at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w) const {
     return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps_) * w;
   }
+  // at::linear with dtp's one-row path (NOTE: [One-row linear]): the
+  // products are the model's kernels, so dtp - hand stays DTensor's cost.
+  static at::Tensor linear(const at::Tensor& x, const at::Tensor& w) { return dtp::nn::detail::linear(x, w, {}); }
   at::Tensor allReduce(at::Tensor t) const {
     if (group_.valid()) group_.all_reduce(t);
     return t;
@@ -179,16 +183,16 @@ class HandDecoder : public Decoder {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& l = layers_[i];
       at::Tensor x = rmsNorm(h, l.attention_norm);
-      const at::Tensor q = at::linear(x, l.wq).view({batch, seq, -1, head_dim_});
-      const at::Tensor k = at::linear(x, l.wk).view({batch, seq, -1, head_dim_});
-      const at::Tensor v = at::linear(x, l.wv).view({batch, seq, -1, head_dim_});
+      const at::Tensor q = linear(x, l.wq).view({batch, seq, -1, head_dim_});
+      const at::Tensor k = linear(x, l.wk).view({batch, seq, -1, head_dim_});
+      const at::Tensor v = linear(x, l.wv).view({batch, seq, -1, head_dim_});
       const at::Tensor a = cached_attention(q, k, v, rope_cos_, rope_sin_, cache_, static_cast<int64_t>(i));
-      h = h + allReduce(at::linear(a, l.wo));
+      h = h + allReduce(linear(a, l.wo));
       x = rmsNorm(h, l.ffn_norm);
-      h = h + allReduce(at::linear(at::silu(at::linear(x, l.w1)) * at::linear(x, l.w3), l.w2));
+      h = h + allReduce(linear(at::silu(linear(x, l.w1)) * linear(x, l.w3), l.w2));
     }
     cache_.end(valid);
-    return at::linear(rmsNorm(h.narrow(1, seq - 1, 1), norm_), output_);
+    return linear(rmsNorm(h.narrow(1, seq - 1, 1), norm_), output_);
   }
 
   // The largest logit, the lowest vocabulary index among equals (sample's order).

@@ -28,6 +28,7 @@
 #include "dtensor/dispatch_context.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/explicit_redistribute.h"
+#include "dtensor/local_linear.h"
 #include "dtensor/redistribute.h"
 
 #include "comm/result_tape.h"
@@ -275,7 +276,8 @@ at::Tensor fusedProduct(const at::Tensor& x, const at::Tensor& weight, bool tran
   shape.back() = weight.size(out_dim);
   return fusedGraph(transposed ? "aten::linear" : "aten::matmul", x, weight, out, shape,
                     std::move(plan), [transposed](const at::Tensor& lx, const at::Tensor& lw) {
-                      return transposed ? at::linear(lx, lw) : at::matmul(lx, lw);
+                      // See NOTE: [One-row linear] (a graph is recorded here: ATen's op).
+                      return transposed ? local_linear(lx, lw, at::Tensor()) : local_matmul(lx, lw);
                     });
 }
 

@@ -1,6 +1,7 @@
 #include "dtp/nn/modules.h"
 
 #include "dtensor/fused_ops.h"
+#include "dtensor/local_linear.h"
 
 #include <ATen/ATen.h>
 
@@ -24,5 +25,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
+
+at::Tensor detail::linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  return dtp::detail::local_linear(input, weight, bias);
+}
 
 }  // namespace dtp::nn

@@ -25,13 +25,21 @@ namespace dtp::nn {
 at::Tensor weight_only_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
                               const at::Tensor& bias);
 
+namespace detail {
+// at::linear(input, weight, bias), except that one row of float32 or
+// float64 on the CPU with no graph recorded runs as a matrix-vector product
+// (NOTE: [One-row linear], src/dtensor/local_linear.cpp). DTensors go to
+// at::linear, whose local op takes the same path.
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias);
+}  // namespace detail
+
 template <>
 class HookedImpl<torch::nn::LinearImpl> : public torch::nn::LinearImpl, public HookHost {
  public:
   using torch::nn::LinearImpl::LinearImpl;
   at::Tensor forward(const at::Tensor& input) {
     if (weight_only) return weight_only_linear(input, weight, weight_scales, bias);
-    return at::linear(input, weight, bias);
+    return detail::linear(input, weight, bias);
   }
   // Set by dtp::nn::to_weight_only: the weight is stored narrow (bf16,
   // float16, int8 with the "weight_scales" buffer).

@@ -1,6 +1,7 @@
 // Matrix ops as einsum specs: "mk,kn->mn" shards any output letter, turns a
 // sharded contraction letter into P(sum), and passes one Partial operand
 // through (the product is linear in each operand).
+#include "dtensor/local_linear.h"
 #include "dtensor/rules/common.h"
 
 namespace dtp {
@@ -121,8 +122,9 @@ void registerMatrixRules(RuleRegistry& r) {
   r.add("aten::mv", einsum("mk,k->m"));
   r.add("aten::addmm", withBias("mk,kn->mn"));
   r.add("aten::baddbmm", withBias("bmk,bkn->bmn"));
-  r.add("aten::linear", byMatrix(/*transposed=*/true));
-  r.add("aten::matmul", byMatrix(/*transposed=*/false));
+  // The local op by detail::linear_local / matmul_local: NOTE: [One-row linear].
+  r.add("aten::linear", byMatrix(/*transposed=*/true), /*shape=*/nullptr, &detail::linear_local);
+  r.add("aten::matmul", byMatrix(/*transposed=*/false), /*shape=*/nullptr, &detail::matmul_local);
 }
 
 }  // namespace dtp
