@@ -39,6 +39,22 @@ inline std::optional<nn::WeightOnlyOptions> weight_only_of(const ModelFlags& f) 
   return std::nullopt;
 }
 
+// --dtype (float32, float64, bfloat16, float16), --quantize and
+// --quantize-group: the weights' storage of dtp-generate, dtp-serve and
+// dtp-bench --decode (weight_only_of reads them).
+inline void add_weight_format_flags(CLI::App& app, ModelFlags& f) {
+  app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks; "
+                 "bfloat16 or float16: the Linear weights stored so (a --hf folder's cast at load), the rest and "
+                 "the computation float32")
+      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
+  app.add_option("--quantize", f.quantize, "int8: weight-only int8 Linear weights, quantized at load (one float32 "
+                 "scale per --quantize-group inputs of each row, llama.cpp's Q8_0 at 32), computing in --dtype")
+      ->check(CLI::IsMember({"none", "int8"}))->capture_default_str();
+  app.add_option("--quantize-group", f.quantize_group, "Inputs per int8 scale along each row; 0: one scale per "
+                 "output row (torchao's int8_weight_only). Under TP each rank's share of a row must be a multiple "
+                 "of it")->check(apps::kNonNegative)->capture_default_str();
+}
+
 // `inference` (dtp-generate, dtp-serve): --dtype also takes bfloat16 and
 // float16, and --quantize / --quantize-group are added.
 inline void add_model_flags(CLI::App& app, ModelFlags& f, bool inference = false) {
@@ -53,16 +69,7 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f, bool inference = false
         ->check(CLI::IsMember({"float32", "float64"}));
     return;
   }
-  app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks; "
-                 "bfloat16 or float16: the Linear weights stored so (a --hf folder's cast at load), the rest and "
-                 "the computation float32")
-      ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
-  app.add_option("--quantize", f.quantize, "int8: weight-only int8 Linear weights, quantized at load (one float32 "
-                 "scale per --quantize-group inputs of each row, llama.cpp's Q8_0 at 32), computing in --dtype")
-      ->check(CLI::IsMember({"none", "int8"}))->capture_default_str();
-  app.add_option("--quantize-group", f.quantize_group, "Inputs per int8 scale along each row; 0: one scale per "
-                 "output row (torchao's int8_weight_only). Under TP each rank's share of a row must be a multiple "
-                 "of it")->check(apps::kNonNegative)->capture_default_str();
+  add_weight_format_flags(app, f);
 }
 
 // dtp-train's mixture-of-experts flags (dtp-generate's --top-k samples).

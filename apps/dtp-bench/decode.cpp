@@ -9,6 +9,7 @@
 #include "dtp/inference/sampling.h"
 #include "dtp/models/generate.h"
 #include "dtp/inference/kv_cache.h"
+#include "dtp/models/hf_llama.h"
 #include "dtp/models/llama.h"
 #include "dtp/nn/modules.h"
 
@@ -114,6 +115,17 @@ class HandDecoder : public Decoder {
     };
     embedding_ = get("tok_embeddings.weight", Shard(0));
     vocab_offset_ = offset("tok_embeddings.weight");
+    // A Linear converted by to_weight_only: its narrow weight and, for int8,
+    // the scales buffer beside it, this rank's rows (kv: one head's rows).
+    auto linearWeight = [&](const std::string& name, const Placement& want, int64_t row0 = -1, int64_t rows = 0) {
+      Weight w{get(name, want), at::Tensor()};
+      if (const at::Tensor* s = buffers.find(name + "_scales")) w.scales = is_dtensor(*s) ? to_local(*s) : *s;
+      if (row0 >= 0) {
+        w.w = w.w.narrow(0, row0, rows);
+        if (w.scales.defined()) w.scales = w.scales.narrow(0, row0, rows);
+      }
+      return w;
+    };
     const int64_t head_dim = model->config.head_dim();
     for (int64_t i = 0; i < model->config.n_layers; ++i) {
       const std::string l = "layers." + std::to_string(i) + ".";
@@ -121,17 +133,18 @@ class HandDecoder : public Decoder {
       // rank projects onto its one KV head only (vLLM's rule).
       const int64_t kv_head = model->layers->ptr(i)->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->kv_head;
       auto kv = [&](const std::string& name) {
-        if (kv_head < 0) return get(name, Shard(0));
-        return get(name, Replicate()).narrow(0, kv_head * head_dim, head_dim);
+        if (kv_head < 0) return linearWeight(name, Shard(0));
+        return linearWeight(name, Replicate(), kv_head * head_dim, head_dim);
       };
-      layers_.push_back({get(l + "attention_norm.weight", Replicate()), get(l + "attention.wq.weight", Shard(0)),
+      layers_.push_back({get(l + "attention_norm.weight", Replicate()), linearWeight(l + "attention.wq.weight", Shard(0)),
                          kv(l + "attention.wk.weight"), kv(l + "attention.wv.weight"),
-                         get(l + "attention.wo.weight", Shard(1)), get(l + "ffn_norm.weight", Replicate()),
-                         get(l + "feed_forward.w1.weight", Shard(0)), get(l + "feed_forward.w2.weight", Shard(1)),
-                         get(l + "feed_forward.w3.weight", Shard(0))});
+                         linearWeight(l + "attention.wo.weight", Shard(1)), get(l + "ffn_norm.weight", Replicate()),
+                         linearWeight(l + "feed_forward.w1.weight", Shard(0)),
+                         linearWeight(l + "feed_forward.w2.weight", Shard(1)),
+                         linearWeight(l + "feed_forward.w3.weight", Shard(0))});
     }
     norm_ = get("norm.weight", Replicate());
-    output_ = get("output.weight", Shard(0));
+    output_ = linearWeight("output.weight", Shard(0));
     head_offset_ = offset("output.weight");
     auto buffer = [&](const std::string& name) {
       const at::Tensor* t = buffers.find(name);
@@ -153,16 +166,27 @@ class HandDecoder : public Decoder {
   }
 
  private:
+  struct Weight {
+    at::Tensor w, scales;  // scales: int8 weights only
+  };
   struct Layer {
-    at::Tensor attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+    at::Tensor attention_norm;
+    Weight wq, wk, wv, wo;
+    at::Tensor ffn_norm;
+    Weight w1, w2, w3;
   };
 
   at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& w) const {
     return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps_) * w;
   }
-  // at::linear with dtp's one-row path (NOTE: [One-row linear]): the
-  // products are the model's kernels, so dtp - hand stays DTensor's cost.
-  static at::Tensor linear(const at::Tensor& x, const at::Tensor& w) { return dtp::nn::detail::linear(x, w, {}); }
+  // The model's own kernels, so dtp - hand stays DTensor's cost: at::linear
+  // with dtp's one-row path (NOTE: [One-row linear]), or the weight-only
+  // kernel of a narrow weight (NOTE: [Weight-only linears]).
+  static at::Tensor linear(const at::Tensor& x, const Weight& w) {
+    if (at::isFloatingType(w.w.scalar_type()) && w.w.scalar_type() == x.scalar_type())
+      return dtp::nn::detail::linear(x, w.w, {});
+    return dtp::nn::weight_only_linear(x, w.w, w.scales, {});
+  }
   at::Tensor allReduce(at::Tensor t) const {
     if (group_.valid()) group_.all_reduce(t);
     return t;
@@ -218,7 +242,8 @@ class HandDecoder : public Decoder {
   KVCache cache_;
   double eps_;
   int64_t head_dim_ = 0, vocab_offset_ = 0, head_offset_ = 0;
-  at::Tensor embedding_, norm_, output_, rope_cos_, rope_sin_;
+  at::Tensor embedding_, norm_, rope_cos_, rope_sin_;
+  Weight output_;
   std::vector<Layer> layers_;
 };
 
@@ -378,8 +403,9 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
   }
   if (world.rank() == 0) {
     std::printf("\n## Decode with a KV cache: ms per token (prompt %lld tokens, untimed; %lld greedy steps timed), "
-                "float32 on %s, median of %d reps interleaved; %d threads per rank\n\n",
-                static_cast<long long>(o.prompt), static_cast<long long>(o.steps), mesh.device().str().c_str(), o.reps,
+                "%s weights on %s, median of %d reps interleaved; %d threads per rank\n\n",
+                static_cast<long long>(o.prompt), static_cast<long long>(o.steps), o.weights.c_str(),
+                mesh.device().str().c_str(), o.reps,
                 at::get_num_threads());
     std::printf("tp=1: dtp's model on plain tensors vs plain libtorch%s; tp=%d%s: apply_tensor_parallel_for_inference "
                 "vs hand-written TP on the same local shards%s\n\n", w > 1 ? " (rank 0 alone, with the threads of all ranks)" : "",
@@ -404,14 +430,26 @@ bool run_decode(const DecodeOptions& o, const ProcessGroup& world) {
     // steps + 1 new tokens, which the decoders never feed back.
     LlamaConfig c = configOf(s, o.prompt + o.steps + 1);
     c.device = mesh.device();
+    c.dtype = o.dtype;
+    // --dtype bfloat16 / float16, --quantize int8: each model's Linear
+    // weights converted after TP, as dtp-generate's load does. The plain
+    // model last: the first conversion registers the weight-only ops'
+    // sharding rules, which every rank must have before it parallelizes
+    // (NOTE: [Ranks agree on sharding rules]).
+    auto narrow = [&](Llama& m) {
+      if (o.weight_only) to_weight_only(m, *o.weight_only);
+    };
     std::optional<Llama> plain, tp_gloo;
     if (alone.valid()) plain.emplace(c);
     Llama tp(c);
     apply_tensor_parallel_for_inference(tp, mesh);
+    narrow(tp);
     if (gloo_mesh) {
       tp_gloo.emplace(c);
       apply_tensor_parallel_for_inference(*tp_gloo, *gloo_mesh);
+      narrow(*tp_gloo);
     }
+    if (plain) narrow(*plain);
     for (int64_t batch : o.batches) {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
       const at::Tensor prompts = at::randint(s.vocab, {batch, o.prompt}, gen).to(c.device);  // the same on every rank

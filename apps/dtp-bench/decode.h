@@ -17,9 +17,13 @@
 // or issues other collectives: then it would not be a fair baseline.
 #pragma once
 
+#include "dtp/nn/quantize.h"
 #include "dtp/process_group.h"
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,11 @@ struct DecodeOptions {
   std::vector<int64_t> batches{1, 8};
   std::vector<std::string> sizes{"d256", "d512", "d1024"};  // of decode_size_names()
   std::string device = "cpu";                                // cpu, or cuda (GPU LOCAL_RANK)
+  // --dtype / --quantize (dtp-generate's flags): the computation's dtype and
+  // the Linear weights' storage (models::to_weight_only), for both decoders.
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::optional<nn::WeightOnlyOptions> weight_only;
+  std::string weights = "float32";  // the table's label
 };
 
 // The model sizes --decode knows: d64 (a smoke test), d256, d512, d1024.

@@ -14,6 +14,7 @@
 // Run it under the launcher: `dtprun -n 2 dtp-bench`; `-n 1` leaves only
 // DTensor's own CPU cost (no communication) between dtp and hand-written.
 #include "../common/checks.h"
+#include "../common/model_flags.h"
 #include "megatron.h"
 #include "sizes.h"
 #include "stats.h"
@@ -392,6 +393,9 @@ int main(int argc, char** argv) {
   app.add_option("--batches", decode.batches, "Batch sizes --decode runs")
       ->check(dtp::apps::kPositive)
       ->capture_default_str();
+  // --decode's weights, parsed as dtp-generate's (apps/common/model_flags.h).
+  dtp::apps::ModelFlags decode_weights;
+  dtp::apps::add_weight_format_flags(app, decode_weights);
   app.add_option("--dp", o.dp, "Data-parallel degree: run the 2-D (dp, WORLD_SIZE/dp) tables (FSDP, DDP) instead")
       ->check(dtp::apps::kPositive);
   app.add_option("--device", o.device, "Run the dtp vs plain libtorch table on this device instead (cuda: GPU LOCAL_RANK); with --decode, "
@@ -443,6 +447,11 @@ int main(int argc, char** argv) {
       if (!o.device.empty()) decode.device = o.device;
       if (app.count("--reps") > 0) decode.reps = o.reps;
       if (app.count("--warmup") > 0) decode.warmup = o.warmup;
+      decode.dtype = dtp::apps::dtype_of(decode_weights.dtype);
+      decode.weight_only = dtp::apps::weight_only_of(decode_weights);
+      decode.weights = decode_weights.quantize != "none"
+                           ? decode_weights.quantize + " (groups of " + std::to_string(decode_weights.quantize_group) + ")"
+                           : decode_weights.dtype;
       if (world.rank() == 0)
         std::printf("dtp-bench --decode: %d ranks, %d threads per rank, libtorch %s\n", world.size(),
                     at::get_num_threads(), TORCH_VERSION);
