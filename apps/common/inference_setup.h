@@ -86,9 +86,11 @@ inline void release_freed_memory() {
 #endif
 }
 
-// "TP=2", or "EP=2 x TP=1": how load_inference_model lays out `world_size` ranks.
-inline std::string layout_name(int world_size, int64_t ep) {
-  return ep > 1 ? c10::str("EP=", ep, " x TP=", world_size / ep) : c10::str("TP=", world_size);
+// "TP=2", "EP=2 x TP=1" or "CP=2 x TP=1": how load_inference_model lays out `world_size` ranks.
+inline std::string layout_name(int world_size, int64_t ep, int64_t cp = 1) {
+  return ep > 1   ? c10::str("EP=", ep, " x TP=", world_size / ep)
+         : cp > 1 ? c10::str("CP=", cp, " x TP=", world_size / cp)
+                  : c10::str("TP=", world_size);
 }
 
 // The model of `s` on a ("tp") mesh of every rank, or with `ep` > 1 an
@@ -99,19 +101,27 @@ inline std::string layout_name(int world_size, int64_t ep) {
 // With `weight_only` (weight_only_of: --dtype bfloat16 / float16, --quantize
 // int8) the Linear weights are stored so: converted as each is read from a
 // --hf folder, after the load from a checkpoint.
+// With `cp` > 1 a ("cp", "tp") mesh: the prompt's prefill over cp (NOTE:
+// [Context-parallel prefill] in src/models/llama_cp_prefill.cpp), TP over tp.
 inline models::Llama load_inference_model(InferenceSetup& s, const std::string& hf, const std::string& device,
                                           int world_size, int64_t ep = 1,
-                                          const std::optional<nn::WeightOnlyOptions>& weight_only = std::nullopt) {
+                                          const std::optional<nn::WeightOnlyOptions>& weight_only = std::nullopt,
+                                          int64_t cp = 1, const models::ContextParallelOptions& cp_options = {}) {
   TORCH_CHECK(ep == 1 || s.config.moe.num_experts > 0, "--ep ", ep, ": the model has no mixture-of-experts layers "
               "to spread. Drop --ep.");
-  TORCH_CHECK(world_size % ep == 0, "--ep ", ep, " does not divide the ", world_size, " ranks: the ranks form an "
-              "(ep, tp) mesh with tp = ranks / ep. Run a multiple of ", ep, " ranks.");
-  const int64_t tp = world_size / ep;
-  DeviceMesh mesh = ep > 1 ? init_device_mesh(device, {ep, tp}, {"ep", "tp"}) : init_device_mesh(device, {tp}, {"tp"});
+  TORCH_CHECK(ep == 1 || cp == 1, "NYI: --cp with --ep (#58). Pass one of them.");
+  TORCH_CHECK(world_size % (ep * cp) == 0, ep > 1 ? "--ep " : "--cp ", ep * cp, " does not divide the ", world_size,
+              " ranks: the ranks form an (", ep > 1 ? "ep" : "cp", ", tp) mesh with tp = ranks / ", ep > 1 ? "ep" : "cp",
+              ". Run a multiple of ", ep * cp, " ranks.");
+  const int64_t tp = world_size / (ep * cp);
+  DeviceMesh mesh = ep > 1   ? init_device_mesh(device, {ep, tp}, {"ep", "tp"})
+                    : cp > 1 ? init_device_mesh(device, {cp, tp}, {"cp", "tp"})
+                             : init_device_mesh(device, {tp}, {"tp"});
   s.config.device = mesh.device();
   auto parallelize = [&](models::Llama& model) {
     if (ep > 1) models::apply_expert_parallel(model, mesh["ep"]);
     if (tp > 1) models::apply_tensor_parallel_for_inference(model, mesh["tp"]);
+    if (cp > 1) models::apply_context_parallel(model, mesh["cp"], cp_options);
   };
   models::Llama model{nullptr};
   if (!hf.empty()) {

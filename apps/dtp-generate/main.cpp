@@ -4,10 +4,12 @@
 //   dtprun -n 2 dtp-generate --checkpoint ck          (its newest step-<N>/)
 //   dtprun -n 2 dtp-generate --hf Llama-2-7b-hf --prompt "The capital of France is"
 //   dtprun -n 2 dtp-generate --hf Qwen2.5-0.5B-Instruct --chat "Why is the sky blue?" --system "Be brief."
+//   dtprun -n 2 dtp-generate --checkpoint ck --cp 2 --prompt-file long.txt   (the prefill over 2 ranks)
 #include "../common/checkpoint_flags.h"
 #include "../common/inference_setup.h"
 #include "../common/model_flags.h"
 
+#include "dtp/comm_counter.h"
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/checkpoint.h"
@@ -33,7 +35,8 @@ int main(int argc, char** argv) {
   std::string checkpoint, hf, tokenizer_path, prompt_file, chat, system, chat_date, device = "cpu";
   bool no_think = false;
   std::vector<std::string> prompts;
-  int64_t max_new_tokens = 200, context = 0, top_k = 0, ep = 1;
+  int64_t max_new_tokens = 200, context = 0, top_k = 0, ep = 1, cp = 1;
+  std::string cp_attention = "ring", cp_layout = "head-tail";
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   CLI::App app{"dtp-generate: sample text from a dtp-train checkpoint or a Hugging Face Llama with tensor parallelism"};
@@ -72,6 +75,16 @@ int main(int argc, char** argv) {
   app.add_option("--ep", ep, "Expert-parallel degree for MoE models: ranks form an (ep, tp) mesh, each MoE layer's "
                  "experts spread over ep, the rest tensor parallel over tp = ranks / ep")
       ->check(dtp::apps::kPositive)->capture_default_str();
+  app.add_option("--cp", cp, "Context-parallel degree: the prompts' prefill spread over cp ranks by position (ring "
+                 "or all-to-all attention), the KV cache then gathered on every rank and decode as without cp; the "
+                 "ranks form a (cp, tp) mesh with tp = ranks / cp")
+      ->check(dtp::apps::kPositive)->capture_default_str();
+  app.add_option("--cp-attention", cp_attention, "Prefill attention over the cp ranks: ring (any head count) or "
+                 "all_to_all (Ulysses: heads per tp rank divisible by cp)")
+      ->check(CLI::IsMember({"ring", "all_to_all"}))->capture_default_str();
+  app.add_option("--cp-layout", cp_layout, "Prompt positions per cp rank: head-tail (two chunks, balanced causal "
+                 "work) or contiguous")
+      ->check(CLI::IsMember({"head-tail", "contiguous"}))->capture_default_str();
   app.add_option("--device", device, "cpu, or cuda: each rank on GPU LOCAL_RANK (untested on a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -118,8 +131,11 @@ int main(int argc, char** argv) {
                   << tokenizer->encode(prompts[0], /*add_bos=*/false).size() << " tokens, stops at [" << stops << "]\n";
       }
     }
+    ContextParallelOptions cp_options;
+    cp_options.attention = cp_attention == "ring" ? ContextParallelAttention::Ring : ContextParallelAttention::AllToAll;
+    cp_options.layout = cp_layout == "head-tail" ? CpLayout::HeadTail : CpLayout::Contiguous;
     Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep,
-                                                apps::weight_only_of(model_flags));
+                                                apps::weight_only_of(model_flags), cp, cp_options);
     std::cerr << "dtp-generate: " << apps::memory_after_load(world.rank()) << std::endl;
     std::vector<std::vector<int64_t>> ids;
     // A chat prompt holds its BOS already (the template writes bos_token).
@@ -130,7 +146,9 @@ int main(int argc, char** argv) {
     o.seed = seed;
     o.stop_tokens = stop_tokens;
     GenerateStats stats;
+    CommCounter comm;  // all of generate's messages: the prefill's are those less decode's
     const auto out = generate(model, ids, o, &stats);
+    const int64_t prefill_collectives = comm.total_count() - stats.decode_collectives;
     if (world.rank() == 0) {
       for (size_t b = 0; b < ids.size(); ++b) {
         // A chat prints the reply alone; a prompt is printed with its continuation.
@@ -150,9 +168,10 @@ int main(int argc, char** argv) {
       for (double m : ms) total += m;
       int64_t generated = 0;
       for (const auto& s : out) generated += static_cast<int64_t>(s.size());
-      std::printf("dtp-generate: %zu prompt(s), %s: prefill %.1f ms, decode %.2f ms/token p50, %.2f p90, "
-                  "%.0f tokens/s, %.1f collectives/token\n",
-                  ids.size(), apps::layout_name(world.size(), ep).c_str(), stats.prefill_ms, pct(0.5), pct(0.9),
+      std::printf("dtp-generate: %zu prompt(s), %s: prefill %.1f ms (%lld collectives), decode %.2f ms/token p50, "
+                  "%.2f p90, %.0f tokens/s, %.1f collectives/token\n",
+                  ids.size(), apps::layout_name(world.size(), ep, cp).c_str(), stats.prefill_ms,
+                  static_cast<long long>(prefill_collectives), pct(0.5), pct(0.9),
                   total > 0 ? 1000.0 * (generated - static_cast<int64_t>(out.size())) / total : 0.0,
                   ms.empty() ? 0.0 : static_cast<double>(stats.decode_collectives) / ms.size());
     }

@@ -272,7 +272,10 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
     at::Tensor loss, aux;
     if (pipe) {  // forward and backward of every microbatch; the loss on the last stage
       opt.zero_grad();
-      loss = pipe->pipeline->step(b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq));
+      // Under --cp: this rank's positions, before the microbatches are cut
+      // (NOTE: [Context parallelism in a pipeline]).
+      const auto in = context_parallel_shard_batch(model, {b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq)});
+      loss = pipe->pipeline->step(in[0], in[1]);
     } else {
       const auto in = context_parallel_shard_batch(model, {b.narrow(1, 0, o.seq), b.narrow(1, 1, o.seq)});
       loss = llama_loss(model, model(in[0]), in[1]);
@@ -465,6 +468,14 @@ int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
   return ok ? 0 : 1;
 }
 
+// A pipeline rank's stage mesh: every dimension but "pp".
+DeviceMesh withoutPp(const DeviceMesh& mesh) {
+  std::vector<std::string> names;
+  for (const auto& name : mesh.mesh_dim_names())
+    if (name != "pp") names.push_back(name);
+  return mesh[names];
+}
+
 // Whether `dir` holds a step-<N>/ folder (not a step-<N>.incomplete/).
 bool hasCompleteStep(const std::string& dir) {
   std::error_code ec;
@@ -592,8 +603,8 @@ int main(int argc, char** argv) {
                 ep > 1 ? c10::str(" x --ep ", ep) : "", cp > 1 ? c10::str(" x --cp ", cp) : "", " x --tp ", tp, " = ",
                 pp * dp * ep * cp * tp, " ranks, but WORLD_SIZE=", W, ". Choose degrees whose product is the number "
                 "of ranks (dtprun -n ", pp * dp * ep * cp * tp, ").");
-    TORCH_CHECK(cp == 1 || (pp == 1 && ep == 1), "NYI: --cp with ", pp > 1 ? "--pp" : "--ep", " (#58). Train with "
-                "--cp alone, or with --dp and --tp.");
+    TORCH_CHECK(cp == 1 || ep == 1, "NYI: --cp with --ep (#58). Train with --cp alone, or with --dp, --tp and "
+                "--pp.");
     // The model: the flags', the HF folder's or the checkpoint's.
     LlamaConfig config = configOf(o);
     const MoEConfig& moe = config.moe;
@@ -638,9 +649,9 @@ int main(int argc, char** argv) {
                 "gradient underflow (PyTorch's GradScaler), which dtp-train does not do yet. Use --mixed-precision "
                 "bf16 (bf16 has float32's range: no scaling needed; libtorch 1.13 also has no float16 matmul on CPU).");
     const bool fsdp = (dp * ep > 1 || cp > 1) && !o.ddp;
-    // --cp: torchtitan's mesh, (dp_shard, cp, tp) without the degrees of 1,
-    // with dp_shard_cp (FSDP's or DDP's) and dp_cp flattened.
-    DeviceMesh mesh = cp > 1 ? ParallelDims().dp_shard(dp).cp(cp).tp(tp).world_size(W).build_mesh(o.device)
+    // --cp: torchtitan's mesh, (pp, dp_shard, cp, tp) without the degrees of
+    // 1, with dp_shard_cp (FSDP's or DDP's) and dp_cp flattened.
+    DeviceMesh mesh = cp > 1 ? ParallelDims().pp(pp).dp_shard(dp).cp(cp).tp(tp).world_size(W).build_mesh(o.device)
                       : pp > 1 && ep > 1   ? init_device_mesh(o.device, {pp, dp, ep, tp}, {"pp", "dp", "ep", "tp"})
                       : pp > 1             ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
                       : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})
@@ -700,7 +711,7 @@ int main(int argc, char** argv) {
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, pipe ? &*pipe : nullptr, o, corpus, /*log=*/true, world,
-                    ep > 1 || (cp > 1 && dp > 1) ? data_parallel_group(pp > 1 ? mesh[{"dp", "ep"}] : mesh)
+                    ep > 1 || (cp > 1 && dp > 1) ? data_parallel_group(pp == 1 ? mesh : ep > 1 ? mesh[{"dp", "ep"}] : withoutPp(mesh))
                     : dp > 1 ? mesh.get_group("dp")
                              : ProcessGroup(),
                     pp > 1 ? mesh.get_group("pp") : ProcessGroup(), cp > 1 ? mesh.get_group("cp") : ProcessGroup());

@@ -2,6 +2,7 @@
 
 #include "dtp/dtensor.h"
 #include "dtp/inference/kv_cache.h"
+#include "models/llama_cp.h"
 
 namespace dtp::models {
 namespace {
@@ -11,6 +12,8 @@ class LlamaEngineModel final : public inference::Model {
   explicit LlamaEngineModel(Llama& model) : model_(model) {}
 
   at::Tensor forward(const at::Tensor& tokens, KVCache& cache, const std::vector<int64_t>& valid) override {
+    // See NOTE: [Context-parallel prefill] in src/models/llama_cp_prefill.cpp.
+    if (model_->context_parallel) return detail::context_parallel_cached_forward(model_, tokens, cache, valid);
     return model_->forward(tokens, cache, valid);
   }
 

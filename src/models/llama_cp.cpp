@@ -75,6 +75,40 @@ void apply_context_parallel(Llama& model, const DeviceMesh& cp_mesh, ContextPara
 
 namespace detail {
 
+// NOTE: [Context parallelism in a pipeline]
+// pipeline_llama on a (pp, cp[, dp][, tp]) mesh parallelizes each stage of
+// this rank over the mesh without pp, so every stage's attention layers run
+// over the cp group of this rank's pp coordinate; the stages of one pp rank
+// and the whole model then share one ContextParallelState:
+//   - the batch: context_parallel_shard_batch(model, {tokens, labels}) on the
+//     whole model cuts every sequence to this cp rank's positions and
+//     records S once for every stage; the pipeline then splits those rows
+//     into microbatches along dim 0, so each microbatch holds the same
+//     positions of its rows (sharding before or after the split is the
+//     same cut);
+//   - between stages the activations [B/m, S_local, dim] go to the same cp
+//     (and tp) rank of the next stage: a stage's positions never change;
+//   - the loss: the last stage's loss_fn is llama_loss(model, ...), each
+//     microbatch's mean weighted by S_local * cp / S (NOTE: [Context-parallel
+//     loss]); the pipeline's mean over microbatches keeps that weight, and
+//     FSDP or DDP over dp_shard x cp inside every stage averages it;
+//   - the messages: every cp rank of a stage runs the same schedule, so the
+//     ring's send/recv pairs (on the cp group) meet in the same order; per
+//     microbatch and layer they are the closed form of NOTE: [Context
+//     parallelism in the Llama].
+std::shared_ptr<ContextParallelState> share_context_parallel(Llama whole, const std::vector<Llama>& stages) {
+  TORCH_INTERNAL_ASSERT(!stages.empty() && stages[0]->context_parallel, "share_context_parallel: no stage with context "
+                        "parallelism");
+  std::shared_ptr<ContextParallelState> state = stages[0]->context_parallel;
+  whole->context_parallel = state;
+  for (Llama stage : stages) {
+    stage->context_parallel = state;
+    for (const auto& layer : *stage->layers)
+      layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->context_parallel = state;
+  }
+  return state;
+}
+
 at::Tensor context_parallel_attention(const AttentionImpl& a, at::Tensor q, at::Tensor k, at::Tensor v) {
   const ContextParallelState& cp = *a.context_parallel;
   const int64_t batch = q.size(0), local = q.size(1), seq = globalLen(cp, local);
@@ -90,7 +124,9 @@ at::Tensor context_parallel_attention(const AttentionImpl& a, at::Tensor q, at::
   const at::Tensor c = a.rope_cos.index_select(0, pos).view({1, local, 1, -1});
   const at::Tensor s = a.rope_sin.index_select(0, pos).view({1, local, 1, -1});
   q = apply_rope(q, c, s).transpose(1, 2);  // [B, H, S_local, D]
-  k = apply_rope(k, c, s).transpose(1, 2);
+  k = apply_rope(k, c, s);
+  if (KvCapture* kv = KvCapture::active()) kv->record(a.layer_index, k, v);  // NOTE: [Context-parallel prefill]
+  k = k.transpose(1, 2);
   v = v.transpose(1, 2);
   const auto options = CpAttentionOptions().causal(true).layout(cp.layout).seq_len(seq);
   const at::Tensor out =

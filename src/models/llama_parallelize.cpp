@@ -6,6 +6,7 @@
 #include "dtp/models/llama_pipeline.h"
 #include "dtp/parallel_dims.h"
 #include "mesh/flatten.h"
+#include "models/llama_cp.h"
 #include "models/moe_layers.h"
 #include "mesh/select_dims.h"
 
@@ -51,9 +52,6 @@ Options withPolicy(Options o, const std::optional<MixedPrecisionPolicy>& policy)
 void checkCpComposes(const char* api, const LlamaConfig& c, const DeviceMesh& mesh, const ParallelMeshDims& d,
                      const ParallelizeOptions& o) {
   if (!d.cp) return;
-  TORCH_CHECK(!d.pp, "NYI: context parallelism with pipeline parallelism (#58): ", api, " on ", mesh.str(),
-              ", which has \"", *d.pp, "\" and \"", *d.cp, "\". Build the mesh without one of them (ParallelDims "
-              "cp(1) or pp(1)).");
   TORCH_CHECK(!d.ep, "NYI: context parallelism with expert parallelism (#58): ", api, " on ", mesh.str(),
               ", which has \"", *d.ep, "\" and \"", *d.cp, "\". Build the mesh without one of them (ParallelDims "
               "cp(1) or ep(1)).");
@@ -205,10 +203,15 @@ LlamaPipeline pipeline_llama(const Llama& model, const DeviceMesh& mesh, const P
     stages.push_back({s, [part](const at::Tensor& x) mutable { return part(x); }, {}});
     out.has_last_stage = out.has_last_stage || s == schedule.stages() - 1;
   }
+  pp::LossFn loss = [](const at::Tensor& logits, const at::Tensor& targets) { return llama_loss(logits, targets); };
+  if (d.cp) {  // See NOTE: [Context parallelism in a pipeline] in src/models/llama_cp.cpp.
+    detail::share_context_parallel(model, out.stages);
+    loss = [whole = Llama(model)](const at::Tensor& logits, const at::Tensor& targets) {
+      return llama_loss(whole, logits, targets);
+    };
+  }
   out.pipeline = std::make_shared<pp::Pipeline>(std::move(schedule), std::move(stages), mesh.get_group(pp_dim),
-                                                [](const at::Tensor& logits, const at::Tensor& targets) {
-                                                  return llama_loss(logits, targets);
-                                                });
+                                                std::move(loss));
   return out;
 }
 

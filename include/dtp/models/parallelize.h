@@ -14,8 +14,9 @@
 // ParallelDims::build_mesh (torchtitan's names, dtp/parallel_dims.h) reads
 // alike: parallel_mesh_dims decides the names once. A "cp" dimension is
 // context parallelism (apply_context_parallel), composed with "tp" and the
-// data-parallel dimensions (FSDP or DDP over dp_shard x cp); with "pp" or
-// "ep" it is an error: NYI (#58).
+// data-parallel dimensions (FSDP or DDP over dp_shard x cp) and, through
+// pipeline_llama, with "pp" (every stage's attention over cp); with "ep" it
+// is an error: NYI (#58).
 //
 //   auto mesh = dtp::ParallelDims().tp(2).ep(2).world_size(8).build_mesh();
 //   parallelize_llama(model, mesh);  // (dp_shard_mod_ep=2, dp_shard_in_ep=2, tp=2)
@@ -149,7 +150,11 @@ struct ContextParallelOptions {
 // dp_shard x cp completes them (parallelize_llama does that; NOTE: [Data
 // parallelism over cp] in src/fsdp/data_parallel.cpp). Feed the model with
 // context_parallel_shard_batch and train with llama_loss(model, ...). A
-// sliding window shorter than the sequence and the KV cache are NYI under it.
+// sliding window shorter than the sequence is NYI under it. generate and
+// the serving engine (engine_model) prefill a prompt over cp and decode
+// without it (NOTE: [Context-parallel prefill] in src/models/llama_cp_prefill.cpp);
+// the KV-cache forward itself (model->forward(tokens, cache, valid)) is NYI
+// under it.
 void apply_context_parallel(Llama& model, const DeviceMesh& cp_mesh, ContextParallelOptions options = {});
 
 enum class DataParallel : uint8_t { FSDP, DDP };
@@ -217,7 +222,12 @@ struct LlamaPipeline {
 
 // Cuts `model` into pp * stages_per_rank stages (llama_pipeline_stage), keeps
 // this rank's, parallelizes each with parallelize_llama over the mesh's other
-// dimensions and runs them under the schedule with llama_loss. Stages get
+// dimensions and runs them under the schedule with llama_loss. With a "cp"
+// dimension every stage's attention runs over cp and `model` shares the
+// stages' context parallelism: cut the batch with
+// context_parallel_shard_batch(model, {tokens, labels}) before
+// pipeline->step, whose loss_fn is then llama_loss(model, ...) (NOTE:
+// [Context parallelism in a pipeline] in src/models/llama_cp.cpp). Stages get
 // tensor parallelism without sequence parallelism, as KempnerForge does:
 // activations between stages are then plain tensors, each tp rank sending
 // its (replicated) copy to the same tp rank of the next stage. The model's

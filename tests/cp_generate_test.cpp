@@ -1,0 +1,260 @@
+// Generation under context parallelism (#58 item 2): a model with
+// apply_context_parallel prefills a prompt over the cp group, gathers every
+// layer's keys and values into each rank's KV cache, and decodes as without
+// cp (NOTE: [Context-parallel prefill] in src/models/llama_cp_prefill.cpp).
+// Checked in float64 against one device: the prefill's logits and those of
+// the decode steps after it (which read the gathered cache) through the
+// engine's model (engine_model) on a contiguous and on a paged, packed
+// cache; greedy tokens of generate; at cp 2 and 4, ring and all-to-all,
+// HeadTail and Contiguous, and (cp, tp) = (2, 2). The prefill's messages
+// per rank equal the closed form (per layer ring's cp - 1 send/recv pairs or
+// all-to-all's 4, and 1 all_gather; 1 all_reduce of the last tokens); a
+// decode step sends none (cp alone).
+//
+// The bound, 1e-12 absolute: logits are O(1) (a random float64 model), the
+// cp prefill reorders float64 sums (softmax merged over 2*cp blocks, the
+// last hidden state summed with zeros: exact) by a few tens of unit
+// roundoffs (u = 1.1e-16); decode reads keys and values computed by the same
+// elementwise operations as one device's (projections on the rank's
+// positions: the same dot products), so ~1e-14 again. A wrong position in
+// the cache, a missing rotary offset or a layer's keys in another layer's
+// slot moves the logits by 1e-2 or more.
+#include "dist.h"
+#include "llama_util.h"
+
+#include "dtp/comm_counter.h"
+#include "dtp/dtensor.h"
+#include "dtp/inference/kv_cache.h"
+#include "dtp/models/engine_model.h"
+#include "dtp/models/generate.h"
+#include "dtp/models/parallelize.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace dtp;
+using namespace dtp::models;
+using dtp::test::run_ranks;
+
+constexpr double kTol = 1e-12;  // see the bound above
+
+LlamaConfig config() {
+  LlamaConfig c = dtp::test::small_llama_config(2);  // 4 heads over 2 KV heads: GQA
+  c.dtype = at::kDouble;
+  c.max_seq_len = 48;
+  c.seed = 5;
+  return c;
+}
+
+// Prompts of 13, 9 and 16 tokens: the longest (16) sets the prefill's S.
+const std::vector<std::vector<int64_t>> kPrompts = {
+    {5, 9, 2, 33, 17, 8, 61, 40, 3, 12, 27, 50, 6},
+    {1, 2, 3, 4, 5, 6, 7, 8, 9},
+    {60, 61, 62, 63, 64, 10, 20, 30, 40, 50, 11, 21, 31, 41, 51, 66}};
+constexpr int64_t kDecodeSteps = 3;
+
+// Rows [B, S] right-padded (with 0) and their lengths.
+std::pair<at::Tensor, std::vector<int64_t>> padded() {
+  int64_t longest = 0;
+  for (const auto& p : kPrompts) longest = std::max<int64_t>(longest, p.size());
+  at::Tensor t = at::zeros({static_cast<int64_t>(kPrompts.size()), longest}, at::kLong);
+  std::vector<int64_t> valid;
+  for (size_t b = 0; b < kPrompts.size(); ++b) {
+    t[b].narrow(0, 0, kPrompts[b].size()).copy_(at::tensor(kPrompts[b], at::kLong));
+    valid.push_back(kPrompts[b].size());
+  }
+  return {t, valid};
+}
+
+// One paged, packed call's arguments (the engine's): every prompt's tokens
+// in one row, each prompt in its own blocks of 4.
+struct Packed {
+  at::Tensor tokens;
+  std::vector<int64_t> valid;
+  std::vector<std::vector<int64_t>> tables;
+};
+Packed packed() {
+  Packed out;
+  std::vector<int64_t> flat;
+  int64_t next = 0;
+  for (const auto& p : kPrompts) {
+    flat.insert(flat.end(), p.begin(), p.end());
+    out.valid.push_back(p.size());
+    std::vector<int64_t> table;
+    for (int64_t i = 0; i < (static_cast<int64_t>(p.size()) + kDecodeSteps + 3) / 4; ++i) table.push_back(next++);
+    out.tables.push_back(table);
+  }
+  out.tokens = at::tensor(flat, at::kLong).view({1, -1});
+  return out;
+}
+
+// What a CommCounter saw, kept after it is gone.
+struct Counts {
+  std::array<int64_t, kNumCollectiveTypes> n{};
+  std::string text;
+  int64_t count(CollectiveType t) const { return n[static_cast<size_t>(t)]; }
+  int64_t total() const {
+    int64_t sum = 0;
+    for (int64_t x : n) sum += x;
+    return sum;
+  }
+};
+Counts snapshot(const CommCounter& c) {
+  Counts out;
+  for (size_t t = 0; t < kNumCollectiveTypes; ++t) out.n[t] = c.count(static_cast<CollectiveType>(t));
+  out.text = c.str();
+  return out;
+}
+
+// The logits of the prefill and of kDecodeSteps greedy decode steps after
+// it, [steps + 1][B, vocab], through the engine's model: on a contiguous
+// cache (`paged` false) or a paged cache fed packed calls. The messages of
+// the prefill and of the first decode step (the model's alone: gathering
+// vocabulary-sharded logits here is not counted).
+std::vector<at::Tensor> prefillAndDecode(Llama& model, bool paged, Counts* prefill_comm = nullptr,
+                                         Counts* decode_comm = nullptr) {
+  at::NoGradGuard no_grad;
+  const auto engine = engine_model(model);
+  const int64_t batch = static_cast<int64_t>(kPrompts.size());
+  KVCache cache = paged ? KVCache::paged(64, 4) : KVCache(batch, model->config.max_seq_len);
+  const Packed p = packed();
+  std::vector<int64_t> lengths(batch, 0);
+  auto full = [](at::Tensor logits) { return (is_dtensor(logits) ? full_tensor(logits) : logits).squeeze(1); };
+  std::vector<at::Tensor> out;
+  at::Tensor logits;
+  {
+    CommCounter comm;
+    if (paged) {
+      cache.set_batch(p.tables, lengths, /*packed=*/true);
+      logits = engine->forward(p.tokens, cache, p.valid);
+    } else {
+      cache.reset(batch);
+      const auto [tokens, valid] = padded();
+      logits = engine->forward(tokens, cache, valid);
+    }
+    if (prefill_comm) *prefill_comm = snapshot(comm);
+  }
+  out.push_back(full(logits));
+  lengths = p.valid;
+  for (int64_t step = 0; step < kDecodeSteps; ++step) {
+    const at::Tensor next = out.back().argmax(-1).view({batch, 1});
+    {
+      CommCounter comm;
+      if (paged) cache.set_batch(p.tables, lengths, /*packed=*/true);
+      logits = engine->forward(paged ? next.view({1, batch}) : next, cache, std::vector<int64_t>(batch, 1));
+      if (decode_comm && step == 0) *decode_comm = snapshot(comm);
+    }
+    out.push_back(full(logits));
+    for (auto& n : lengths) ++n;
+  }
+  return out;
+}
+
+struct Layout {
+  std::string what;
+  int64_t cp = 2, tp = 1;
+  ContextParallelOptions options;
+};
+
+void expectPrefillEqualsOneDevice(const Layout& l) {
+  SCOPED_TRACE(l.what);
+  const LlamaConfig c = config();
+  std::vector<at::Tensor> want[2];
+  {
+    Llama one(c);
+    one->eval();
+    for (const bool paged : {false, true}) want[paged] = prefillAndDecode(one, paged);
+  }
+  std::mutex mu;
+  double worst = 0;
+  run_ranks(static_cast<int>(l.cp * l.tp), [&](int rank) {
+    SCOPED_TRACE(l.what + " rank " + std::to_string(rank));
+    const DeviceMesh mesh = init_device_mesh("cpu", {l.cp, l.tp}, {"cp", "tp"});
+    Llama model(c);
+    model->eval();
+    if (l.tp > 1) apply_tensor_parallel_for_inference(model, mesh["tp"]);
+    apply_context_parallel(model, mesh["cp"], l.options);
+    double err = 0;
+    for (const bool paged : {false, true}) {
+      SCOPED_TRACE(paged ? "paged, packed" : "contiguous");
+      Counts prefill, decode;
+      const auto got = prefillAndDecode(model, paged, &prefill, &decode);
+      ASSERT_EQ(got.size(), want[paged].size());
+      for (size_t s = 0; s < got.size(); ++s) {
+        const double d = (got[s] - want[paged][s]).abs().max().item<double>();
+        EXPECT_LE(d, kTol) << (s == 0 ? "prefill" : "decode step " + std::to_string(s)) << " logits";
+        err = std::max(err, d);
+      }
+      const int64_t L = c.n_layers, cp = l.cp;
+      const bool ring = l.options.attention == ContextParallelAttention::Ring;
+      EXPECT_EQ(prefill.count(CollectiveType::Send), ring ? L * (cp - 1) : 0) << prefill.text;
+      EXPECT_EQ(prefill.count(CollectiveType::Recv), ring ? L * (cp - 1) : 0) << prefill.text;
+      EXPECT_EQ(prefill.count(CollectiveType::AllToAll), ring ? 0 : 4 * L) << prefill.text;
+      EXPECT_EQ(prefill.count(CollectiveType::AllGather), L) << "one all_gather of k and v per layer; " << prefill.text;
+      // The last tokens over cp (1); under TP an all_reduce after the
+      // embedding and after each attention and MLP (2L + 1).
+      EXPECT_EQ(prefill.count(CollectiveType::AllReduce), 1 + (l.tp > 1 ? 2 * L + 1 : 0)) << prefill.text;
+      EXPECT_EQ(prefill.total(), prefill.count(CollectiveType::Send) + prefill.count(CollectiveType::Recv) +
+                                     prefill.count(CollectiveType::AllToAll) + L + 1 + (l.tp > 1 ? 2 * L + 1 : 0))
+          << prefill.text;
+      // A decode step: nothing at cp alone; under TP as without cp (2L + 1).
+      EXPECT_EQ(decode.total(), l.tp > 1 ? 2 * L + 1 : 0) << "a decode step on the gathered cache: " << decode.text;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    worst = std::max(worst, err);
+  });
+  std::printf("  %s: max |prefill and decode logits - one device| %.3g\n", l.what.c_str(), worst);
+}
+
+ContextParallelOptions ring(CpLayout layout = CpLayout::HeadTail) {
+  ContextParallelOptions o;
+  o.layout = layout;
+  return o;
+}
+ContextParallelOptions allToAll() {
+  ContextParallelOptions o;
+  o.attention = ContextParallelAttention::AllToAll;
+  return o;
+}
+
+TEST(CpGenerateTest, PrefillLogitsAndCacheEqualOneDevice) {
+  expectPrefillEqualsOneDevice({"cp 2, ring, HeadTail", 2, 1, ring()});
+  expectPrefillEqualsOneDevice({"cp 2, ring, Contiguous", 2, 1, ring(CpLayout::Contiguous)});
+  expectPrefillEqualsOneDevice({"cp 4, ring, HeadTail", 4, 1, ring()});
+  expectPrefillEqualsOneDevice({"cp 2, all-to-all", 2, 1, allToAll()});
+  expectPrefillEqualsOneDevice({"(cp, tp) = (2, 2), ring", 2, 2, ring()});
+}
+
+// generate (the engine: one packed prefill of every prompt, then decode):
+// the same greedy tokens as one device, and the prefill ran over cp (its
+// ring messages counted). A prompt shorter than 2 * cp prefills as without
+// cp (no message) and still equals one device.
+TEST(CpGenerateTest, GreedyTokensEqualOneDevice) {
+  const LlamaConfig c = config();
+  GenerateOptions o;
+  o.max_new_tokens = 8;
+  std::vector<std::vector<int64_t>> shortPrompt = {{4, 8, 15}};
+  Llama one(c);
+  const auto want = generate(one, kPrompts, o), want_short = generate(one, shortPrompt, o);
+  run_ranks(2, [&](int) {
+    Llama model(c);
+    apply_context_parallel(model, init_device_mesh("cpu", {2}, {"cp"}));
+    CommCounter comm;
+    EXPECT_EQ(generate(model, kPrompts, o), want);
+    EXPECT_EQ(comm.count(CollectiveType::Send), c.n_layers) << "the prefill's ring, cp - 1 per layer: " << comm.str();
+    comm.reset();
+    EXPECT_EQ(generate(model, shortPrompt, o), want_short);
+    EXPECT_EQ(comm.count(CollectiveType::Send), 0) << "3 tokens < 2 * cp: prefilled without cp; " << comm.str();
+  });
+}
+
+}  // namespace
