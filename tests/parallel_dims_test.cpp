@@ -184,11 +184,9 @@ TEST(ParallelDimsTest, ContextParallelAndUnsupportedLayoutsError) {
   const LlamaConfig c = denseConfig();
   const LlamaConfig moe = moeConfig();
   run_ranks(4, [&](int) {
-    // cp on its own and with tp, dp: tests/cp_llama_test.cpp.
+    // cp on its own and with tp, dp: tests/cp_llama_test.cpp; with pp:
+    // tests/cp_pipeline_test.cpp.
     Llama model(c);
-    const DeviceMesh pp_cp = ParallelDims().pp(2).cp(2).world_size(4).build_mesh();
-    expect_error([&] { pipeline_llama(model, pp_cp, {"1f1b", 2}); },
-                 {"NYI: context parallelism with pipeline parallelism (#58)", "pipeline_llama"});
     // dp_replicate alone has nothing for FSDP to shard.
     const DeviceMesh ddp = ParallelDims().dp_replicate(2).dp_shard(1).tp(2).world_size(4).build_mesh();
     expect_error([&] { parallelize_llama(model, ddp); }, {"parallelize_llama", "no dimension to shard over", "DDP"});

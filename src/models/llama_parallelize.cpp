@@ -52,9 +52,15 @@ Options withPolicy(Options o, const std::optional<MixedPrecisionPolicy>& policy)
 void checkCpComposes(const char* api, const LlamaConfig& c, const DeviceMesh& mesh, const ParallelMeshDims& d,
                      const ParallelizeOptions& o) {
   if (!d.cp) return;
+  // The expert path (NOTE: [Expert parallelism with data parallelism])
+  // takes (dp, ep[, tp]), each (dp, ep) rank with its own rows; torchtitan's
+  // ep with cp borrows cp's ranks too (ep = dp_shard_in_ep x cp, which
+  // ParallelDims builds), where cp ranks share rows and split positions:
+  // the dispatch, the experts' data parallelism and the load-balancing
+  // loss's token counts are not written for that yet.
   TORCH_CHECK(!d.ep, "NYI: context parallelism with expert parallelism (#58): ", api, " on ", mesh.str(),
-              ", which has \"", *d.ep, "\" and \"", *d.cp, "\". Build the mesh without one of them (ParallelDims "
-              "cp(1) or ep(1)).");
+              ", which has \"", *d.ep, "\" and \"", *d.cp, "\": expert parallelism borrows its ranks from data "
+              "parallelism only, not from cp. Build the mesh without one of them (ParallelDims cp(1) or ep(1)).");
   const int64_t cp = mesh.size(mesh.dim_index(*d.cp)), tp = d.tp ? mesh.size(mesh.dim_index(*d.tp)) : 1;
   const int64_t heads = c.n_heads / tp;
   TORCH_CHECK(o.cp.attention != ContextParallelAttention::AllToAll || heads % cp == 0, api, ": all-to-all "
