@@ -108,9 +108,8 @@ TEST(EmptyShardTest, RowwiseEmbeddingWithAnEmptyVocabShardEqualsOneDevice) {
 }
 
 // The op itself on a (2, 2) mesh, vocabulary 3 on both dims ((1, 1), (1, 0)
-// rows): P(sum) on both, and the weight's gradient S(0)S(0), through the
-// vocab-sharded backward (replicated gradient) and through the general rule
-// (a batch-sharded gradient).
+// rows): MaskP(0,3) on both, and the weight's gradient S(0)S(0), through
+// the vocab-sharded backward, with replicated and with batch-sharded ids.
 TEST(EmptyShardTest, VocabShardedEmbeddingOpOnTwoDimensionalMesh) {
   run_ranks(4, [&](int) {
     auto mesh = init_device_mesh("cpu", {2, 2});
@@ -131,11 +130,13 @@ TEST(EmptyShardTest, VocabShardedEmbeddingOpOnTwoDimensionalMesh) {
       EXPECT_CLOSE(full, ry, 0.0, 1e-15);
       CommCounter bwd;
       (full * g).sum().backward();
-      // Replicated ids: the vocab-sharded backward, nothing moves. S(0)R ids:
-      // the general rule's [3, 5] gradient, P(sum) over the batch's mesh dim,
-      // reduce-scattered to the weight's S(0) there.
+      // The gradient is MaskP(0,3) on both dims (NOTE: [MaskPartial]): the
+      // vocab-sharded backward computes this rank's rows. Replicated ids:
+      // nothing moves. S(0)R ids: one all-gather of the [4, 2] ids over
+      // dim 0 (before MaskPartial: the general rule's [3, 5] gradient,
+      // P(sum) there, reduce-scattered to the weight's S(0)).
       EXPECT_EQ(bwd.total_count(), batch_sharded ? 1 : 0) << bwd.str();
-      if (batch_sharded) EXPECT_EQ(bwd.count(CollectiveType::ReduceScatter), 1) << bwd.str();
+      if (batch_sharded) EXPECT_EQ(bwd.count(CollectiveType::AllGather), 1) << bwd.str();
       EXPECT_EQ(placements(dw.grad()), (Placements{Shard(0), Shard(0)}));
       EXPECT_CLOSE(full_tensor(dw.grad()), rw.grad(), 0.0, 1e-15);
     }

@@ -313,7 +313,7 @@ double difference(const IV& got, const IV& ref, bool values, std::string& why) {
       return INFINITY;
     }
     const Placements& pl = placements(g);
-    if (std::any_of(pl.begin(), pl.end(), [](const Placement& p) { return p.is_partial(); }))
+    if (std::any_of(pl.begin(), pl.end(), [](const Placement& p) { return p.is_partial() || p.is_mask_partial(); }))
       return difference(full_tensor(g), r, values, why);
     const at::Tensor mine = to_local(g).detach();
     const at::Tensor expected = to_local(distribute_tensor(r, device_mesh(g), pl, /*src_data_rank=*/std::nullopt));
@@ -406,7 +406,7 @@ Case runCase(const c10::OperatorHandle& op, const Sample& s, const Reference& re
       const at::Tensor& o = v.toTensor();
       Placements pl = placements(o);
       for (auto& p : pl)
-        if (p.is_partial()) p = Replicate();
+        if (p.is_partial() || p.is_mask_partial()) p = Replicate();
       roots.push_back(o);
       seeds.push_back(distribute_tensor(ref.grad_seeds[j], mesh, pl, /*src_data_rank=*/std::nullopt));
     }

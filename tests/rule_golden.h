@@ -35,7 +35,7 @@ class RuleGolden {
   const DeviceMesh& mesh() const { return mesh_; }
 
   // A DTensor from "f32[8,16](S(0)R)": dtype, global shape, one placement
-  // per mesh dim (S(d), R, P(sum), P(avg), P(max), P(min)).
+  // per mesh dim (S(d), R, P(sum), P(avg), P(max), P(min), MaskP(d,n)).
   at::Tensor t(const std::string& text) const {
     size_t i = text.find('[');
     const at::ScalarType dtype = dtypeOf(text.substr(0, i));
@@ -56,6 +56,13 @@ class RuleGolden {
         size_t used = 0;
         pl.push_back(Shard(std::stoll(text.substr(i + 2), &used)));
         i += 3 + used;
+      } else if (text.compare(i, 6, "MaskP(") == 0) {  // MaskP(offset dim,offset size)
+        size_t used = 0;
+        const int64_t dim = std::stoll(text.substr(i + 6), &used);
+        const size_t comma = i + 6 + used;
+        const int64_t size = std::stoll(text.substr(comma + 1), &used);
+        pl.push_back(MaskPartial(size, dim));
+        i = comma + 1 + used + 1;
       } else if (text[i] == 'P') {
         const size_t close = text.find(')', i);
         const std::string op = text.substr(i + 2, close - i - 2);

@@ -130,13 +130,13 @@ TEST(ShardingRuleTest, Reductions) {
 TEST(ShardingRuleTest, EmbeddingAndLayerNorm) {
   RuleGolden g({2}), g4({4});
   EXPECT_EQ(g.propagate("aten::embedding", {g.t("f32[10,4](S(0))"), g.t("i64[2,3](R)")}),
-            "S(0), R -> f32[2,3,4](P(sum))");
+            "S(0), R -> f32[2,3,4](MaskP(0,10))");
   EXPECT_EQ(g.propagate("aten::embedding", {g.t("f32[10,4](S(1))"), g.t("i64[2,3](R)")}),
             "S(1), R -> f32[2,3,4](S(2))");
   EXPECT_EQ(g.propagate("aten::embedding", {g.t("f32[10,4](R)"), g.t("i64[2,3](S(1))")}),
             "R, S(1) -> f32[2,3,4](S(1))");
   EXPECT_EQ(g4.propagate("aten::embedding", {g4.t("f32[7,4](S(0))"), g4.t("i64[2,3](R)")}),
-            "S(0), R -> f32[2,3,4](P(sum))");
+            "S(0), R -> f32[2,3,4](MaskP(0,7))");
   EXPECT_EQ(g.propagate("aten::native_layer_norm", {g.t("f32[8,16](S(0))"), IntList{16}, g.t("f32[16](R)"), g.t("f32[16](R)"), 1e-5}),
             "S(0), R, R -> f32[8,16](S(0)), f32[8,1](S(0)), f32[8,1](S(0))");
 }

@@ -208,13 +208,20 @@ TEST(TpStyleTest, RowwiseEmbeddingBackwardComputesLocalRows) {
       EXPECT_EQ(placements(m->weight.grad()), Placements{Shard(0)});
       EXPECT_CLOSE(full_tensor(m->weight.grad()), ref->weight.grad(), 1e-5, 1e-5);
 
-      // The op itself: a replicated gradient and the lookup's indices give
-      // the weight's rows directly, Shard(0), without communication.
+      // The op itself: a MaskPartial gradient (as the backward of the
+      // lookup's reduction makes it: NOTE: [MaskPartial]) and the indices
+      // give the weight's rows directly, Shard(0), without communication.
       at::Tensor weight = distribute_tensor(ref->weight.detach(), mesh, {Shard(0)});
       at::Tensor dids = distribute_tensor(ids, mesh, {Replicate()});
       at::Tensor out = at::embedding(weight, dids);
-      EXPECT_EQ(placements(out), Placements{Partial()});
-      at::Tensor dg = distribute_tensor(g, mesh, {Replicate()});
+      EXPECT_EQ(placements(out), Placements{MaskPartial(vocab)});
+      at::Tensor dg;
+      {
+        at::Tensor y = at::embedding(weight.detach().requires_grad_(true), dids);
+        y.register_hook([&](const at::Tensor& gy) { dg = gy; });
+        (redistribute(y, mesh, {Replicate()}) * distribute_tensor(g, mesh, {Replicate()})).sum().backward();
+      }
+      EXPECT_EQ(placements(dg), Placements{MaskPartial(vocab)});
       CommCounter comm;
       at::Tensor dw = at::embedding_dense_backward(dg, dids, vocab, 5, true);
       EXPECT_EQ(comm.total_count(), 0) << comm.str();

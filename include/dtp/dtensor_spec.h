@@ -7,7 +7,13 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <memory>
+
 namespace dtp {
+
+// Per-tensor data behind what its placements say (MaskPartial's mask,
+// sums known without communication): src/dtensor/spec_facts.h.
+struct SpecFacts;
 
 struct DTensorSpec {
   DeviceMesh mesh;
@@ -16,10 +22,14 @@ struct DTensorSpec {
   c10::ScalarType dtype = c10::ScalarType::Float;
   // This rank's shard shape, filled by make_spec (cached: read on every op).
   std::vector<int64_t> local_sizes;
+  // What this tensor's maker knew of its shard (NOTE: [Facts in specs],
+  // src/dtensor/spec_facts.h): per tensor, so never part of ==, hash() or
+  // str(); null for almost every tensor.
+  std::shared_ptr<const SpecFacts> facts;
 
   int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
   int64_t numel() const;
-  bool has_partial() const;
+  bool has_partial() const;  // Partial or MaskPartial on some mesh dim
   bool is_replicated() const;  // R on every mesh dim
   // Shape and offset of the shard at mesh `coordinate` (this rank's by default).
   std::vector<int64_t> local_shape(const std::vector<int64_t>& coordinate) const;

@@ -5,6 +5,7 @@
 #include "dtensor/dispatch.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
+#include "dtensor/spec_facts.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
@@ -17,7 +18,11 @@ using torch::autograd::variable_list;
 
 // Backward of a redistribution (also of from_local, whose input is a plain
 // shard): the gradient goes back to the source placements, with a Partial
-// source receiving a Replicate gradient.
+// source receiving a Replicate gradient. A MaskPartial source's gradient is
+// replicated too, and keeps the source's MaskPartial placement and mask
+// (NOTE: [MaskPartial]): every position holds the value on every rank, so
+// its owner's does, and the embedding's backward reads from it that only
+// this rank's rows are needed.
 struct RedistributeBackward : torch::autograd::Node {
   SpecPtr src;       // forward input spec
   bool to_plain;     // from_local: return the plain local gradient
@@ -30,14 +35,23 @@ struct RedistributeBackward : torch::autograd::Node {
     auto* gi = maybeGetDTensorImpl(g);
     TORCH_INTERNAL_ASSERT(gi != nullptr, name(), ": gradient is not a DTensor");
     Placements target = src->placements;
+    bool mask_partial = false;
     if (!to_plain) {
-      for (auto& p : target)
-        if (p.is_partial()) p = Replicate();
+      for (auto& p : target) {
+        mask_partial |= p.is_mask_partial();
+        if (p.is_partial() || p.is_mask_partial()) p = Replicate();
+      }
     }
     // The engine hands over its gradient buffer: unless a hook kept it, a
     // Partial is reduced in place.
     at::Tensor local = redistribute_local(gi->local(), gi->spec(), target, /*backward=*/true, solely_owned(g));
     if (to_plain) return {local};
+    if (mask_partial) {
+      Placements grad = target;
+      for (size_t m = 0; m < grad.size(); ++m)
+        if (src->placements[m].is_mask_partial()) grad[m] = src->placements[m];
+      return {makeDTensor(local, with_facts(make_spec(src->mesh, grad, src->shape, gi->spec().dtype), src->facts))};
+    }
     return {makeDTensor(local, make_spec(src->mesh, target, src->shape, gi->spec().dtype))};
   }
 };
@@ -74,6 +88,15 @@ at::Tensor connect(at::Tensor out, const at::Tensor& input, MakeNode make_node) 
   return out;
 }
 
+// NOTE: [MaskPartial]: only an op knows a MaskPartial's mask.
+void checkNoMaskPartial(const Placements& placements, const char* fn) {
+  for (const auto& p : placements) {
+    TORCH_CHECK(!p.is_mask_partial(), fn, ": NYI: ", p.str(), " in ", to_string(placements),
+                ": a MaskPartial is made by an op that knows its mask (the embedding of a vocabulary-sharded "
+                "weight). Use Partial() for a partial sum.");
+  }
+}
+
 }  // namespace
 
 bool is_dtensor(const at::Tensor& t) { return isDTensor(t); }
@@ -86,6 +109,7 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   ensure_dtensor_dispatch();
   TORCH_CHECK(!isDTensor(tensor), "distribute_tensor: the tensor is already a DTensor ",
               dtensor_spec(tensor).str(), ". Use dtp::redistribute to change its placements.");
+  checkNoMaskPartial(placements, "distribute_tensor");
   auto spec = make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
   if (tensor.is_meta()) {
     // A meta tensor has no values to send: the result is this rank's shard,
@@ -148,6 +172,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   ensure_dtensor_dispatch();
   TORCH_CHECK(!isDTensor(local), "from_local: the tensor is already a DTensor ",
               dtensor_spec(local).str(), ". Pass its to_local() shard.");
+  checkNoMaskPartial(placements, "from_local");
   std::vector<int64_t> global = local.sizes().vec();
   if (shape) {
     global = *shape;

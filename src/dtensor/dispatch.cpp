@@ -9,6 +9,7 @@
 #include "dtensor/redistribute.h"
 #include "dtensor/rules_agree.h"
 #include "dtensor/sharding_prop.h"
+#include "dtensor/spec_facts.h"
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 
@@ -167,6 +168,11 @@ std::string opSpanName(const OpCall& call, const Decision& d) {
 // mismatch comes from a user rule (register_sharding) whose output shapes or
 // placements are not what the op computes: a user error, named as such.
 at::Tensor wrapOutput(const c10::OperatorHandle& op, const at::Tensor& local, const SpecPtr& spec) {
+  if (isDTensor(local)) {  // a LocalFn's, with per-call facts in its spec (NOTE: [Facts in specs])
+    TORCH_INTERNAL_ASSERT(unsafeGetDTensorImpl(local)->spec() == *spec, op_name(op), " returned ",
+                          unsafeGetDTensorImpl(local)->spec().str(), " where its decision says ", spec->str());
+    return local;
+  }
   TORCH_CHECK(local.sizes() == c10::IntArrayRef(spec->local_sizes), "dtp: ", op_name(op), " computed a local output of ",
               local.sizes(), " here, but sharding propagation says ", spec->str(), ", whose local shard here is ",
               c10::IntArrayRef(spec->local_sizes), ". If you registered a rule for ", op_name(op),
@@ -205,7 +211,9 @@ at::Tensor wrapOutput(const c10::OperatorHandle& op, const at::Tensor& local, co
 //    computes it (NOTE: [Async redistribution]); deciding reads only specs.
 //  - Run the op on the local shards.
 //  - Wrap: outputs become DTensors with the decided specs; in-place and out=
-//    returns give back the original DTensor argument.
+//    returns give back the original DTensor argument. A LocalFn may wrap its
+//    output itself, to carry facts only the call knows (MaskPartial's mask),
+//    and a view's output keeps its input's facts (NOTE: [Facts in specs]).
 void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   DispatchContext& ctx = dispatch_context();  // NOTE: [Dispatch context]
   const detail::OpInfo& info = opInfo(ctx, op);
@@ -237,6 +245,8 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const detail::TraceSpan span([&] { return opSpanName(call, d); });
 
   c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(nargs));
+  // Taken before the inputs are unwrapped (their DTensors may go with them).
+  const std::shared_ptr<const SpecFacts> facts = call.spec(0).facts;
   c10::SmallVector<c10::IValue, 4> originals;  // the DTensors written returns give back
   if (info.writes) originals.assign(args, args + nargs);
   size_t slot = 0;
@@ -263,9 +273,11 @@ void dtensorFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       ++out;
     } else if (ret->isTensor()) {
       const auto& spec = d.out[out++];
-      if (spec) *ret = wrapOutput(op, ret->toTensor(), spec);
-      if (tape != nullptr) tape->push(spec ? makeDTensor(unsafeGetDTensorImpl(ret->toTensor())->local().clone(), spec)
-                                           : ret->toTensor().clone());
+      if (spec) *ret = wrapOutput(op, ret->toTensor(), facts && info != nullptr ? with_facts(spec, facts) : spec);
+      if (tape != nullptr) {
+        auto* impl = spec ? unsafeGetDTensorImpl(ret->toTensor()) : nullptr;
+        tape->push(impl ? makeDTensor(impl->local().clone(), impl->spec_ptr()) : ret->toTensor().clone());
+      }
     } else if (ret->isTensorList()) {
       std::vector<at::Tensor> l;
       for (const auto& t : ret->toTensorList()) l.push_back(wrapOutput(op, t, d.out[out++]));

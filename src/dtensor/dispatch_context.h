@@ -55,9 +55,9 @@ namespace dtp::detail {
 // (src/comm), the random-number state (random_state.cpp: what a random op
 // draws, not how it dispatches), the gradient buckets of a backward pass
 // (grad_reduction.cpp), scratch buffers of the propagator's search
-// (sharding_prop.cpp's candidateCost), and the vocabulary-parallel
-// embedding's side table (rules/nn_ops.cpp, to become a placement: #57
-// item 2).
+// (sharding_prop.cpp's candidateCost). Facts an op knows of one tensor
+// (MaskPartial's mask, loss_parallel's row sums) are not thread state:
+// they ride in the tensor's spec (NOTE: [Facts in specs]).
 
 // A switch of the context: the value of the innermost live scope on this
 // thread, else the caller's default. A scope leaves from wherever it is, so

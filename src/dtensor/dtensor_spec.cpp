@@ -11,6 +11,8 @@ std::string Placement::str() const {
     case Kind::Replicate: return "R";
     case Kind::Shard: return "S(" + std::to_string(dim) + ")";
     case Kind::Partial: return "P(" + to_string(op) + ")";
+    // NOTE: [MaskPartial]: MaskP(offset dim, offset size).
+    case Kind::MaskPartial: return "MaskP(" + std::to_string(dim) + "," + std::to_string(size) + ")";
   }
   return "?";
 }
@@ -66,7 +68,7 @@ int64_t DTensorSpec::numel() const {
 
 bool DTensorSpec::has_partial() const {
   for (const auto& p : placements)
-    if (p.is_partial()) return true;
+    if (p.is_partial() || p.is_mask_partial()) return true;
   return false;
 }
 

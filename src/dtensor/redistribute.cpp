@@ -1,6 +1,7 @@
 #include "dtensor/redistribute.h"
 
 #include "comm/trace_span.h"
+#include "dtensor/spec_facts.h"
 
 #include <ATen/ATen.h>
 
@@ -50,6 +51,22 @@ struct Executor {
   at::Tensor t;
   bool backward;
   bool owned;  // t is ours to overwrite (the input given up, or a fresh result)
+  bool masked = false;  // MaskPartial's mask applied (once, for every MaskP dim)
+
+  // NOTE: [MaskPartial]: zeros where the value is another rank's, so the
+  // shard becomes a plain partial sum. The mask covers the leading dims (an
+  // embedding's [batch, seq] of [batch, seq, dim]) or all of them.
+  void applyMask() {
+    if (masked) return;
+    masked = true;
+    const at::Tensor mask = src.facts ? src.facts->mask : at::Tensor();
+    if (!mask.defined()) return;
+    TORCH_INTERNAL_ASSERT(mask.dim() == t.dim() || mask.dim() + 1 == t.dim(), "a MaskPartial mask of ",
+                          mask.sizes(), " for a shard of ", t.sizes(), " (", src.str(), ")");
+    const at::Tensor outside = mask.dim() == t.dim() ? mask : mask.unsqueeze(-1);
+    t = owned ? t.masked_fill_(outside, 0) : t.masked_fill(outside, 0);
+    owned = true;
+  }
 
   Executor(const DTensorSpec& src, at::Tensor local, Placements cur, bool backward, bool owned)
       : src(src), coord(src.mesh.get_coordinate()), cur(std::move(cur)), t(std::move(local)), backward(backward),
@@ -61,6 +78,14 @@ struct Executor {
   void step(const RedistributeStep& s, Work* pending = nullptr) {
     const size_t m = static_cast<size_t>(s.mesh_dim);
     const int64_t n = src.mesh.size(s.mesh_dim);
+    TORCH_CHECK(!s.to.is_mask_partial(), "redistribute: NYI: ", s.from.str(), " -> ", s.to.str(), " on mesh dim ",
+                m, " for ", src.str(), ": only the op that makes a MaskPartial (the embedding of a vocabulary-"
+                "sharded weight) knows its mask. Redistribute to Partial(), Replicate() or Shard instead.");
+    if (s.from.is_mask_partial()) {  // the plan's first steps (NOTE: [Redistribute order])
+      applyMask();
+      cur[m] = s.to;
+      return;
+    }
     if (n == 1) {  // one rank holds the whole: every transition keeps the data
       cur[m] = s.to;
       return;

@@ -8,6 +8,8 @@ namespace dtp {
 
 std::optional<CollectiveType> transition_collective(const Placement& from, const Placement& to, int64_t group_size) {
   if (from == to || from.is_replicate() || group_size == 1) return std::nullopt;
+  if (from.is_mask_partial() && to.is_partial()) return std::nullopt;  // applies the mask
+  if (to.is_mask_partial()) return std::nullopt;  // NYI (kImpossibleStep): never run
   if (from.is_shard()) return to.is_shard() ? CollectiveType::AllToAll : CollectiveType::AllGather;
   return to.is_shard() ? CollectiveType::ReduceScatter : CollectiveType::AllReduce;
 }
@@ -29,8 +31,13 @@ std::optional<CollectiveType> transition_collective(const Placement& from, const
 // the relative weights of the collectives stay those propagation has
 // always used, so its decisions stay where they were. PyTorch scales the
 // bytes per step (after an all_gather, later steps move more); dtp does not.
+// A step into MaskPartial (from anything else) is NYI: only the op that
+// makes one knows its mask (NOTE: [MaskPartial]). It costs kImpossibleStep,
+// finite so that sums stay comparable, so propagation never picks it while
+// any other candidate exists; the executor refuses to run it.
 double step_cost(const Placement& from, const Placement& to, double numel, int64_t group_size) {
   if (from == to) return 0;
+  if (to.is_mask_partial()) return kImpossibleStep;
   const double w = static_cast<double>(group_size);
   const auto collective = transition_collective(from, to, group_size);
   if (!collective) return numel * 1e-3;
@@ -62,6 +69,11 @@ std::string RedistributePlan::str() const {
 //     so each gather sees a proper chunk. S(i) -> S(j) is kept for step 2 as
 //     one all_to_all when no other mesh dimension shards i or j.
 //     A Partial whose target is a Partial of another op is reduced (-> R).
+//  0. A MaskPartial source that does not stay as it is first becomes
+//     P(sum) on each of its MaskP dims, locally: the first such step applies
+//     the spec's mask (NOTE: [MaskPartial]), before any step changes the
+//     shard's shape. A MaskPartial target is then reached from P(sum) by a
+//     step that costs kImpossibleStep and never runs.
 //  2. From the first mesh dimension to the last, move to the target: R -> S
 //     (local chunk), P -> R (all_reduce), P -> S (reduce_scatter),
 //     S(i) -> S(j) (all_to_all), R -> P (zeros off coordinate 0, for sum).
@@ -119,6 +131,13 @@ RedistributePlan plan_redistribute(const DTensorSpec& src, const Placements& dst
     plan.cost += plan.steps.back().cost;
   };
   Placements cur = src.placements;
+  if (cur != dst) {
+    for (size_t m = 0; m < cur.size(); ++m) {
+      if (!cur[m].is_mask_partial()) continue;
+      add(static_cast<int64_t>(m), cur[m], Partial(cur[m].op));
+      cur[m] = Partial(cur[m].op);
+    }
+  }
   for (int64_t m = static_cast<int64_t>(cur.size()) - 1; m >= 0; --m) {
     if (canStay(cur, dst, m) || isAllToAll(cur, dst, m)) continue;
     const bool reduce_first = cur[m].is_partial() && dst[m].is_partial();
@@ -137,6 +156,9 @@ RedistributePlan plan_redistribute(const DTensorSpec& src, const Placements& dst
 }
 
 int64_t placement_key(const Placement& p) {
+  if (p.is_mask_partial()) {  // the table's size and dim too (a MaskP(0,9) plan is not a MaskP(0,10) one)
+    return -((p.size * 1024 + p.dim) * 16 + static_cast<int64_t>(p.op)) - 1;
+  }
   return static_cast<int64_t>(p.kind) * 1024 + (p.is_shard() ? p.dim : static_cast<int64_t>(p.op));
 }
 

@@ -41,10 +41,14 @@ struct RedistributePlan {
 };
 
 // The collective one step runs on a mesh dimension of `group_size` ranks,
-// or nullopt when it is local (from R: a chunk or zeroing; a one-rank dim):
-// S -> S all_to_all, S -> R or P all_gather, P -> S reduce_scatter,
-// P -> R all_reduce.
+// or nullopt when it is local (from R: a chunk or zeroing; a one-rank dim;
+// MaskP -> P: applying the mask): S -> S all_to_all, S -> R or P
+// all_gather, P -> S reduce_scatter, P -> R all_reduce.
 std::optional<CollectiveType> transition_collective(const Placement& from, const Placement& to, int64_t group_size);
+
+// The cost of a step that cannot run (into MaskPartial): above any real
+// plan's, finite so that sums of it still compare.
+constexpr double kImpossibleStep = 1e100;
 
 // What one step costs when the tensor has `numel` elements globally, on a
 // mesh dimension of `group_size` ranks. See NOTE: [Plans priced as they run].
@@ -55,7 +59,7 @@ double step_cost(const Placement& from, const Placement& to, double numel, int64
 RedistributePlan plan_redistribute(const DTensorSpec& src, const Placements& dst);
 
 // One placement as one integer, distinct for distinct placements (a shard
-// dim below 1024): the placements' part of cache keys (plans, decisions).
+// dim below 1024; MaskPartial's keys are negative): the placements' part of cache keys (plans, decisions).
 int64_t placement_key(const Placement& p);
 
 // The plan for src -> dst from this thread's cache (ranks may run as

@@ -12,9 +12,10 @@
 // Backward (guard or not):
 //   nll_loss_backward:           the usual sparse gradient, on local columns;
 //   _log_softmax_backward_data:  g - exp(out) * rowsum(g). The row sums of the
-//     gradient nll_loss_backward just made are known on every rank without
-//     communication (-weight[target] * grad_out), so that case moves nothing;
-//     any other gradient (label smoothing adds one) all-reduces its row sums.
+//     gradient nll_loss_backward made are known on every rank without
+//     communication (-weight[target] * grad_out) and ride in its spec (NOTE:
+//     [nll_loss gradient's row sums]), so that case moves nothing; any other
+//     gradient (label smoothing adds one) all-reduces its row sums.
 // loss_parallel_cross_entropy on 2-D logits does the same in one autograd
 // node (loss_parallel.cpp), from the pieces loss_parallel_rules.h shares.
 #include "tp/loss_parallel_rules.h"
@@ -22,8 +23,10 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rule_registry.h"
+#include "dtensor/spec_facts.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <limits>
 #include <mutex>
@@ -35,22 +38,39 @@ thread_local bool loss_parallel_on = false;  // inside a LossParallelGuard on th
 
 enum Reduction { kNone = 0, kMean = 1, kSum = 2 };  // at::Reduction's
 
-// The row sums of the last gradient nll_loss_backward produced on this thread,
-// recognised by its local shard (alive, same data, unmodified; views of it
-// such as nll_loss_nd's reshape match too).
-struct NllGradRowSums {
-  c10::weak_intrusive_ptr<c10::TensorImpl> local{c10::intrusive_ptr<c10::TensorImpl>()};
-  const void* data = nullptr;
-  int64_t numel = 0;
-  int64_t version = 0;
-  at::Tensor rowsum;  // one per row, rows in the order of movedim(class, -1)
+// NOTE: [nll_loss gradient's row sums]
+// nll_loss_backward's gradient on class-sharded log-probabilities is zero
+// but at each row's target column, where it is -weight[target] * grad_out:
+// every rank knows its row sums (the negated coefficients) without
+// communication. The gradient's spec carries them (SpecFacts::dim_sums,
+// NOTE: [Facts in specs]) to _log_softmax_backward_data, through the view
+// nll_loss_nd puts between the two on [N, C, d] logits; the version of the
+// shard is recorded, so a hook that changed the gradient in place makes
+// log_softmax's backward sum it again.
+std::shared_ptr<const SpecFacts> rowSumFacts(const at::Tensor& grad, int64_t class_dim, at::Tensor rowsum) {
+  auto f = std::make_shared<SpecFacts>();
+  f->dim_sums = std::move(rowsum);  // rows in the order of movedim(class_dim, -1)
+  f->sum_dim = class_dim;
+  f->rows_before = c10::multiply_integers(grad.sizes().slice(0, class_dim));
+  f->rows_after = c10::multiply_integers(grad.sizes().slice(class_dim + 1));
+  f->version = grad._version();
+  return f;
+}
 
-  bool matches(const at::Tensor& g) const {
-    return rowsum.defined() && !local.expired() && g.data_ptr() == data && g.numel() == numel &&
-           g._version() == version;
+// The row sums of `g` (this rank's shard of a gradient whose spec is
+// `spec`) along `dim`, shaped as g.sum(dim, keepdim), if its maker left
+// them and they still fit (same rows around the class dim, unmodified).
+at::Tensor knownRowSums(const DTensorSpec& spec, const at::Tensor& g, int64_t dim) {
+  const SpecFacts* f = spec.facts.get();
+  if (f == nullptr || !f->dim_sums.defined() || f->version != g._version()) return {};
+  if (c10::multiply_integers(g.sizes().slice(0, dim)) != f->rows_before ||
+      c10::multiply_integers(g.sizes().slice(dim + 1)) != f->rows_after) {
+    return {};
   }
-};
-thread_local NllGradRowSums last_nll_grad;
+  auto shape = g.sizes().vec();
+  shape[dim] = 1;
+  return f->dim_sums.reshape(shape);
+}
 
 // A mesh dim of one rank shards nothing: the class dim is whole there, and
 // the op's own fused kernel (under its ordinary rule) serves it.
@@ -260,16 +280,15 @@ bool logSoftmaxBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (!cs) return false;
   const auto input_dtype = static_cast<at::ScalarType>(args[3].toInt());
   at::Tensor g = localAs(grad, s.mesh, s.placements);
-  at::Tensor rowsum;
-  if (last_nll_grad.matches(g)) {
-    auto shape = g.movedim(dim, -1).sizes().vec();
-    shape.back() = 1;
-    rowsum = last_nll_grad.rowsum.reshape(shape).movedim(-1, dim);
-  } else {
+  // NOTE: [nll_loss gradient's row sums]
+  auto* grad_impl = maybeGetDTensorImpl(grad);
+  at::Tensor rowsum = grad_impl != nullptr && grad_impl->spec().placements == s.placements
+                          ? knownRowSums(grad_impl->spec(), g, dim)
+                          : at::Tensor();
+  if (!rowsum.defined()) {
     rowsum = g.sum(dim, /*keepdim=*/true);
     allReduce(s, cs->class_dims, rowsum, ReduceOp::Sum);
   }
-  last_nll_grad = NllGradRowSums{};
   at::Tensor grad_in = out_impl->local().exp().mul_(rowsum.neg()).add_(g).to(input_dtype);
   torch::jit::drop(*stack, 4);
   stack->emplace_back(wrap(std::move(grad_in), s, s.placements, s.shape));
@@ -298,10 +317,10 @@ bool nllLossBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   at::Tensor grad = at::zeros_like(lp);
   if (lp.size(1) > 0) grad.scatter_(1, c->index, (coeff * c->here).unsqueeze(1));
   grad = grad.reshape(c->impl->local().movedim(c->class_dim, -1).sizes()).movedim(-1, c->class_dim);
-  last_nll_grad = NllGradRowSums{c10::weak_intrusive_ptr<c10::TensorImpl>(grad.getIntrusivePtr()),
-                                 grad.data_ptr(), grad.numel(), grad._version(), coeff};
+  auto facts = rowSumFacts(grad, c->class_dim, std::move(coeff));
   torch::jit::drop(*stack, 7);
-  stack->emplace_back(wrap(std::move(grad), s, s.placements, s.shape));
+  stack->emplace_back(makeDTensor(grad, with_facts(make_spec(s.mesh, s.placements, s.shape, grad.scalar_type()),
+                                                   std::move(facts))));
   return true;
 }
 

@@ -4,9 +4,9 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/rules/common.h"
+#include "dtensor/spec_facts.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 
 #include <algorithm>
 
@@ -14,14 +14,15 @@ namespace dtp {
 namespace {
 
 // embedding(weight[V,D], indices): shard D (colwise), shard the indices'
-// batch dims, or shard V (rowwise): each rank looks up its rows, masks the
-// rest to zero, and the output is P(sum). See maskedEmbedding.
+// batch dims, or shard V (rowwise): each rank looks up its rows and the
+// output is MaskPartial (NOTE: [MaskPartial]), as PyTorch's rowwise row.
+// See maskedEmbedding.
 std::vector<Row> embeddingRows(const OpCall& c, int64_t) {
   std::vector<Row> rows{rules::replicate_row(c)};
   const int64_t idx_nd = c.spec(1).ndim();
   rows.push_back(Row{{Shard(1), Replicate()}, {Shard(idx_nd)}});
   for (int64_t d = 0; d < idx_nd; ++d) rows.push_back(Row{{Replicate(), Shard(d)}, {Shard(d)}});
-  rows.push_back(Row{{Shard(0), Replicate()}, {Partial(ReduceOp::Sum)}});
+  rows.push_back(Row{{Shard(0), Replicate()}, {MaskPartial(c.spec(0).shape[0])}});
   return rows;
 }
 
@@ -40,28 +41,14 @@ std::pair<at::Tensor, at::Tensor> localRowIndices(const at::Tensor& indices, int
   return {(indices - start).masked_fill_(outside, fill), outside};
 }
 
-// NOTE: [Vocab-sharded embedding backward]
-// embedding_dense_backward sees only the indices and V, so on its own it
-// builds the whole [V, D] gradient on every rank, and keep_grad_placements
-// then keeps this rank's rows: O(V) work and memory where O(V / tp) will do.
-// maskedEmbedding remembers, per thread, the local indices of its recent
-// vocab-sharded lookups with the weight's spec; the backward handler
-// recognises those indices (alive, unmodified) and, for a replicated
-// gradient, computes only this rank's rows.
-struct VocabShardedLookup {
-  c10::weak_intrusive_ptr<c10::TensorImpl> indices;
-  int64_t version;
-  SpecPtr weight;
-};
-thread_local std::vector<VocabShardedLookup> vocab_lookups;
+// The rows [start, start + rows) of the weight this rank holds, from a spec
+// sharding dim 0 (with any mix of mesh dims).
+std::pair<int64_t, int64_t> localRows(const DTensorSpec& s) { return {s.local_offset()[0], s.local_sizes[0]}; }
 
-void rememberVocabLookup(const at::Tensor& indices, const SpecPtr& weight) {
-  auto& v = vocab_lookups;
-  v.erase(std::remove_if(v.begin(), v.end(), [](const auto& l) { return l.indices.expired(); }), v.end());
-  if (v.size() >= 64) v.erase(v.begin());  // a forward without backward must not grow it
-  v.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(indices.getIntrusivePtr()), indices._version(), weight});
-}
-
+// The vocabulary-sharded lookup: each rank looks its ids up in its rows
+// (another rank's id reads local row 0) and leaves the masking to the
+// reduction, which zeros the positions its output's mask marks
+// (NOTE: [MaskPartial]). The output carries that mask in its spec.
 void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
   const auto& wspec = *d.in_specs[0];
   bool vocab_sharded = false;
@@ -73,34 +60,35 @@ void maskedEmbedding(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   const size_t nargs = op.schema().arguments().size();
   auto args = torch::jit::last(*stack, nargs);
   at::Tensor weight = args[0].toTensor(), indices = args[1].toTensor();
-  bool rows_only = true;  // every placement S(0) or R: the backward handler's case
-  for (const auto& p : wspec.placements) rows_only &= p.is_shard(0) || p.is_replicate();
-  if (rows_only && c10::GradMode::is_enabled()) rememberVocabLookup(indices, d.in_specs[0]);  // a backward may follow
-  const int64_t start = wspec.local_offset()[0], rows = wspec.local_sizes[0];
+  const auto [start, rows] = localRows(wspec);
   if (rows == wspec.shape[0]) {  // every row here (mesh dims of one rank): nothing to mask
     op.callBoxed(stack);
     return;
   }
+  auto [local_idx, outside] = localRowIndices(indices, start, rows, 0);
+  at::Tensor out;
   if (rows == 0) {
     // NOTE: [Empty vocabulary shard] f64[9,D](S(0)) on 4 ranks -> local
     // rows 3,3,3,0: the last rank has no row to look up (the lookup on a
     // [0, D] weight fails), every id is another rank's, and its part of the
-    // P(sum) output is zeros. Its gradient is its [0, D] shard: the backward
-    // handler below and the general rule both narrow to local rows.
+    // output is zeros. Its gradient is its [0, D] shard (the backward below
+    // narrows to local rows).
     auto shape = indices.sizes().vec();
     shape.push_back(weight.size(1));
-    torch::jit::drop(*stack, nargs);
-    stack->emplace_back(at::zeros(shape, weight.options()));
-    return;
+    out = at::zeros(shape, weight.options());
+  } else {
+    out = at::embedding(weight, local_idx);
   }
-  auto [local_idx, outside] = localRowIndices(indices, start, rows, 0);
-  at::Tensor out = at::embedding(weight, local_idx);
-  out.masked_fill_(outside.unsqueeze(-1), 0);
+  auto facts = std::make_shared<SpecFacts>();
+  facts->mask = std::move(outside);
   torch::jit::drop(*stack, nargs);
-  stack->emplace_back(out);
+  stack->emplace_back(makeDTensor(std::move(out), with_facts(d.out[0], std::move(facts))));
 }
 
 // embedding_dense_backward(grad[...,D], indices, num_weights, ...) -> [V,D].
+// A MaskPartial gradient (the backward of the vocabulary-sharded lookup's
+// reduction: NOTE: [MaskPartial]) with replicated indices gives the
+// weight's rows of this rank, S(0), without communication.
 std::vector<Row> embeddingBackwardRows(const OpCall& c, int64_t m) {
   std::vector<Row> rows{rules::replicate_row(c)};
   const int64_t nd = c.spec(0).ndim();
@@ -108,6 +96,8 @@ std::vector<Row> embeddingBackwardRows(const OpCall& c, int64_t m) {
   for (int64_t d = 0; d + 1 < nd; ++d) rows.push_back(Row{{Shard(d), Shard(d)}, {Partial()}});
   const Placement p = rules::linear_partial(c, m);
   rows.push_back(Row{{p, Replicate()}, {p}});
+  const Placement& g = c.spec(0).placements[m];
+  if (g == MaskPartial(c.arg_int(2))) rows.push_back(Row{{g, Replicate()}, {Shard(0)}});
   return rows;
 }
 
@@ -115,37 +105,33 @@ OutputMeta embeddingBackwardShape(const OpCall& c) {
   return OutputMeta{{{c.arg_int(2), c.spec(0).shape.back()}}, {c.spec(0).dtype}};
 }
 
-// embedding_dense_backward(grad, indices, num_weights, padding_idx,
-// scale_grad_by_freq) for a vocab-sharded lookup with a replicated gradient:
-// this rank's rows only. See NOTE: [Vocab-sharded embedding backward].
-bool vocabShardedEmbeddingBackward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+// NOTE: [Vocab-sharded embedding backward]
+// embedding_dense_backward sees only the gradient, the indices and V, so on
+// its own it builds the whole [V, D] gradient on every rank (PyTorch does:
+// its rule has no rowwise row), and the weight's S(0) then keeps this
+// rank's rows: O(V) work and memory where O(V / tp) will do. The gradient
+// says more: when it is MaskPartial over a table of V rows (the lookup's
+// output was, NOTE: [MaskPartial]), the rule's S(0) row is taken and this
+// rank computes only its rows: the ids of other ranks' rows go to a spare
+// row past the end, which is dropped. The decided output spec says which
+// rows are this rank's.
+void embeddingBackwardLocal(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Decision& d) {
+  bool mask_partial = false;
+  for (const auto& p : d.in[0]) mask_partial |= p.is_mask_partial();
+  if (!mask_partial) {
+    op.callBoxed(stack);
+    return;
+  }
   auto args = torch::jit::last(*stack, 5);
-  auto* gi = maybeGetDTensorImpl(args[0].toTensor());
-  auto* ii = maybeGetDTensorImpl(args[1].toTensor());
-  if (gi == nullptr || ii == nullptr) return false;
-  if (!gi->spec().is_replicated() || !ii->spec().is_replicated()) return false;
-  const at::Tensor& indices = ii->local();
-  const int64_t num_weights = args[2].toInt();
-  auto it = std::find_if(vocab_lookups.begin(), vocab_lookups.end(), [&](const VocabShardedLookup& l) {
-    return !l.indices.expired() && l.indices._unsafe_get_target() == indices.unsafeGetTensorImpl() &&
-           l.version == indices._version() && l.weight->shape[0] == num_weights &&
-           l.weight->mesh == gi->spec().mesh;
-  });
-  if (it == vocab_lookups.end()) return false;
-  const SpecPtr weight = it->weight;
-  const int64_t start = weight->local_offset()[0], rows = weight->local_sizes[0];
-  // Indices of other ranks' rows go to a spare row past the end.
+  const at::Tensor grad = args[0].toTensor(), indices = args[1].toTensor();
+  const auto [start, rows] = localRows(*d.out[0]);
   const at::Tensor local_idx = localRowIndices(indices, start, rows, rows).first;
   const int64_t pad = args[3].toInt();
   const int64_t local_pad = pad >= start && pad < start + rows ? pad - start : -1;
-  at::Tensor grad = at::embedding_dense_backward(gi->local(), local_idx, rows + 1, local_pad,
-                                                 args[4].toBool())
-                        .narrow(0, 0, rows);
-  const int64_t dim = gi->spec().shape.back();
+  at::Tensor out = at::embedding_dense_backward(grad, local_idx, rows + 1, local_pad, args[4].toBool())
+                       .narrow(0, 0, rows);
   torch::jit::drop(*stack, 5);
-  stack->emplace_back(makeDTensor(grad, make_spec(weight->mesh, weight->placements, {num_weights, dim},
-                                                  gi->spec().dtype)));
-  return true;
+  stack->emplace_back(std::move(out));
 }
 
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps): shards on
@@ -262,8 +248,7 @@ void withLocalBatch(const c10::OperatorHandle& op, torch::jit::Stack* stack, con
 
 void registerNnOpRules(RuleRegistry& r) {
   r.add("aten::embedding", embeddingRows, embeddingShape, maskedEmbedding);
-  r.add("aten::embedding_dense_backward", embeddingBackwardRows, embeddingBackwardShape);
-  r.add_handler("aten::embedding_dense_backward", vocabShardedEmbeddingBackward);
+  r.add("aten::embedding_dense_backward", embeddingBackwardRows, embeddingBackwardShape, embeddingBackwardLocal);
   r.add("aten::native_layer_norm", layerNormRows, layerNormShape);
   r.add("aten::native_layer_norm_backward", layerNormBackwardRows, layerNormBackwardShape);
   r.add("aten::native_group_norm", groupNormRows, groupNormShape, withLocalBatch<0, 3>);
