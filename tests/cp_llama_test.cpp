@@ -224,13 +224,14 @@ TEST(CpLlamaTest, WhatDoesNotDivideOrComposeErrors) {
                    {"parallelize_llama: all-to-all attention over cp 2 with 3 query heads per rank", "Ring"});
     }
     {
-      SCOPED_TRACE("cp with ep");
+      // cp with ep composes (tests/cp_moe_test.cpp) on (dp, ep, cp[, tp]).
+      SCOPED_TRACE("cp with ep on a mesh without dp");
       LlamaConfig c = config();
       c.moe.num_experts = 4;
       c.moe.hidden = 16;
       Llama model(c);
       expect_error([&] { parallelize_llama(model, init_device_mesh("cpu", {2, 2}, {"ep", "cp"})); },
-                   {"NYI: context parallelism with expert parallelism (#58)", "parallelize_llama"});
+                   {"parallelize_llama", "with \"cp\" after \"ep\" under context parallelism"});
     }
     {
       SCOPED_TRACE("a sliding window shorter than the sequence");

@@ -98,6 +98,23 @@ TEST(ParallelDimsTest, ValidLayoutsDescribeTorchtitansMesh) {
     EXPECT_EQ(d.mesh_shape(), (std::vector<int64_t>{1, 4}));
   }
   {
+    SCOPED_TRACE("ep 4 over dp_shard 2 x cp 2: ep = (dp_shard_in_ep, cp)");
+    ParallelDims d = ParallelDims().dp_shard(2).cp(2).ep(4).world_size(4);
+    d.validate();
+    EXPECT_EQ(d.mesh_dim_names(), (Names{"dp_shard_mod_ep", "dp_shard_in_ep", "cp"}));
+    EXPECT_EQ(d.mesh_shape(), (std::vector<int64_t>{1, 2, 2}));
+    const Names dp = {"dp_shard_mod_ep", "dp_shard_in_ep"}, all = {"dp_shard_mod_ep", "dp_shard_in_ep", "cp"};
+    EXPECT_EQ(d.flattened_dims(), (Flat{{"dp", dp}, {"dp_shard_cp", all}, {"dp_cp", all}, {"ep", {"dp_shard_in_ep", "cp"}}}));
+  }
+  {
+    SCOPED_TRACE("ep = cp: dp_shard_in_ep stays, of size 1, naming expert parallelism on the mesh");
+    ParallelDims d = ParallelDims().cp(2).ep(2).world_size(2);
+    d.validate();
+    EXPECT_EQ(d.mesh_dim_names(), (Names{"dp_shard_mod_ep", "dp_shard_in_ep", "cp"}));
+    EXPECT_EQ(d.mesh_shape(), (std::vector<int64_t>{1, 1, 2}));
+    EXPECT_EQ(d.flattened_dims().back(), (std::pair<std::string, Names>{"ep", {"dp_shard_in_ep", "cp"}}));
+  }
+  {
     SCOPED_TRACE("one rank");
     ParallelDims d = ParallelDims().world_size(1);
     d.validate();
@@ -185,7 +202,7 @@ TEST(ParallelDimsTest, ContextParallelAndUnsupportedLayoutsError) {
   const LlamaConfig moe = moeConfig();
   run_ranks(4, [&](int) {
     // cp on its own and with tp, dp: tests/cp_llama_test.cpp; with pp:
-    // tests/cp_pipeline_test.cpp.
+    // tests/cp_pipeline_test.cpp; with ep: tests/cp_moe_test.cpp.
     Llama model(c);
     // dp_replicate alone has nothing for FSDP to shard.
     const DeviceMesh ddp = ParallelDims().dp_replicate(2).dp_shard(1).tp(2).world_size(4).build_mesh();

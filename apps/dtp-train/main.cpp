@@ -1,6 +1,7 @@
 // dtp-train: trains the reference Llama with tensor parallelism, data
 // parallelism (FSDP or DDP), context parallelism and pipeline parallelism on
-// a (pp, dp, tp) mesh, or ParallelDims' (dp_shard, cp, tp) one with --cp, on
+// a (pp, dp, tp) mesh, or ParallelDims' (dp_shard, cp, tp) one with --cp (with
+// --ep: (dp_shard_mod_ep, dp_shard_in_ep, cp, tp), the experts over ep x cp), on
 // byte-level English text. Run it under the launcher:
 // `dtprun -n 4 dtp-train --dp 2 --tp 2`, `dtprun -n 8 dtp-train --pp 2 --dp 2 --tp 2`,
 // `dtprun -n 4 dtp-train --cp 4 --seq 16384`.
@@ -53,10 +54,11 @@ using apps::train::mpPolicy;
 double peakRssMiB() { return apps::proc_field_kb("/proc/self/status", "VmHWM:") / 1024.0; }
 
 // --metrics of a MoE model: the routed slots per expert of the last forward
-// (summed over layers and dp ranks) and the load-balancing loss (averaged over
-// dp: each rank's is dp times its share, NOTE in moe_load_balancing_loss).
-// Collective over dp: every rank calls it.
-void moeMetrics(Llama& model, const at::Tensor& aux, const ProcessGroup& dp, apps::StepMetrics& m) {
+// (summed over layers, dp and cp ranks) and the load-balancing loss (averaged
+// over dp and cp: each rank's is dp x cp times its share, NOTE in
+// moe_load_balancing_loss). Collective over dp and cp: every rank calls it.
+void moeMetrics(Llama& model, const at::Tensor& aux, const ProcessGroup& dp, const ProcessGroup& cp,
+                apps::StepMetrics& m) {
   const int64_t E = model->config.moe.num_experts;
   at::Tensor counts = at::zeros({E}, at::kLong);
   for (const auto& layer : *model->layers) {
@@ -65,9 +67,10 @@ void moeMetrics(Llama& model, const at::Tensor& aux, const ProcessGroup& dp, app
   }
   at::Tensor a = at::full({1}, aux.defined() ? (is_dtensor(aux) ? full_tensor(aux) : aux).item<double>() : 0.0,
                           at::kDouble);
-  if (dp.valid()) {
-    dp.all_reduce(counts).wait();
-    dp.all_reduce(a, ReduceOp::Avg).wait();
+  for (const ProcessGroup* g : {&dp, &cp}) {
+    if (!g->valid()) continue;
+    g->all_reduce(counts).wait();
+    g->all_reduce(a, ReduceOp::Avg).wait();
   }
   m.tokens_per_expert.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
   m.aux_loss = aux.defined() ? a.item<double>() : std::nan("");
@@ -304,7 +307,7 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
       m.grad_norm = grad_norm.defined() ? grad_norm.item<double>() : std::nan("");
       m.lr = learningRate(o, step);
       if (!pipe && model->config.moe.num_experts > 0 && !o.metrics.empty()) {  // every rank: a collective
-        notCounted([&] { moeMetrics(model, aux, dp, m); });
+        notCounted([&] { moeMetrics(model, aux, dp, cp, m); });
       }
       metrics.write(m);
       last_log = now;
@@ -476,15 +479,24 @@ int main(int argc, char** argv) {
         o.saved_config = saved.config;
       }
     }
-    const int64_t pp = o.pp, ep = o.ep, cp = o.cp,
-                  tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp * ep * cp) : W / (pp * ep * cp),
-                  dp = o.dp > 0 ? o.dp : W / (pp * ep * cp * tp);
-    TORCH_CHECK(pp * dp * ep * cp * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp,
-                ep > 1 ? c10::str(" x --ep ", ep) : "", cp > 1 ? c10::str(" x --cp ", cp) : "", " x --tp ", tp, " = ",
-                pp * dp * ep * cp * tp, " ranks, but WORLD_SIZE=", W, ". Choose degrees whose product is the number "
-                "of ranks (dtprun -n ", pp * dp * ep * cp * tp, ").");
-    TORCH_CHECK(cp == 1 || ep == 1, "NYI: --cp with --ep (#58). Train with --cp alone, or with --dp, --tp and "
-                "--pp.");
+    const int64_t pp = o.pp, ep = o.ep, cp = o.cp;
+    // With --ep and --cp, ep borrows cp's ranks too (torchtitan's ep =
+    // dp_shard_in_ep x cp; NOTE: [Context parallelism with expert
+    // parallelism]): the ranks of one (pp, dp, tp) coordinate are ep, cp among them.
+    TORCH_CHECK(ep == 1 || cp == 1 || ep % cp == 0, "--ep ", ep, " with --cp ", cp, ": expert parallelism borrows "
+                "the cp ranks (ep = dp_shard_in_ep x cp, as torchtitan's): got an ep that is not a multiple of cp, "
+                "expected one. Use --ep ", cp, " or a multiple of it.");
+    TORCH_CHECK(pp == 1 || cp == 1 || ep == 1, "NYI: --pp with --cp and --ep (#58). Drop one of the three.");
+    const int64_t epcp = ep > 1 ? ep : cp;
+    const int64_t tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp * epcp) : W / (pp * epcp),
+                  dp = o.dp > 0 ? o.dp : W / (pp * epcp * tp);
+    TORCH_CHECK(pp * dp * epcp * tp == W, pp > 1 ? c10::str("--pp ", pp, " x ") : "", "--dp ", dp,
+                ep > 1 ? c10::str(" x --ep ", ep, cp > 1 ? c10::str(" (--cp ", cp, " among them)") : "")
+                       : cp > 1 ? c10::str(" x --cp ", cp) : "",
+                " x --tp ", tp, " = ", pp * dp * epcp * tp, " ranks, but WORLD_SIZE=", W, ". Choose degrees whose "
+                "product is the number of ranks (dtprun -n ", pp * dp * epcp * tp, ").");
+    // The ranks that train on their own rows of each batch (cp ranks share theirs).
+    const int64_t rows = ep > 1 ? dp * ep / cp : dp;
     // The model: the flags', the HF folder's or the checkpoint's.
     LlamaConfig config = configOf(o);
     const MoEConfig& moe = config.moe;
@@ -492,8 +504,9 @@ int main(int argc, char** argv) {
                 "Add --experts N (a multiple of ", ep, "), or drop --ep.");
     TORCH_CHECK(!o.shard_experts || (moe.num_experts > 0 && ep == 1), "--shard-experts cuts the experts of MoE "
                 "layers over --tp: it needs --experts N and no --ep (one or the other).");
-    TORCH_CHECK(ep == 1 || o.batch % (dp * ep) == 0, "--batch ", o.batch, " is not divisible by --dp ", dp, " x --ep ",
-                ep, ": each of the dp x ep ranks trains batch/(dp x ep) sequences. Use a multiple of ", dp * ep, ".");
+    TORCH_CHECK(ep == 1 || o.batch % rows == 0, "--batch ", o.batch, " is not divisible by --dp ", dp, " x --ep ",
+                ep, cp > 1 ? c10::str(" / --cp ", cp) : "", ": each of those ranks trains batch/", rows, " sequences",
+                cp > 1 ? " (the cp ranks among them share theirs)" : "", ". Use a multiple of ", rows, ".");
     TORCH_CHECK(pp == 1 || moe.num_experts == 0 || moe.aux_loss_coef == 0, "--pp with --experts: the MoE "
                 "load-balancing loss is NYI in pipelines. Pass --aux-loss-coef 0, or train without --pp.");
     TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
@@ -507,7 +520,7 @@ int main(int argc, char** argv) {
                 "microbatches.");
     TORCH_CHECK(o.batch % dp == 0, "--batch ", o.batch, " is not divisible by --dp ", dp,
                 ": each data-parallel rank trains batch/dp sequences. Use a multiple of ", dp, ".");
-    const MemoryEstimate need = estimateMemory(o, dp * ep, tp);
+    const MemoryEstimate need = estimateMemory(o, rows, tp);
     const double have = availableBytesPerRank(world.size());
     // On a GPU the step lives in GPU memory, which CUDA's allocator guards (an out-of-memory error).
     TORCH_CHECK(o.device != "cpu" || need.total() <= have, "this configuration needs at least ", gib(need.total()),
@@ -530,8 +543,9 @@ int main(int argc, char** argv) {
                 "bf16 (bf16 has float32's range: no scaling needed; libtorch 1.13 also has no float16 matmul on CPU).");
     const bool fsdp = (dp * ep > 1 || cp > 1) && !o.ddp;
     // --cp: torchtitan's mesh, (pp, dp_shard, cp, tp) without the degrees of
-    // 1, with dp_shard_cp (FSDP's or DDP's) and dp_cp flattened.
-    DeviceMesh mesh = cp > 1 ? ParallelDims().pp(pp).dp_shard(dp).cp(cp).tp(tp).world_size(W).build_mesh(o.device)
+    // 1, with dp_shard_cp (FSDP's or DDP's) and dp_cp flattened; with --ep,
+    // (dp_shard_mod_ep, dp_shard_in_ep, cp, tp), ep = (dp_shard_in_ep, cp).
+    DeviceMesh mesh = cp > 1 ? ParallelDims().pp(pp).dp_shard(rows).cp(cp).ep(ep).tp(tp).world_size(W).build_mesh(o.device)
                       : pp > 1 && ep > 1   ? init_device_mesh(o.device, {pp, dp, ep, tp}, {"pp", "dp", "ep", "tp"})
                       : pp > 1             ? init_device_mesh(o.device, {pp, dp, tp}, {"pp", "dp", "tp"})
                       : ep > 1             ? init_device_mesh(o.device, {dp, ep, tp}, {"dp", "ep", "tp"})

@@ -23,10 +23,12 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--dp", o.dp, "Data-parallel degree [default: WORLD_SIZE / (pp * tp)]; pp * dp * tp = WORLD_SIZE")
       ->check(dtp::apps::kPositive);
   app.add_option("--ep", o.ep, "Expert-parallel degree (--experts): each MoE layer's experts spread over ep "
-                 "ranks, borrowed from data parallelism (dp x ep ranks train on slices of the batch); pp * dp * ep * "
-                 "tp = WORLD_SIZE")->check(dtp::apps::kPositive)->capture_default_str();
+                 "ranks, borrowed from data parallelism (dp x ep ranks train on slices of the batch) and from --cp "
+                 "(a multiple of cp, the cp ranks among the ep ones); pp * dp * ep * tp = WORLD_SIZE")
+      ->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--cp", o.cp, "Context-parallel degree: each sequence's positions spread over cp ranks (ring or "
-                 "all-to-all attention), parameters data parallel over dp x cp; pp * dp * cp * tp = WORLD_SIZE")
+                 "all-to-all attention), parameters data parallel over dp x cp; pp * dp * cp * tp = WORLD_SIZE "
+                 "(with --ep: pp * dp * ep * tp)")
       ->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--cp-attention", o.cp_attention, "Attention over the cp ranks: ring (any head count) or all_to_all "
                  "(Ulysses: heads per tp rank divisible by cp)")

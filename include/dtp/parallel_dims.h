@@ -62,9 +62,12 @@ struct ParallelDims {
   //   (pp, dp_replicate, dp_shard, cp, tp)
   //   dp = (dp_replicate, dp_shard), dp_shard_cp = (dp_shard, cp), dp_cp = (dp_replicate, dp_shard, cp)
   // With ep, dp_shard is cut in two, dp_shard_mod_ep (always there, as
-  // torchtitan's) and dp_shard_in_ep = ep / cp:
+  // torchtitan's) and dp_shard_in_ep = ep / cp (there too, of size 1 when
+  // ep = cp, so that the mesh names expert parallelism; torchtitan drops it):
   //   (pp, dp_replicate, dp_shard_mod_ep, dp_shard_in_ep, cp, tp)
   //   dp, dp_shard_cp and dp_cp as above over both, ep = (dp_shard_in_ep, cp)
+  // (the experts over ep x cp: NOTE: [Context parallelism with expert
+  // parallelism] in src/models/llama_parallelize.cpp)
   // A flattened name is registered when one of its dimensions is there. All
   // degrees 1: a 1-D mesh (dp_shard=1).
   std::vector<std::string> mesh_dim_names() const;

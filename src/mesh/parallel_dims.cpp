@@ -29,7 +29,14 @@ namespace dtp {
 // every parameter lives on the user's mesh or a slice of it.
 // A "cp" dimension is context parallelism: parameters replicated over it
 // and data parallel over (dp_shard, cp), flattened as "dp_shard_cp" (NOTE:
-// [Data parallelism over cp] in src/fsdp/data_parallel.cpp).
+// [Data parallelism over cp] in src/fsdp/data_parallel.cpp). With both "cp"
+// and an "ep" part, the experts are spread over ep x cp, as torchtitan's
+// ep = (dp_shard_in_ep, cp): ParallelDims registers that run as "ep", and
+// parallelize_llama flattens a hand-built (dp, ep, cp)'s as "ep_cp", which
+// reads as the "ep" part too (NOTE: [Context parallelism with expert
+// parallelism] in src/models/llama_parallelize.cpp). So that the mesh names
+// expert parallelism when ep = cp, ParallelDims keeps dp_shard_in_ep there
+// at size 1 (torchtitan drops it and reads ep from its ParallelDims).
 
 namespace {
 
@@ -116,9 +123,11 @@ std::vector<std::pair<std::string, int64_t>> meshDims(const ParallelDims& d) {
   all.emplace_back("cp", d.cp());
   all.emplace_back("tp", d.tp());
   std::vector<std::pair<std::string, int64_t>> out;
-  // dp_shard_mod_ep stays at 1, as torchtitan's: the experts' FSDP dimension.
+  // dp_shard_mod_ep stays at 1, as torchtitan's: the experts' FSDP dimension;
+  // so does dp_shard_in_ep (ep = cp), dtp's mark of expert parallelism
+  // (NOTE: [Mesh dimension names]).
   for (const auto& [n, size] : all)
-    if (size > 1 || n == "dp_shard_mod_ep") out.emplace_back(n, size);
+    if (size > 1 || n == "dp_shard_mod_ep" || n == "dp_shard_in_ep") out.emplace_back(n, size);
   if (out.empty()) out.emplace_back("dp_shard", 1);  // one rank: a 1-D mesh of one
   return out;
 }
@@ -174,7 +183,7 @@ ParallelMeshDims parallel_mesh_dims(const DeviceMesh& mesh) {
       {&ParallelMeshDims::pp, {"pp"}},
       {&ParallelMeshDims::dp_replicate, {"dp_replicate"}},
       {&ParallelMeshDims::dp_shard, {"dp", "dp_shard", "dp_shard_mod_ep", "dp_shard_cp"}},
-      {&ParallelMeshDims::ep, {"ep", "dp_shard_in_ep"}},
+      {&ParallelMeshDims::ep, {"ep", "dp_shard_in_ep", "ep_cp"}},
       {&ParallelMeshDims::cp, {"cp"}},
       {&ParallelMeshDims::tp, {"tp"}},
   };

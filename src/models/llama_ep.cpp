@@ -61,6 +61,22 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
 // layers when backward starts (it is created last, so the engine runs it
 // before any layer's). The same path serves runs without checkpointing.
 // A backward of a loss without this term gives the routers nothing of it.
+
+// NOTE: [Load-balancing loss under context parallelism] One device's loss
+// counts the routed slots and tokens of every position of the batch. A cp
+// rank routes only its positions (NOTE: [Context parallelism in the Llama]),
+// so its counts are summed over the model's cp group as over the data
+// parallel one: one all_reduce of (routed [top_k, E], tokens) packed, per
+// call, on top of data_parallel's two. The gradients are then averaged over
+// dp x cp (FSDP or DDP over dp_shard x cp), so `scale` is dp x cp: every
+// rank's term is scale times its positions' share of the whole batch's
+// (sum_r prob_sums_r = one device's prob_sums), and the average over the
+// dp x cp ranks, of the value and of the gradient, is one device's. The
+// counts are integers, exact in floating point, so the sums are exact in any
+// order. Without the sum over cp each cp rank would weigh its probabilities
+// by its own positions' routed fractions: near one device's on average, but
+// not equal (a HeadTail rank's positions route differently from its peer's),
+// however the experts are spread (replicated, or over ep x cp).
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel) {
   const auto layers = detail::moe_layers(model);
   const LlamaConfig& c = model->config;
@@ -83,6 +99,15 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
     data_parallel->all_reduce(routed).wait();
     data_parallel->all_reduce(tokens).wait();
     scale = static_cast<double>(data_parallel->size());
+  }
+  // See NOTE: [Load-balancing loss under context parallelism].
+  if (model->context_parallel && model->context_parallel->group.size() > 1) {
+    const ProcessGroup& cp = model->context_parallel->group;
+    at::Tensor packed = at::cat({routed.flatten(), tokens});
+    cp.all_reduce(packed).wait();
+    routed = packed.narrow(0, 0, routed.numel()).view(routed.sizes());
+    tokens = packed.narrow(0, routed.numel(), 1);
+    scale *= static_cast<double>(cp.size());
   }
   const at::Tensor n = tokens.reshape({});
   const at::Tensor loss = ((routed / n) * (prob_sums / n).unsqueeze(0)).sum() * c.moe.num_experts;

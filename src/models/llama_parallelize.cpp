@@ -52,15 +52,12 @@ Options withPolicy(Options o, const std::optional<MixedPrecisionPolicy>& policy)
 void checkCpComposes(const char* api, const LlamaConfig& c, const DeviceMesh& mesh, const ParallelMeshDims& d,
                      const ParallelizeOptions& o) {
   if (!d.cp) return;
-  // The expert path (NOTE: [Expert parallelism with data parallelism])
-  // takes (dp, ep[, tp]), each (dp, ep) rank with its own rows; torchtitan's
-  // ep with cp borrows cp's ranks too (ep = dp_shard_in_ep x cp, which
-  // ParallelDims builds), where cp ranks share rows and split positions:
-  // the dispatch, the experts' data parallelism and the load-balancing
-  // loss's token counts are not written for that yet.
-  TORCH_CHECK(!d.ep, "NYI: context parallelism with expert parallelism (#58): ", api, " on ", mesh.str(),
-              ", which has \"", *d.ep, "\" and \"", *d.cp, "\": expert parallelism borrows its ranks from data "
-              "parallelism only, not from cp. Build the mesh without one of them (ParallelDims cp(1) or ep(1)).");
+  // parallelize_llama composes cp with ep (NOTE: [Context parallelism with
+  // expert parallelism]); a pipeline's stages would too, but no test runs
+  // (pp, cp, ep) yet, and dtp-train's pipelines take no load-balancing loss.
+  TORCH_CHECK(!d.ep || !d.pp, "NYI: context and expert parallelism in a pipeline (#58): ", api, " on ", mesh.str(),
+              " has \"", d.pp.value_or(""), "\", \"", *d.cp, "\" and \"", d.ep.value_or(""), "\". Drop one of "
+              "them (ParallelDims pp(1), cp(1) or ep(1)); parallelize_llama takes (dp, ep, cp[, tp]) without pp.");
   const int64_t cp = mesh.size(mesh.dim_index(*d.cp)), tp = d.tp ? mesh.size(mesh.dim_index(*d.tp)) : 1;
   const int64_t heads = c.n_heads / tp;
   TORCH_CHECK(o.cp.attention != ContextParallelAttention::AllToAll || heads % cp == 0, api, ": all-to-all "
@@ -86,6 +83,32 @@ void checkCpComposes(const char* api, const LlamaConfig& c, const DeviceMesh& me
 //   made), with the mesh's own groups.
 // Under TP the experts are replicated over tp (every tp rank dispatches the
 // same tokens among its ep peers).
+
+// NOTE: [Context parallelism with expert parallelism] On a (dp, ep, cp[, tp])
+// mesh (ParallelDims': (dp_shard_mod_ep, dp_shard_in_ep, cp[, tp]), ep =
+// dp_shard_in_ep x cp), the cp ranks of a row share its sequences and split
+// their positions; the MoE layers work token by token, so for them a cp rank
+// is one more data-parallel rank with its own tokens, and expert parallelism
+// borrows cp's ranks as torchtitan's does:
+// - dispatch: the experts are Shard(0) over ep x cp, one 1-D mesh flattened
+//   from (ep, cp) (ParallelDims' "ep"; "ep_cp" on a hand-built mesh whose own
+//   "ep" takes the name), and every MoE layer's all-to-alls run over it:
+//   ep = cp = 2 puts experts [0, E/2) on cp rank 0, each rank sending its
+//   positions' routed rows to their owners;
+// - the experts' gradient sums over the ep x cp ranks' tokens in the
+//   dispatch and over dp in their data parallelism (on mesh[{dp, ep x cp}]),
+//   divided by dp x ep x cp: the ranks whose losses were summed. Each rank's
+//   loss is its positions' mean weighted by S_r * cp / S (NOTE:
+//   [Context-parallel loss]), so the sum over the ranks is dp x cp times one
+//   device's loss, and that divide factor gives one device's gradient;
+// - every other parameter is data parallel over dp x ep x cp (the mesh's
+//   "dp_shard_cp", as with cp alone), the attention runs over cp as without
+//   ep (apply_context_parallel on mesh["cp"]), and TP, when there, as above;
+// - the load-balancing loss sums its counts over cp too (NOTE:
+//   [Load-balancing loss under context parallelism] in src/models/llama_ep.cpp).
+// Per MoE layer and step the collectives are those of expert parallelism over
+// ep x cp ranks (one all_gather of the counts, 2 all_to_alls forward and 2
+// backward); cp adds none of its own to the layer.
 void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const ParallelMeshDims& d,
                             const ParallelizeOptions& options) {
   TORCH_CHECK(!d.dp_replicate, "NYI: expert parallelism with HSDP: parallelize_llama on ", mesh.str(), ", which has "
@@ -94,17 +117,27 @@ void parallelizeWithExperts(Llama& model, const DeviceMesh& mesh, const Parallel
   std::vector<std::string> want;
   if (d.dp_shard) want.push_back(*d.dp_shard);
   want.push_back(*d.ep);
+  if (d.cp) want.push_back(*d.cp);
   if (d.tp) want.push_back(*d.tp);
   TORCH_CHECK(d.dp_shard && mesh.mesh_dim_names() == want, "parallelize_llama: ", mesh.str(), " has an \"", *d.ep,
               "\" dimension; with expert parallelism the mesh's dimensions are (\"dp\", \"ep\", \"tp\") or (\"dp\", "
-              "\"ep\"), in this order (\"dp\" may have size 1: the parameters outside the experts are data parallel "
-              "over dp x ep). Build it with init_device_mesh(\"cpu\", {dp, ep, tp}, {\"dp\", \"ep\", \"tp\"}), or "
-              "with ParallelDims().ep(ep)...build_mesh().");
-  const DeviceMesh experts_mesh = mesh[{*d.dp_shard, *d.ep}];
+              "\"ep\"), in this order, with \"cp\" after \"ep\" under context parallelism (\"dp\" and \"ep\" may have "
+              "size 1: the parameters outside the experts are data parallel over dp x ep x cp). Build it with "
+              "init_device_mesh(\"cpu\", {dp, ep, tp}, {\"dp\", \"ep\", \"tp\"}), or with "
+              "ParallelDims().ep(ep)...build_mesh().");
+  const DeviceMesh root = mesh.get_root_mesh();
+  // The experts' ranks: ep, or under cp ep x cp flattened (NOTE: [Context
+  // parallelism with expert parallelism]).
+  const std::string ep_name = !d.cp ? *d.ep : *d.ep == "ep" ? "ep_cp" : "ep";
+  const DeviceMesh ep_mesh = d.cp ? mesh[{*d.ep, *d.cp}].flatten(ep_name) : mesh[*d.ep];
+  const DeviceMesh experts_mesh = d.cp ? root[{*d.dp_shard, ep_name}] : mesh[{*d.dp_shard, *d.ep}];
   const DeviceMesh dense_dp = experts_mesh.flatten("dp_shard_cp");
-  const DeviceMesh dense = d.tp ? mesh.get_root_mesh()[{"dp_shard_cp", *d.tp}] : dense_dp;
-  apply_expert_parallel(model, mesh);
-  if (d.tp) apply_tensor_parallel(model, dense, options.tp);
+  const DeviceMesh dense = d.tp ? root[{"dp_shard_cp", *d.tp}] : dense_dp;
+  apply_expert_parallel(model, ep_mesh);
+  TensorParallelOptions tp = options.tp;
+  if (d.cp) tp.seq_len = 0;  // as without ep: each cp rank's S_local varies when S does not divide
+  if (d.tp) apply_tensor_parallel(model, dense, tp);
+  if (d.cp) apply_context_parallel(model, mesh[*d.cp], options.cp);
   if (options.ac) apply_ac(model, *options.ac);
   const double factor = static_cast<double>(experts_mesh.size());
   if (options.data_parallel == DataParallel::FSDP) {

@@ -255,7 +255,10 @@ std::vector<at::Tensor> context_parallel_shard_batch(const Llama& model, const s
 // data_parallel_group(mesh)): the fractions and means run over every rank's
 // tokens (one all_reduce of the counts and token numbers) and each rank
 // returns dp times its tokens' share, so that the averaged gradient and the
-// averaged value are one device's on the whole batch.
+// averaged value are one device's on the whole batch. Under context
+// parallelism the counts are summed over the model's cp group too (one more
+// all_reduce) and each rank returns dp x cp times its positions' share: pass
+// the rows' group (data_parallel_group(mesh), which never spans cp).
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel = std::nullopt);
 
 }  // namespace dtp::models

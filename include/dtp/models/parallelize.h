@@ -15,8 +15,10 @@
 // alike: parallel_mesh_dims decides the names once. A "cp" dimension is
 // context parallelism (apply_context_parallel), composed with "tp" and the
 // data-parallel dimensions (FSDP or DDP over dp_shard x cp) and, through
-// pipeline_llama, with "pp" (every stage's attention over cp); with "ep" it
-// is an error: NYI (#58).
+// pipeline_llama, with "pp" (every stage's attention over cp), and with "ep"
+// (the experts over ep x cp, as torchtitan's ep = dp_shard_in_ep x cp: a
+// (dp, ep, cp[, tp]) mesh, NOTE: [Context parallelism with expert
+// parallelism]); "pp" with both "cp" and "ep" is an error: NYI (#58).
 //
 //   auto mesh = dtp::ParallelDims().tp(2).ep(2).world_size(8).build_mesh();
 //   parallelize_llama(model, mesh);  // (dp_shard_mod_ep=2, dp_shard_in_ep=2, tp=2)
