@@ -257,4 +257,27 @@ TEST(CpGenerateTest, GreedyTokensEqualOneDevice) {
   });
 }
 
+// The KV-cache forward itself is not context-parallel: called directly on a
+// cp model (not through generate or the engine's model), it refuses and
+// names the two calls that prefill over cp.
+TEST(CpGenerateTest, DirectCachedForwardNamesGenerateAndTheEngine) {
+  const LlamaConfig c = config();
+  run_ranks(2, [&](int) {
+    Llama model(c);
+    apply_context_parallel(model, init_device_mesh("cpu", {2}, {"cp"}));
+    at::NoGradGuard no_grad;
+    KVCache cache(1, c.max_seq_len);
+    cache.reset(1);
+    const auto [tokens, valid] = padded();
+    try {
+      model->forward(tokens.narrow(0, 0, 1), cache, {valid[0]});
+      ADD_FAILURE() << "a KV-cache forward on a cp model ran";
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      EXPECT_NE(what.find("NYI: the KV cache under context parallelism"), std::string::npos) << what;
+      EXPECT_NE(what.find("models::generate or the inference Engine"), std::string::npos) << what;
+    }
+  });
+}
+
 }  // namespace

@@ -231,7 +231,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   }
   if (KVCache* cache = KVCache::active()) {
     TORCH_CHECK(!context_parallel, "NYI: the KV cache under context parallelism (#58): layer ", layer_index,
-                " has a cp group. Generate with a model parallelized without a cp dimension.");
+                " has a cp group, and a KV-cache forward (model->forward(tokens, cache, valid)) runs "
+                "without it. Use models::generate or the inference Engine (models::engine_model), which prefill a "
+                "fresh prompt over cp and decode without it (NOTE: [Context-parallel prefill]).");
     return wo(cached_attention(q, k, v, rope_cos, rope_sin, *cache, layer_index, sliding_window));
   }
   if (context_parallel) return wo(detail::context_parallel_attention(*this, q, k, v));
