@@ -67,5 +67,5 @@ mounts+=("$root/dtp")
 $sudo chroot "$root" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   DTP_BUILD_DIR="${DTP_BUILD_DIR:-build-debian13}" DTP_CHROOT_LEG=1 DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES-python3-torch python3-safetensors}" \
-  ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} ${host_ca:+NODE_EXTRA_CA_CERTS=$host_ca} \
+  ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS} ${DTP_STOP_AFTER:+DTP_STOP_AFTER=$DTP_STOP_AFTER} ${host_ca:+NODE_EXTRA_CA_CERTS=$host_ca} \
   /bin/bash -c 'cd /dtp && exec "$@"' debian13 "$@"

@@ -40,6 +40,9 @@ if ((${#missing[@]})); then
   "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# DTP_STOP_AFTER=install: packages only (.ci/run prepares a leg's machine
+# while another leg builds).
+[ "${DTP_STOP_AFTER:-}" != install ] || exit 0
 [ -z "${DTP_TORCH:-}" ] || exit 0
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)" -- --no-print-directory "$@"

@@ -42,6 +42,13 @@ if [[ -n ${DTP_CHROOT_LEG:-} ]]; then
   skip=(-E '^TokenizerReference\.')
 fi
 DTP_EXTRA_PACKAGES="${DTP_EXTRA_PACKAGES:-}$node_packages$multihost_packages" scripts/setup.sh
+# DTP_STOP_AFTER=install or build: stop before ctest (.ci/run overlaps one
+# leg's tests with the other leg's build).
+case "${DTP_STOP_AFTER:-}" in
+  "") ;;
+  install | build) exit 0 ;;
+  *) echo "test.sh: DTP_STOP_AFTER=$DTP_STOP_AFTER is none of install, build (or unset)" >&2; exit 1 ;;
+esac
 cd "${DTP_BUILD_DIR:-build}"
 ctest --output-on-failure -j "$(nproc)" --timeout 600 "${skip[@]}"
 echo "test.sh: build and tests took $(( $(date +%s) - start )) s"
