@@ -19,6 +19,7 @@
 // positions: the same dot products), so ~1e-14 again. A wrong position in
 // the cache, a missing rotary offset or a layer's keys in another layer's
 // slot moves the logits by 1e-2 or more.
+#include "cp_step.h"
 #include "dist.h"
 #include "llama_util.h"
 
@@ -43,6 +44,8 @@ namespace {
 
 using namespace dtp;
 using namespace dtp::models;
+using dtp::test::cp_all_to_all;
+using dtp::test::cp_ring;
 using dtp::test::run_ranks;
 
 constexpr double kTol = 1e-12;  // see the bound above
@@ -215,23 +218,12 @@ void expectPrefillEqualsOneDevice(const Layout& l) {
   std::printf("  %s: max |prefill and decode logits - one device| %.3g\n", l.what.c_str(), worst);
 }
 
-ContextParallelOptions ring(CpLayout layout = CpLayout::HeadTail) {
-  ContextParallelOptions o;
-  o.layout = layout;
-  return o;
-}
-ContextParallelOptions allToAll() {
-  ContextParallelOptions o;
-  o.attention = ContextParallelAttention::AllToAll;
-  return o;
-}
-
 TEST(CpGenerateTest, PrefillLogitsAndCacheEqualOneDevice) {
-  expectPrefillEqualsOneDevice({"cp 2, ring, HeadTail", 2, 1, ring()});
-  expectPrefillEqualsOneDevice({"cp 2, ring, Contiguous", 2, 1, ring(CpLayout::Contiguous)});
-  expectPrefillEqualsOneDevice({"cp 4, ring, HeadTail", 4, 1, ring()});
-  expectPrefillEqualsOneDevice({"cp 2, all-to-all", 2, 1, allToAll()});
-  expectPrefillEqualsOneDevice({"(cp, tp) = (2, 2), ring", 2, 2, ring()});
+  expectPrefillEqualsOneDevice({"cp 2, ring, HeadTail", 2, 1, cp_ring()});
+  expectPrefillEqualsOneDevice({"cp 2, ring, Contiguous", 2, 1, cp_ring(CpLayout::Contiguous)});
+  expectPrefillEqualsOneDevice({"cp 4, ring, HeadTail", 4, 1, cp_ring()});
+  expectPrefillEqualsOneDevice({"cp 2, all-to-all", 2, 1, cp_all_to_all()});
+  expectPrefillEqualsOneDevice({"(cp, tp) = (2, 2), ring", 2, 2, cp_ring()});
 }
 
 // generate (the engine: one packed prefill of every prompt, then decode):

@@ -14,6 +14,7 @@
 // (u = 1.1e-16) of the values: ~1e-14. 1e-12 leaves a margin of 100, and a
 // wrong position, mask, loss weight or missing reduction over cp moves the
 // results by 1e-4 or more (a rank's gradient alone is about half the sum).
+#include "cp_step.h"
 #include "dist.h"
 #include "llama_util.h"
 
@@ -43,10 +44,11 @@ namespace {
 using namespace dtp;
 using namespace dtp::models;
 using dtp::test::expect_error;
+using dtp::test::cp_all_to_all;
+using dtp::test::cp_ring;
 using dtp::test::run_ranks;
 
 constexpr double kTol = 1e-12;  // see the bound above
-constexpr int64_t kBatch = 4;
 
 LlamaConfig config() {
   LlamaConfig c = dtp::test::small_llama_config(2);  // 4 heads over 2 KV heads: GQA
@@ -55,26 +57,7 @@ LlamaConfig config() {
   return c;
 }
 
-at::Tensor batchOf(int64_t vocab, int64_t seq) {
-  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(11 + seq);
-  return at::randint(vocab, {kBatch, seq + 1}, g, at::kLong);
-}
-
-struct Step {
-  double loss = 0;
-  std::map<std::string, at::Tensor> grads;  // full
-};
-
-Step oneDevice(const LlamaConfig& c, int64_t seq) {
-  Llama model(c);
-  const at::Tensor b = batchOf(c.vocab_size, seq);
-  Step out;
-  at::Tensor loss = llama_loss(model(b.narrow(1, 0, seq)), b.narrow(1, 1, seq));
-  loss.backward();
-  out.loss = loss.item<double>();
-  for (auto& [name, p] : model->unique_named_parameters()) out.grads[name] = p.grad().clone();
-  return out;
-}
+at::Tensor batchOf(int64_t vocab, int64_t seq) { return dtp::test::cp_batch(vocab, seq, 11); }
 
 struct Layout {
   std::string what;
@@ -94,7 +77,7 @@ struct Layout {
 // backward, equal the closed form on every rank.
 void expectOneStepEqualsOneDevice(const Layout& l) {
   SCOPED_TRACE(l.what);
-  const Step want = oneDevice(l.config, l.seq);
+  const dtp::test::CpStep want = dtp::test::cp_one_device_step(l.config, batchOf(l.config.vocab_size, l.seq));
   ParallelDims dims = l.dims;
   dims.validate();
   const int64_t world = dims.world_size(), cp = dims.cp(), layers = l.config.n_layers;
@@ -110,8 +93,7 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
     parallelize_llama(model, mesh, options);
     // The data loader: this dp rank's rows, then this cp rank's positions.
     const ProcessGroup dp = dims.dp_enabled() ? data_parallel_group(mesh) : ProcessGroup();
-    at::Tensor b = batchOf(l.config.vocab_size, l.seq);
-    if (dp.valid()) b = b.narrow(0, dp.rank() * (kBatch / dp.size()), kBatch / dp.size());
+    const at::Tensor b = dtp::test::cp_rows(batchOf(l.config.vocab_size, l.seq), dp);
     const auto in = context_parallel_shard_batch(model, {b.narrow(1, 0, l.seq), b.narrow(1, 1, l.seq)});
     CommCounter forward;
     at::Tensor loss = llama_loss(model, model(in[0]), in[1]);
@@ -128,65 +110,44 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
     EXPECT_EQ(forward.count(CollectiveType::AllToAll), ring ? 0 : layers * 4) << "backward: " << forward.str();
     // The loss of the whole batch: every rank's weighted share averaged over
     // the world (tp ranks hold the same value, so the world's mean is dp x cp's).
-    const at::Tensor value = (is_dtensor(loss) ? full_tensor(loss.detach()) : loss.detach()).reshape({1}).clone();
-    const double got = default_process_group().all_reduce(value).wait().item<double>() / static_cast<double>(world);
-    double err = std::abs(got - want.loss);
-    EXPECT_LE(err, kTol) << "loss " << got << " vs one device " << want.loss;
-    for (auto& [name, p] : model->unique_named_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << name;
-      const at::Tensor g = is_dtensor(p) ? full_tensor(p.grad()) : p.grad();
-      const double d = (g - want.grads.at(name)).abs().max().item<double>();
-      EXPECT_LE(d, kTol) << "gradient of " << name;
-      err = std::max(err, d);
-    }
+    const double err = dtp::test::expect_cp_step_equals(loss, world, dtp::test::cp_named_params(model), want, kTol);
     std::lock_guard<std::mutex> lock(mu);
     worst = std::max(worst, err);
   });
   std::printf("  %s: max |cp - one device| over the loss and the gradients %.3g\n", l.what.c_str(), worst);
 }
 
-ContextParallelOptions ring(CpLayout layout = CpLayout::HeadTail) {
-  ContextParallelOptions o;
-  o.layout = layout;
-  return o;
-}
-ContextParallelOptions allToAll() {
-  ContextParallelOptions o;
-  o.attention = ContextParallelAttention::AllToAll;
-  return o;
-}
-
 TEST(CpLlamaTest, RingAttentionStepEqualsOneDevice) {
-  expectOneStepEqualsOneDevice({"cp 2, S 16", ParallelDims().cp(2).world_size(2), ring()});
-  expectOneStepEqualsOneDevice({"cp 2, S 13 (uneven)", ParallelDims().cp(2).world_size(2), ring(), DataParallel::FSDP, 13});
-  expectOneStepEqualsOneDevice({"cp 4, S 16", ParallelDims().cp(4).world_size(4), ring()});
-  expectOneStepEqualsOneDevice({"cp 4, S 19 (uneven)", ParallelDims().cp(4).world_size(4), ring(), DataParallel::FSDP, 19});
+  expectOneStepEqualsOneDevice({"cp 2, S 16", ParallelDims().cp(2).world_size(2), cp_ring()});
+  expectOneStepEqualsOneDevice({"cp 2, S 13 (uneven)", ParallelDims().cp(2).world_size(2), cp_ring(), DataParallel::FSDP, 13});
+  expectOneStepEqualsOneDevice({"cp 4, S 16", ParallelDims().cp(4).world_size(4), cp_ring()});
+  expectOneStepEqualsOneDevice({"cp 4, S 19 (uneven)", ParallelDims().cp(4).world_size(4), cp_ring(), DataParallel::FSDP, 19});
   expectOneStepEqualsOneDevice(
-      {"cp 2, Contiguous, S 13", ParallelDims().cp(2).world_size(2), ring(CpLayout::Contiguous), DataParallel::FSDP, 13});
+      {"cp 2, Contiguous, S 13", ParallelDims().cp(2).world_size(2), cp_ring(CpLayout::Contiguous), DataParallel::FSDP, 13});
 }
 
 TEST(CpLlamaTest, AllToAllAttentionStepEqualsOneDevice) {
-  expectOneStepEqualsOneDevice({"cp 2, S 13", ParallelDims().cp(2).world_size(2), allToAll(), DataParallel::FSDP, 13});
+  expectOneStepEqualsOneDevice({"cp 2, S 13", ParallelDims().cp(2).world_size(2), cp_all_to_all(), DataParallel::FSDP, 13});
   // 4 query heads over 4 ranks; the 2 KV heads are repeated first.
-  expectOneStepEqualsOneDevice({"cp 4, S 16", ParallelDims().cp(4).world_size(4), allToAll()});
+  expectOneStepEqualsOneDevice({"cp 4, S 16", ParallelDims().cp(4).world_size(4), cp_all_to_all()});
 }
 
 TEST(CpLlamaTest, ComposesWithTensorAndDataParallelism) {
   // Heads by tp (2 query, 1 KV head per rank), the sequence by cp.
-  expectOneStepEqualsOneDevice({"(cp, tp) = (2, 2), ring, S 13", ParallelDims().cp(2).tp(2).world_size(4), ring(),
+  expectOneStepEqualsOneDevice({"(cp, tp) = (2, 2), ring, S 13", ParallelDims().cp(2).tp(2).world_size(4), cp_ring(),
                                 DataParallel::FSDP, 13});
-  expectOneStepEqualsOneDevice({"(cp, tp) = (2, 2), all-to-all", ParallelDims().cp(2).tp(2).world_size(4), allToAll()});
+  expectOneStepEqualsOneDevice({"(cp, tp) = (2, 2), all-to-all", ParallelDims().cp(2).tp(2).world_size(4), cp_all_to_all()});
   // FSDP over dp_shard_cp = (dp_shard, cp): 4 ranks, each dp rank 2 rows.
-  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2) FSDP, S 13", ParallelDims().dp_shard(2).cp(2).world_size(4), ring(),
+  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2) FSDP, S 13", ParallelDims().dp_shard(2).cp(2).world_size(4), cp_ring(),
                                 DataParallel::FSDP, 13});
-  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2) DDP", ParallelDims().dp_shard(2).cp(2).world_size(4), ring(),
+  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2) DDP", ParallelDims().dp_shard(2).cp(2).world_size(4), cp_ring(),
                                 DataParallel::DDP});
   // HSDP: shards over dp_shard_cp = (cp), replicas over dp_replicate.
   expectOneStepEqualsOneDevice({"(dp_replicate, cp) = (2, 2) HSDP, S 13", ParallelDims().dp_replicate(2).cp(2).world_size(4),
-                                ring(), DataParallel::FSDP, 13});
+                                cp_ring(), DataParallel::FSDP, 13});
   // A hand-built (dp, cp, tp) mesh reads as ParallelDims' (NOTE: [Mesh
   // dimension names]): parallelize_llama flattens (dp, cp) itself.
-  Layout hand{"hand-built (dp, cp, tp) = (2, 2, 2), S 13", ParallelDims().dp_shard(2).cp(2).tp(2).world_size(8), ring(),
+  Layout hand{"hand-built (dp, cp, tp) = (2, 2, 2), S 13", ParallelDims().dp_shard(2).cp(2).tp(2).world_size(8), cp_ring(),
               DataParallel::FSDP, 13};
   hand.names = {"dp", "cp", "tp"};
   expectOneStepEqualsOneDevice(hand);
@@ -195,7 +156,7 @@ TEST(CpLlamaTest, ComposesWithTensorAndDataParallelism) {
 // The Hugging Face families run the same decoder (NOTE: [Model families]):
 // Qwen 3's qk_norm and biases under cp.
 TEST(CpLlamaTest, QwenFamilyStepEqualsOneDevice) {
-  Layout l{"qwen3-style, cp 2, S 13", ParallelDims().cp(2).world_size(2), ring(), DataParallel::FSDP, 13};
+  Layout l{"qwen3-style, cp 2, S 13", ParallelDims().cp(2).world_size(2), cp_ring(), DataParallel::FSDP, 13};
   l.config.family = "qwen3";
   l.config.qk_norm = true;
   l.config.qkv_bias = true;
@@ -219,7 +180,7 @@ TEST(CpLlamaTest, WhatDoesNotDivideOrComposeErrors) {
       c.dim = 48;
       Llama model(c);
       ParallelizeOptions o;
-      o.cp = allToAll();
+      o.cp = cp_all_to_all();
       expect_error([&] { parallelize_llama(model, ParallelDims().cp(2).tp(2).world_size(4).build_mesh(), o); },
                    {"parallelize_llama: all-to-all attention over cp 2 with 3 query heads per rank", "Ring"});
     }
@@ -272,7 +233,7 @@ TEST(CpLlamaBench, DISABLED_StepCpuTimePerRank) {
       Llama model(c);
       parallelize_llama(model, ParallelDims().cp(cp).world_size(cp).build_mesh(), [&] {
         ParallelizeOptions o;
-        o.cp = ring(layout);
+        o.cp = cp_ring(layout);
         return o;
       }());
       at::Generator g = at::make_generator<at::CPUGeneratorImpl>(5);

@@ -21,6 +21,7 @@
 // dp x ep x cp) doubles their gradients (off by 5.6e-4 at ep = cp = 2), and
 // load-balancing counts of this cp rank's positions alone move the loss by
 // 1e-5 to 2e-4 and every gradient upstream of the routers.
+#include "cp_step.h"
 #include "dist.h"
 #include "llama_util.h"
 
@@ -48,10 +49,11 @@ namespace {
 using namespace dtp;
 using namespace dtp::models;
 using dtp::test::expect_error;
+using dtp::test::cp_all_to_all;
+using dtp::test::cp_ring;
 using dtp::test::run_ranks;
 
 constexpr double kTol = 1e-12;  // see the bound above
-constexpr int64_t kBatch = 4;
 
 // Mixtral-shaped in float64: a MoE in every block, 4 experts, top 2, and a
 // load-balancing loss large enough to move the routers' gradients; with
@@ -70,29 +72,7 @@ LlamaConfig config(int64_t shared = 0) {
   return c;
 }
 
-at::Tensor batchOf(int64_t vocab, int64_t seq) {
-  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(23 + seq);
-  return at::randint(vocab, {kBatch, seq + 1}, g, at::kLong);
-}
-
-struct Step {
-  double loss = 0;
-  std::map<std::string, at::Tensor> grads;  // full
-};
-
-// One device: the mean over the B*S tokens plus the load-balancing loss of
-// every token of every layer.
-Step oneDevice(const LlamaConfig& c, int64_t seq) {
-  Llama model(c);
-  const at::Tensor b = batchOf(c.vocab_size, seq);
-  at::Tensor loss = llama_loss(model(b.narrow(1, 0, seq)), b.narrow(1, 1, seq));
-  loss = loss + moe_load_balancing_loss(model);  // after the forward
-  loss.backward();
-  Step out;
-  out.loss = loss.item<double>();
-  for (auto& [name, p] : model->unique_named_parameters()) out.grads[name] = p.grad().clone();
-  return out;
-}
+at::Tensor batchOf(int64_t vocab, int64_t seq) { return dtp::test::cp_batch(vocab, seq, 23); }
 
 struct Layout {
   std::string what;
@@ -105,13 +85,6 @@ struct Layout {
   std::vector<std::string> names = {};
 };
 
-ContextParallelOptions ring() { return {}; }
-ContextParallelOptions allToAll() {
-  ContextParallelOptions o;
-  o.attention = ContextParallelAttention::AllToAll;
-  return o;
-}
-
 // One training step on `l.dims`' mesh against one device: the loss (the mean
 // over the dp x cp ranks of each rank's weighted language-model loss plus its
 // load-balancing term) and every parameter's full gradient within kTol. Per
@@ -121,7 +94,10 @@ ContextParallelOptions allToAll() {
 // over cp.
 void expectOneStepEqualsOneDevice(const Layout& l) {
   SCOPED_TRACE(l.what);
-  const Step want = oneDevice(l.config, l.seq);
+  // One device: the mean over the B*S tokens plus the load-balancing loss of
+  // every token of every layer.
+  const dtp::test::CpStep want =
+      dtp::test::cp_one_device_step(l.config, batchOf(l.config.vocab_size, l.seq), /*aux=*/true);
   ParallelDims dims = l.dims;
   dims.validate();
   const int64_t world = dims.world_size(), cp = dims.cp(), ep = std::max<int64_t>(dims.ep(), 1),
@@ -153,8 +129,7 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
     const ParallelMeshDims parts = parallel_mesh_dims(mesh);
     const std::optional<ProcessGroup> dp =
         parts.batch.empty() ? std::nullopt : std::optional<ProcessGroup>(data_parallel_group(mesh));
-    at::Tensor b = batchOf(l.config.vocab_size, l.seq);
-    if (dp) b = b.narrow(0, dp->rank() * (kBatch / dp->size()), kBatch / dp->size());
+    const at::Tensor b = dtp::test::cp_rows(batchOf(l.config.vocab_size, l.seq), dp.value_or(ProcessGroup()));
     const auto in = context_parallel_shard_batch(model, {b.narrow(1, 0, l.seq), b.narrow(1, 1, l.seq)});
     CommCounter comm;
     at::Tensor loss = llama_loss(model, model(in[0]), in[1]);
@@ -176,17 +151,7 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
         << "backward: both again per MoE layer" << comm.str();
     // The loss of the whole batch: every rank's share averaged over the world
     // (tp ranks hold the same value, so the world's mean is dp x cp's).
-    const at::Tensor value = (is_dtensor(loss) ? full_tensor(loss.detach()) : loss.detach()).reshape({1}).clone();
-    const double got = default_process_group().all_reduce(value).wait().item<double>() / static_cast<double>(world);
-    double err = std::abs(got - want.loss);
-    EXPECT_LE(err, kTol) << "loss " << got << " vs one device " << want.loss;
-    for (auto& [name, p] : model->unique_named_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << name;
-      const at::Tensor g = is_dtensor(p) ? full_tensor(p.grad()) : p.grad();
-      const double d = (g - want.grads.at(name)).abs().max().item<double>();
-      EXPECT_LE(d, kTol) << "gradient of " << name;
-      err = std::max(err, d);
-    }
+    const double err = dtp::test::expect_cp_step_equals(loss, world, dtp::test::cp_named_params(model), want, kTol);
     std::lock_guard<std::mutex> lock(mu);
     worst = std::max(worst, err);
   });
@@ -197,11 +162,11 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
 // = (1, 1, 2), every MoE layer's experts 2 per cp rank, the tokens of both
 // cp ranks' positions dispatched among them.
 TEST(CpMoeTest, EpEqualToCpStepEqualsOneDevice) {
-  expectOneStepEqualsOneDevice({"ep = cp = 2, ring, S 16, FSDP", ParallelDims().cp(2).ep(2).world_size(2), ring()});
+  expectOneStepEqualsOneDevice({"ep = cp = 2, ring, S 16, FSDP", ParallelDims().cp(2).ep(2).world_size(2), cp_ring()});
   expectOneStepEqualsOneDevice(
-      {"ep = cp = 2, ring, S 13 (uneven), DDP", ParallelDims().cp(2).ep(2).world_size(2), ring(), DataParallel::DDP, 13});
+      {"ep = cp = 2, ring, S 13 (uneven), DDP", ParallelDims().cp(2).ep(2).world_size(2), cp_ring(), DataParallel::DDP, 13});
   expectOneStepEqualsOneDevice(
-      {"ep = cp = 2, all-to-all, S 13, FSDP", ParallelDims().cp(2).ep(2).world_size(2), allToAll(), DataParallel::FSDP, 13});
+      {"ep = cp = 2, all-to-all, S 13, FSDP", ParallelDims().cp(2).ep(2).world_size(2), cp_all_to_all(), DataParallel::FSDP, 13});
 }
 
 // 4 ranks: (dp_shard, cp) = (2, 2) with ep 4 = (dp_shard_in_ep 2) x (cp 2),
@@ -209,20 +174,20 @@ TEST(CpMoeTest, EpEqualToCpStepEqualsOneDevice) {
 // dp_shard_mod_ep 2 (FSDP cuts each rank's 2 experts over it).
 TEST(CpMoeTest, EpOverDpAndCpStepEqualsOneDevice) {
   const ParallelDims ep4 = ParallelDims().dp_shard(2).cp(2).ep(4).world_size(4);
-  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2), ep 4, ring, S 13, FSDP", ep4, ring(), DataParallel::FSDP, 13});
-  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2), ep 4, ring, S 16, DDP", ep4, ring(), DataParallel::DDP});
-  Layout shared{"(dp, cp) = (2, 2), ep 4, all-to-all, S 13, FSDP, shared expert", ep4, allToAll(), DataParallel::FSDP,
+  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2), ep 4, ring, S 13, FSDP", ep4, cp_ring(), DataParallel::FSDP, 13});
+  expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2), ep 4, ring, S 16, DDP", ep4, cp_ring(), DataParallel::DDP});
+  Layout shared{"(dp, cp) = (2, 2), ep 4, all-to-all, S 13, FSDP, shared expert", ep4, cp_all_to_all(), DataParallel::FSDP,
                 13, config(10)};
   expectOneStepEqualsOneDevice(shared);
   const ParallelDims ep2 = ParallelDims().dp_shard(2).cp(2).ep(2).world_size(4);
-  expectOneStepEqualsOneDevice({"(dp_shard_mod_ep, cp) = (2, 2), ep 2, ring, S 13, FSDP", ep2, ring(),
+  expectOneStepEqualsOneDevice({"(dp_shard_mod_ep, cp) = (2, 2), ep 2, ring, S 13, FSDP", ep2, cp_ring(),
                                 DataParallel::FSDP, 13});
-  expectOneStepEqualsOneDevice({"(dp_shard_mod_ep, cp) = (2, 2), ep 2, ring, S 13, DDP", ep2, ring(),
+  expectOneStepEqualsOneDevice({"(dp_shard_mod_ep, cp) = (2, 2), ep 2, ring, S 13, DDP", ep2, cp_ring(),
                                 DataParallel::DDP, 13});
   // A hand-built (dp, ep, cp) reads alike: parallelize_llama flattens (ep,
   // cp) as "ep_cp" (its own "ep" takes the name) and (dp, ep, cp) as
   // "dp_shard_cp".
-  Layout hand{"hand-built (dp, ep, cp) = (1, 2, 2), ep 4, ring, S 13", ep4, ring(), DataParallel::FSDP, 13};
+  Layout hand{"hand-built (dp, ep, cp) = (1, 2, 2), ep 4, ring, S 13", ep4, cp_ring(), DataParallel::FSDP, 13};
   hand.names = {"dp", "ep", "cp"};
   expectOneStepEqualsOneDevice(hand);
 }
@@ -231,17 +196,17 @@ TEST(CpMoeTest, EpOverDpAndCpStepEqualsOneDevice) {
 // and replicated over tp.
 TEST(CpMoeTest, ComposesWithTensorParallelism) {
   expectOneStepEqualsOneDevice({"ep = cp = 2, tp 2, ring, S 13, FSDP", ParallelDims().cp(2).ep(2).tp(2).world_size(4),
-                                ring(), DataParallel::FSDP, 13});
+                                cp_ring(), DataParallel::FSDP, 13});
 }
 
 // Without ep the experts are replicated and data parallel over dp x cp like
 // every parameter; the load-balancing loss's counts still need every cp
 // rank's positions (NOTE: [Load-balancing loss under context parallelism]).
 TEST(CpMoeTest, ReplicatedExpertsWithTheLoadBalancingLossStepEqualsOneDevice) {
-  expectOneStepEqualsOneDevice({"cp 2, experts replicated, ring, S 13", ParallelDims().cp(2).world_size(2), ring(),
+  expectOneStepEqualsOneDevice({"cp 2, experts replicated, ring, S 13", ParallelDims().cp(2).world_size(2), cp_ring(),
                                 DataParallel::FSDP, 13});
   expectOneStepEqualsOneDevice({"(dp, cp) = (2, 2), experts replicated, DDP, S 13",
-                                ParallelDims().dp_shard(2).cp(2).world_size(4), ring(), DataParallel::DDP, 13});
+                                ParallelDims().dp_shard(2).cp(2).world_size(4), cp_ring(), DataParallel::DDP, 13});
 }
 
 TEST(CpMoeTest, WhatDoesNotDivideOrComposeErrors) {
@@ -276,7 +241,7 @@ TEST(CpMoeTest, WhatDoesNotDivideOrComposeErrors) {
       c.dim = 48;
       Llama model(c);
       ParallelizeOptions o;
-      o.cp = allToAll();
+      o.cp = cp_all_to_all();
       expect_error([&] { parallelize_llama(model, ParallelDims().cp(2).ep(2).tp(2).world_size(4).build_mesh(), o); },
                    {"parallelize_llama: all-to-all attention over cp 2 with 3 query heads per rank"});
     }

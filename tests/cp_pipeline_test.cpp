@@ -18,6 +18,7 @@
 // loss weight (S = 13 over cp 2: weights 7*2/13 and 6*2/13), a stage without
 // cp attention, or positions cut after the microbatch split moves results by
 // 1e-4 or more.
+#include "cp_step.h"
 #include "dist.h"
 #include "llama_util.h"
 
@@ -44,10 +45,11 @@ namespace {
 using namespace dtp;
 using namespace dtp::models;
 using dtp::test::expect_error;
+using dtp::test::cp_all_to_all;
+using dtp::test::cp_ring;
 using dtp::test::run_ranks;
 
 constexpr double kTol = 1e-12;  // see the bound above
-constexpr int64_t kBatch = 4;
 
 LlamaConfig config() {
   LlamaConfig c = dtp::test::small_llama_config(2);  // 4 heads over 2 KV heads: GQA
@@ -57,26 +59,7 @@ LlamaConfig config() {
   return c;
 }
 
-at::Tensor batchOf(int64_t vocab, int64_t seq) {
-  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(23 + seq);
-  return at::randint(vocab, {kBatch, seq + 1}, g, at::kLong);
-}
-
-struct Step {
-  double loss = 0;
-  std::map<std::string, at::Tensor> grads;
-};
-
-Step oneDevice(const LlamaConfig& c, int64_t seq) {
-  Llama model(c);
-  const at::Tensor b = batchOf(c.vocab_size, seq);
-  at::Tensor loss = llama_loss(model(b.narrow(1, 0, seq)), b.narrow(1, 1, seq));
-  loss.backward();
-  Step out;
-  out.loss = loss.item<double>();
-  for (auto& [name, p] : model->unique_named_parameters()) out.grads[name] = p.grad().clone();
-  return out;
-}
+at::Tensor batchOf(int64_t vocab, int64_t seq) { return dtp::test::cp_batch(vocab, seq, 23); }
 
 struct Layout {
   std::string what;
@@ -97,7 +80,7 @@ DeviceMesh withoutPp(const DeviceMesh& mesh) {
 void expectStepEqualsOneDevice(const Layout& l) {
   SCOPED_TRACE(l.what);
   const LlamaConfig c = config();
-  const Step want = oneDevice(c, l.seq);
+  const dtp::test::CpStep want = dtp::test::cp_one_device_step(c, batchOf(c.vocab_size, l.seq));
   ParallelDims dims = l.dims;
   dims.validate();
   const int64_t world = dims.world_size(), cp = dims.cp(), pp = dims.pp();
@@ -115,11 +98,8 @@ void expectStepEqualsOneDevice(const Layout& l) {
     ASSERT_EQ(pipe.stages.size(), 1u);
     const bool first = mesh.get_local_rank("pp") == 0, last = pipe.has_last_stage;
     // The data loader: this dp rank's rows, then this cp rank's positions.
-    at::Tensor b = batchOf(c.vocab_size, l.seq);
-    if (dims.dp_enabled()) {
-      const ProcessGroup dp = data_parallel_group(withoutPp(mesh));
-      b = b.narrow(0, dp.rank() * (kBatch / dp.size()), kBatch / dp.size());
-    }
+    const at::Tensor b = dtp::test::cp_rows(batchOf(c.vocab_size, l.seq),
+                                            dims.dp_enabled() ? data_parallel_group(withoutPp(mesh)) : ProcessGroup());
     const auto in = context_parallel_shard_batch(full, {b.narrow(1, 0, l.seq), b.narrow(1, 1, l.seq)});
     EXPECT_LT(in[0].size(1), l.seq) << "the batch is cut to this cp rank's positions";
     CommCounter comm;
@@ -133,65 +113,42 @@ void expectStepEqualsOneDevice(const Layout& l) {
     EXPECT_EQ(comm.count(CollectiveType::Recv), pipe_recvs + (ring ? m * layers * (3 * cp - 2) : 0)) << comm.str();
     EXPECT_EQ(comm.count(CollectiveType::AllToAll), ring ? 0 : m * layers * 8)
         << "all-to-all: 4 forward and 4 backward per microbatch and layer; " << comm.str();
+    // This rank's stage's parameters, by the whole model's names.
+    std::set<const void*> mine;
+    for (const auto& p : pipe.parameters()) mine.insert(p.unsafeGetTensorImpl());
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const auto& item : full->named_parameters())
+      if (mine.count(item.value().unsafeGetTensorImpl())) params.emplace_back(item.key(), item.value());
     // The loss: on the last stage's ranks, each its cp rank's weighted share;
     // their mean over the world / pp ranks (tp ranks hold the same value) is
     // the whole batch's.
-    const at::Tensor value = (loss.defined() ? (is_dtensor(loss) ? full_tensor(loss.detach()) : loss.detach())
-                                             : at::zeros({}, at::kDouble)).reshape({1}).clone();
-    const double got = default_process_group().all_reduce(value).wait().item<double>() / static_cast<double>(world / pp);
-    double err = std::abs(got - want.loss);
-    EXPECT_LE(err, kTol) << "loss " << got << " vs one device " << want.loss;
-    std::set<const void*> mine;
-    for (const auto& p : pipe.parameters()) mine.insert(p.unsafeGetTensorImpl());
-    int compared = 0;
-    for (const auto& item : full->named_parameters()) {  // the whole model's names, the same order on every rank
-      const at::Tensor& p = item.value();
-      if (!mine.count(p.unsafeGetTensorImpl())) continue;
-      ASSERT_TRUE(p.grad().defined()) << item.key();
-      const at::Tensor g = is_dtensor(p) ? full_tensor(p.grad()) : p.grad();
-      const double d = (g - want.grads.at(item.key())).abs().max().item<double>();
-      EXPECT_LE(d, kTol) << "gradient of " << item.key();
-      err = std::max(err, d);
-      ++compared;
-    }
-    EXPECT_GT(compared, 0);
+    const double err = dtp::test::expect_cp_step_equals(loss, world / pp, params, want, kTol);
     std::lock_guard<std::mutex> lock(mu);
     worst = std::max(worst, err);
   });
   std::printf("  %s: max |pp x cp - one device| over the loss and the gradients %.3g\n", l.what.c_str(), worst);
 }
 
-ContextParallelOptions ring(CpLayout layout = CpLayout::HeadTail) {
-  ContextParallelOptions o;
-  o.layout = layout;
-  return o;
-}
-ContextParallelOptions allToAll() {
-  ContextParallelOptions o;
-  o.attention = ContextParallelAttention::AllToAll;
-  return o;
-}
-
 TEST(CpPipelineTest, PpCpStepEqualsOneDevice) {
   // S = 13: the cp ranks hold 7 and 6 positions, so each stage's loss weight matters.
   expectStepEqualsOneDevice({"(pp, cp) = (2, 2), ring, 1F1B m=2, S 13", ParallelDims().pp(2).cp(2).world_size(4),
-                             ring(), {"1f1b", 2}, 13});
+                             cp_ring(), {"1f1b", 2}, 13});
   expectStepEqualsOneDevice({"(pp, cp) = (2, 2), all-to-all, GPipe m=4", ParallelDims().pp(2).cp(2).world_size(4),
-                             allToAll(), {"gpipe", 4}});
+                             cp_all_to_all(), {"gpipe", 4}});
   expectStepEqualsOneDevice({"(pp, cp) = (2, 2), ring, Contiguous, 1F1B m=2, S 13",
-                             ParallelDims().pp(2).cp(2).world_size(4), ring(CpLayout::Contiguous), {"1f1b", 2}, 13,
+                             ParallelDims().pp(2).cp(2).world_size(4), cp_ring(CpLayout::Contiguous), {"1f1b", 2}, 13,
                              DataParallel::DDP});
 }
 
 TEST(CpPipelineTest, PpCpTpStepEqualsOneDevice) {
   // Heads by tp (2 query, 1 KV head per rank), the sequence by cp, layers by pp.
   expectStepEqualsOneDevice({"(pp, cp, tp) = (2, 2, 2), ring, 1F1B m=2, S 13",
-                             ParallelDims().pp(2).cp(2).tp(2).world_size(8), ring(), {"1f1b", 2}, 13});
+                             ParallelDims().pp(2).cp(2).tp(2).world_size(8), cp_ring(), {"1f1b", 2}, 13});
   expectStepEqualsOneDevice({"(pp, cp, tp) = (2, 2, 2), all-to-all, 1F1B m=2",
-                             ParallelDims().pp(2).cp(2).tp(2).world_size(8), allToAll(), {"1f1b", 2}});
+                             ParallelDims().pp(2).cp(2).tp(2).world_size(8), cp_all_to_all(), {"1f1b", 2}});
   // FSDP over dp_shard_cp = (dp_shard, cp) inside each stage; each dp rank 2 rows.
   expectStepEqualsOneDevice({"(pp, dp, cp) = (2, 2, 2) FSDP, ring, 1F1B m=2, S 13",
-                             ParallelDims().pp(2).dp_shard(2).cp(2).world_size(8), ring(), {"1f1b", 2}, 13});
+                             ParallelDims().pp(2).dp_shard(2).cp(2).world_size(8), cp_ring(), {"1f1b", 2}, 13});
 }
 
 }  // namespace
