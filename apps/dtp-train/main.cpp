@@ -422,7 +422,7 @@ int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
     const double max_tol = 2 * static_cast<double>(steps) * o.lr * 0.1 / std::sqrt(1 - 0.999);  // AdamW's defaults
     ok = tp_err.loss <= loss_tol && tp_err.param_mean <= mean_tol && tp_err.param <= max_tol;
     std::printf("parity vs one device in %s over %zu steps: max |loss diff| %.3g, max |param diff| %.3g; "
-                "distance from float64 of TP: loss %.3g, weights mean %.3g (max %.3g), of one device: %.3g, %.3g (%.3g) "
+                "distance from float64 of this run: loss %.3g, weights mean %.3g (max %.3g), of one device: %.3g, %.3g (%.3g) "
                 "(tolerance %.3g, %.3g (%.3g)): %s\n",
                 mp ? "bf16 mixed precision" : "float32", steps, d.loss, d.param, tp_err.loss, tp_err.param_mean, tp_err.param,
                 one_err.loss, one_err.param_mean, one_err.param, loss_tol, mean_tol, max_tol, ok ? "ok" : "FAILED");
