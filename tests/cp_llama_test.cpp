@@ -110,7 +110,7 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
     EXPECT_EQ(forward.count(CollectiveType::AllToAll), ring ? 0 : layers * 4) << "backward: " << forward.str();
     // The loss of the whole batch: every rank's weighted share averaged over
     // the world (tp ranks hold the same value, so the world's mean is dp x cp's).
-    const double err = dtp::test::expect_cp_step_equals(loss, world, dtp::test::cp_named_params(model), want, kTol);
+    const double err = dtp::test::expect_cp_step_equals(loss, world, model->unique_named_parameters(), want, kTol);
     std::lock_guard<std::mutex> lock(mu);
     worst = std::max(worst, err);
   });

@@ -151,7 +151,7 @@ void expectOneStepEqualsOneDevice(const Layout& l) {
         << "backward: both again per MoE layer" << comm.str();
     // The loss of the whole batch: every rank's share averaged over the world
     // (tp ranks hold the same value, so the world's mean is dp x cp's).
-    const double err = dtp::test::expect_cp_step_equals(loss, world, dtp::test::cp_named_params(model), want, kTol);
+    const double err = dtp::test::expect_cp_step_equals(loss, world, model->unique_named_parameters(), want, kTol);
     std::lock_guard<std::mutex> lock(mu);
     worst = std::max(worst, err);
   });

@@ -97,11 +97,4 @@ inline models::ContextParallelOptions cp_all_to_all() {
   return o;
 }
 
-// A model's parameters by name, for expect_cp_step_equals.
-inline std::vector<std::pair<std::string, at::Tensor>> cp_named_params(models::Llama& model) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& [name, p] : model->unique_named_parameters()) out.emplace_back(name, p);
-  return out;
-}
-
 }  // namespace dtp::test
