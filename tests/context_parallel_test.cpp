@@ -16,6 +16,8 @@
 // head grouping moves (>= 1e-3 here).
 #include "dist.h"
 
+#include "cp/attention_block.h"
+
 #include "dtp/comm_counter.h"
 #include "dtp/cp/context_parallel.h"
 #include "dtp/device_mesh.h"
@@ -51,9 +53,10 @@ struct Case {
   int64_t batch = 2, heads = 4, kv_heads = 4, seq = 16, head_dim = 8, v_dim = 8;
   bool causal = false;
   CpLayout layout = CpLayout::Contiguous;
+  int64_t window = 0;  // a sliding window (with causal); 0: none
   std::string str() const {
     return c10::str("B=", batch, " H=", heads, " H_kv=", kv_heads, " S=", seq, " D=", head_dim, " Dv=", v_dim,
-                    causal ? " causal " : " full ", to_string(layout));
+                    causal ? " causal " : " full ", to_string(layout), window > 0 ? c10::str(" window ", window) : "");
   }
 };
 
@@ -64,12 +67,15 @@ at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
 
 // max |a - ref| / max |full|: the error relative to the largest value of
 // the whole reference `full` (a rank's part may be all zeros: the query at
-// position 0 under a causal mask has dq = 0 up to rounding).
+// position 0 under a causal mask has dq = 0 up to rounding). Where `full` is
+// all zeros (a window of 1: each query sees itself alone, so dq = dk = 0),
+// the absolute error.
 double rel_err(const at::Tensor& a, const at::Tensor& ref, const at::Tensor& full) {
   EXPECT_EQ(a.sizes(), ref.sizes());
   if (a.sizes() != ref.sizes()) return 1.0;
   if (ref.numel() == 0) return 0.0;
-  return (a - ref).abs().max().item<double>() / full.abs().max().item<double>();
+  const double diff = (a - ref).abs().max().item<double>(), largest = full.abs().max().item<double>();
+  return largest > 0 ? diff / largest : diff;
 }
 double rel_err(const at::Tensor& a, const at::Tensor& ref) { return rel_err(a, ref, ref); }
 
@@ -89,12 +95,19 @@ struct PrintWorst {
 
 // One device: softmax(q k^T * scale) v with key/value head h / (H / H_kv)
 // for query head h (repeat_interleave) and the causal mask of the whole
-// sequence, written independently of src/cp/.
-at::Tensor one_device_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+// sequence (with `window` > 0 also the keys window or more positions back,
+// as the Llama's one-device attention hides them), written independently of
+// src/cp/.
+at::Tensor one_device_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                int64_t window = 0) {
   const int64_t g = q.size(1) / k.size(1), S = q.size(2);
   const at::Tensor kr = k.repeat_interleave(g, 1), vr = v.repeat_interleave(g, 1);
   at::Tensor s = at::matmul(q, kr.transpose(-1, -2)) / std::sqrt(static_cast<double>(q.size(3)));
-  if (causal) s = s.masked_fill(at::ones({S, S}, at::kBool).triu(1), -std::numeric_limits<double>::infinity());
+  if (causal) {
+    at::Tensor hidden = at::ones({S, S}, at::kBool).triu(1);
+    if (window > 0) hidden = hidden.logical_or(at::ones({S, S}, at::kBool).tril(-window));
+    s = s.masked_fill(hidden, -std::numeric_limits<double>::infinity());
+  }
   return at::matmul(s.softmax(-1), vr);
 }
 
@@ -110,7 +123,7 @@ Reference reference(const Case& c, uint64_t seed) {
   ref.w = randn({c.batch, c.heads, c.seq, c.v_dim}, seed + 3);
   const at::Tensor q = ref.q.clone().requires_grad_(), k = ref.k.clone().requires_grad_(),
                    v = ref.v.clone().requires_grad_();
-  const at::Tensor out = one_device_attention(q, k, v, c.causal);
+  const at::Tensor out = one_device_attention(q, k, v, c.causal, c.window);
   (out * ref.w).sum().backward();
   ref.out = out.detach(), ref.dq = q.grad(), ref.dk = k.grad(), ref.dv = v.grad();
   return ref;
@@ -128,7 +141,7 @@ void expect_equals_one_device(Method method, int cp, const Case& c) {
     const auto shard = [&](const at::Tensor& t) { return context_parallel_shard(t, 2, group, c.layout); };
     const at::Tensor q = shard(ref.q).clone().requires_grad_(), k = shard(ref.k).clone().requires_grad_(),
                      v = shard(ref.v).clone().requires_grad_();
-    const auto opts = CpAttentionOptions().causal(c.causal).layout(c.layout).seq_len(c.seq);
+    const auto opts = CpAttentionOptions().causal(c.causal).layout(c.layout).seq_len(c.seq).window(c.window);
     CommCounter comm;
     const at::Tensor out =
         method == Method::Ring ? ring_attention(q, k, v, group, opts) : all_to_all_attention(q, k, v, group, opts);
@@ -169,6 +182,10 @@ Case causal(Case c, CpLayout layout) {
 }
 Case with_seq(Case c, int64_t seq) {
   c.seq = seq;
+  return c;
+}
+Case windowed(Case c, int64_t window) {
+  c.window = window;
   return c;
 }
 Case gqa(Case c) {  // 6 query heads over 2 key/value heads, a value dim of 5
@@ -217,6 +234,20 @@ TEST(RingAttentionTest, GroupedQueryHeadsEqualOneDevice) {
     expect_equals_one_device(Method::Ring, cp, causal(gqa(Case{}), CpLayout::HeadTail));
     expect_equals_one_device(Method::Ring, cp, causal(gqa(with_seq(Case{}, 11)), CpLayout::Contiguous));
   }
+}
+
+// Mistral's sliding window: windows of 1 (each query sees itself), shorter
+// than a chunk, longer than one, and as long as the sequence; even and
+// uneven sequences, both layouts, GQA. The chunks still travel the whole
+// ring (the counts above hold).
+TEST(RingAttentionTest, SlidingWindowEqualsOneDevice) {
+  const PrintWorst print;
+  for (int cp : {2, 4})
+    for (CpLayout layout : {CpLayout::Contiguous, CpLayout::HeadTail})
+      for (int64_t window : {1, 3, 6, 16}) {
+        expect_equals_one_device(Method::Ring, cp, windowed(causal(Case{}, layout), window));
+        expect_equals_one_device(Method::Ring, cp, windowed(causal(gqa(with_seq(Case{}, 19)), layout), window));
+      }
 }
 
 TEST(RingAttentionTest, OnAOneDimensionalMesh) {
@@ -319,6 +350,13 @@ TEST(AllToAllAttentionTest, GroupedQueryHeadsEqualOneDevice) {
   }
 }
 
+TEST(AllToAllAttentionTest, SlidingWindowEqualsOneDevice) {
+  const PrintWorst print;
+  for (int cp : {2, 4})
+    for (CpLayout layout : {CpLayout::Contiguous, CpLayout::HeadTail})
+      for (int64_t window : {1, 5}) expect_equals_one_device(Method::AllToAll, cp, windowed(causal(with_seq(Case{}, 13), layout), window));
+}
+
 TEST(AllToAllAttentionTest, HeadsNotDividingCpIsAnError) {
   run_ranks(4, [&](int) {
     const at::Tensor q = at::zeros({1, 6, 4, 2}, at::kDouble), kv = at::zeros({1, 2, 4, 2}, at::kDouble);
@@ -388,6 +426,31 @@ TEST(ContextParallelLayoutTest, ShardUnshardAndPositionIds) {
 // (S pairs), whichever is larger (NOTE: [Head-tail chunk lengths]: the
 // leftover positions are one per chunk). Contiguous: the last rank does
 // about cp times the first's work.
+// A block is skipped exactly when the mask hides all of it, and dense
+// exactly when it hides none: every pair of segments in [0, 12) against
+// the element-wise mask, without a window and with windows 1 to 12.
+TEST(ContextParallelLayoutTest, BlockKindAgreesWithTheMask) {
+  int64_t skipped = 0, windowed_skips = 0;
+  for (int64_t window = 0; window <= 12; ++window)
+    for (int64_t qa = 0; qa < 12; ++qa)
+      for (int64_t ql = 1; qa + ql <= 12; ++ql)
+        for (int64_t ka = 0; ka < 12; ++ka)
+          for (int64_t kl = 1; ka + kl <= 12; ++kl) {
+            const SeqSegment q{qa, ql}, k{ka, kl};
+            const at::Tensor hidden = cp::causalMask(q, k, at::kCPU, window);
+            const cp::BlockKind kind = cp::blockKind(q, k, /*causal=*/true, window);
+            const bool all = hidden.all().item<bool>(), none = !hidden.any().item<bool>();
+            SCOPED_TRACE(c10::str("q [", qa, ",", qa + ql, ") k [", ka, ",", ka + kl, ") window ", window));
+            ASSERT_EQ(kind == cp::BlockKind::Skip, all);
+            ASSERT_EQ(kind == cp::BlockKind::Full, none);
+            skipped += all;
+            windowed_skips += all && ka <= qa + ql - 1;  // hidden by the window, not the diagonal
+          }
+  EXPECT_GT(windowed_skips, 0);
+  std::printf("  %lld skipped blocks, %lld of them by the window alone\n", static_cast<long long>(skipped),
+              static_cast<long long>(windowed_skips));
+}
+
 TEST(ContextParallelLayoutTest, CausalWorkPerRankEqualWithinOneChunk) {
   const auto work = [](int64_t seq, int64_t cp, int64_t r, CpLayout layout) {
     int64_t blocks = 0, kept = 0;
@@ -490,6 +553,11 @@ TEST(ContextParallelErrorsTest, NamedBeforeAnyMessage) {
                  {"ring_attention: the HeadTail layout cuts the sequence into 2*cp = 4 chunks, but seq_len is 2"});
     expect_error([&] { all_to_all_attention(t(2, 4, 4).squeeze(0), t(2, 4, 4), t(2, 4, 4), group); },
                  "all_to_all_attention: expected q, k and v shaped [B, H, S_local, D]");
+    expect_error([&] { ring_attention(t(2, 4, 4), t(2, 4, 4), t(2, 4, 4), group, CpAttentionOptions().window(3)); },
+                 {"ring_attention: got window 3 without causal", "causal(true)"});
+    expect_error([&] { all_to_all_attention(t(2, 4, 4), t(2, 4, 4), t(2, 4, 4), group,
+                                            CpAttentionOptions().causal(true).window(-1)); },
+                 {"all_to_all_attention: got window -1", "expected 0 (no sliding window)"});
     EXPECT_EQ(comm.total_count(), 0) << comm.str();
   });
 }

@@ -6,7 +6,8 @@
 // the decode steps after it (which read the gathered cache) through the
 // engine's model (engine_model) on a contiguous and on a paged, packed
 // cache; greedy tokens of generate; at cp 2 and 4, ring and all-to-all,
-// HeadTail and Contiguous, and (cp, tp) = (2, 2). The prefill's messages
+// HeadTail and Contiguous, (cp, tp) = (2, 2), and Mistral's sliding window
+// shorter than the prompts. The prefill's messages
 // per rank equal the closed form (per layer ring's cp - 1 send/recv pairs or
 // all-to-all's 4, and 1 all_gather; 1 all_reduce of the last tokens); a
 // decode step sends none (cp alone).
@@ -166,11 +167,22 @@ struct Layout {
   std::string what;
   int64_t cp = 2, tp = 1;
   ContextParallelOptions options;
+  LlamaConfig config = ::config();
 };
+
+// Mistral's sliding window, shorter than the prompts: the prefill's ring
+// hides the keys window or more positions back, and decode reads the
+// gathered cache under the same window.
+LlamaConfig mistral(int64_t window) {
+  LlamaConfig c = config();
+  c.family = "mistral";
+  c.sliding_window = window;
+  return c;
+}
 
 void expectPrefillEqualsOneDevice(const Layout& l) {
   SCOPED_TRACE(l.what);
-  const LlamaConfig c = config();
+  const LlamaConfig& c = l.config;
   std::vector<at::Tensor> want[2];
   {
     Llama one(c);
@@ -224,6 +236,9 @@ TEST(CpGenerateTest, PrefillLogitsAndCacheEqualOneDevice) {
   expectPrefillEqualsOneDevice({"cp 4, ring, HeadTail", 4, 1, cp_ring()});
   expectPrefillEqualsOneDevice({"cp 2, all-to-all", 2, 1, cp_all_to_all()});
   expectPrefillEqualsOneDevice({"(cp, tp) = (2, 2), ring", 2, 2, cp_ring()});
+  expectPrefillEqualsOneDevice({"mistral window 5, cp 2, ring, HeadTail", 2, 1, cp_ring(), mistral(5)});
+  expectPrefillEqualsOneDevice({"mistral window 3, cp 4, ring, HeadTail", 4, 1, cp_ring(), mistral(3)});
+  expectPrefillEqualsOneDevice({"mistral window 6, cp 2, all-to-all", 2, 1, cp_all_to_all(), mistral(6)});
 }
 
 // generate (the engine: one packed prefill of every prompt, then decode):

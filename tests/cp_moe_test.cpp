@@ -228,13 +228,6 @@ TEST(CpMoeTest, WhatDoesNotDivideOrComposeErrors) {
       }
     }
     {
-      SCOPED_TRACE("a pipeline with cp and ep");
-      Llama model(config());
-      const DeviceMesh mesh = ParallelDims().pp(2).cp(2).ep(2).world_size(4).build_mesh();
-      expect_error([&] { (void)pipeline_llama(model, mesh, {"1f1b", 2}); },
-                   {"NYI: context and expert parallelism in a pipeline (#58)", "pipeline_llama"});
-    }
-    {
       SCOPED_TRACE("all-to-all attention with heads that do not divide");
       LlamaConfig c = config();
       c.n_heads = 6;

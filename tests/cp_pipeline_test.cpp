@@ -1,5 +1,5 @@
 // Context parallelism inside a pipeline (#58): pipeline_llama on a mesh with
-// "pp" and "cp" (and "tp", and a data-parallel dimension) gives one step's
+// "pp" and "cp" (and "tp", "ep", and a data-parallel dimension) gives one step's
 // loss and every parameter's gradient of one device on the whole batch, in
 // float64: each stage's attention over cp, the batch cut by
 // context_parallel_shard_batch on the whole model before the microbatches,
@@ -68,7 +68,20 @@ struct Layout {
   PipelineOptions pipeline;
   int64_t seq = 16;
   DataParallel data_parallel = DataParallel::FSDP;
+  LlamaConfig config = ::config();
 };
+
+// Mixtral-shaped: a MoE in every block, 4 experts, top 2; no load-balancing
+// loss (a pipeline's step takes the language-model loss alone).
+LlamaConfig moeConfig() {
+  LlamaConfig c = config();
+  c.family = "mixtral";
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.hidden = 12;
+  c.moe.norm_topk_prob = true;
+  return c;
+}
 
 DeviceMesh withoutPp(const DeviceMesh& mesh) {
   std::vector<std::string> names;
@@ -79,11 +92,11 @@ DeviceMesh withoutPp(const DeviceMesh& mesh) {
 
 void expectStepEqualsOneDevice(const Layout& l) {
   SCOPED_TRACE(l.what);
-  const LlamaConfig c = config();
+  const LlamaConfig& c = l.config;
   const dtp::test::CpStep want = dtp::test::cp_one_device_step(c, batchOf(c.vocab_size, l.seq));
   ParallelDims dims = l.dims;
   dims.validate();
-  const int64_t world = dims.world_size(), cp = dims.cp(), pp = dims.pp();
+  const int64_t world = dims.world_size(), cp = dims.cp(), pp = dims.pp(), ep = std::max<int64_t>(dims.ep(), 1);
   const int64_t layers = c.n_layers / pp, m = l.pipeline.microbatches;
   std::mutex mu;
   double worst = 0;
@@ -111,7 +124,10 @@ void expectStepEqualsOneDevice(const Layout& l) {
     EXPECT_EQ(comm.count(CollectiveType::Send), pipe_sends + (ring ? m * layers * (3 * cp - 2) : 0))
         << "ring: (cp - 1) + (2 cp - 1) sends per microbatch and layer; " << comm.str();
     EXPECT_EQ(comm.count(CollectiveType::Recv), pipe_recvs + (ring ? m * layers * (3 * cp - 2) : 0)) << comm.str();
-    EXPECT_EQ(comm.count(CollectiveType::AllToAll), ring ? 0 : m * layers * 8)
+    // Expert parallelism over ep x cp: dispatch and combine forward and
+    // backward, per microbatch and MoE layer.
+    const int64_t moe_a2a = ep > 1 ? m * layers * 4 : 0;
+    EXPECT_EQ(comm.count(CollectiveType::AllToAll), (ring ? 0 : m * layers * 8) + moe_a2a)
         << "all-to-all: 4 forward and 4 backward per microbatch and layer; " << comm.str();
     // This rank's stage's parameters, by the whole model's names.
     std::set<const void*> mine;
@@ -149,6 +165,20 @@ TEST(CpPipelineTest, PpCpTpStepEqualsOneDevice) {
   // FSDP over dp_shard_cp = (dp_shard, cp) inside each stage; each dp rank 2 rows.
   expectStepEqualsOneDevice({"(pp, dp, cp) = (2, 2, 2) FSDP, ring, 1F1B m=2, S 13",
                              ParallelDims().pp(2).dp_shard(2).cp(2).world_size(8), cp_ring(), {"1f1b", 2}, 13});
+}
+
+// (pp, cp, ep): each stage's experts spread over ep x cp (NOTE: [Context
+// parallelism with expert parallelism]), its attention over cp.
+TEST(CpPipelineTest, PpCpEpStepEqualsOneDevice) {
+  Layout ring{"(pp, cp, ep) = (2, 2, 2), ring, 1F1B m=2, S 13", ParallelDims().pp(2).cp(2).ep(2).world_size(4),
+              cp_ring(), {"1f1b", 2}, 13};
+  ring.config = moeConfig();
+  expectStepEqualsOneDevice(ring);
+  Layout a2a{"(pp, dp, cp, ep) = (2, 2, 2, 4) DDP, all-to-all, GPipe m=2",
+             ParallelDims().pp(2).dp_shard(2).cp(2).ep(4).world_size(8), cp_all_to_all(), {"gpipe", 2}, 16,
+             DataParallel::DDP};
+  a2a.config = moeConfig();
+  expectStepEqualsOneDevice(a2a);
 }
 
 }  // namespace

@@ -91,9 +91,10 @@ inline models::ContextParallelOptions cp_ring(CpLayout layout = CpLayout::HeadTa
   o.layout = layout;
   return o;
 }
-inline models::ContextParallelOptions cp_all_to_all() {
+inline models::ContextParallelOptions cp_all_to_all(CpLayout layout = CpLayout::HeadTail) {
   models::ContextParallelOptions o;
   o.attention = models::ContextParallelAttention::AllToAll;
+  o.layout = layout;
   return o;
 }
 

@@ -7,6 +7,7 @@
 
 #include "checkpoint_flags.h"
 #include "model_flags.h"
+#include "parallel_flags.h"
 #include "proc_status.h"
 
 #include "dtp/dcp/checkpoint.h"
@@ -21,6 +22,7 @@
 #include <malloc.h>
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -86,13 +88,6 @@ inline void release_freed_memory() {
 #endif
 }
 
-// "TP=2", "EP=2 x TP=1" or "CP=2 x TP=1": how load_inference_model lays out `world_size` ranks.
-inline std::string layout_name(int world_size, int64_t ep, int64_t cp = 1) {
-  return ep > 1   ? c10::str("EP=", ep, " x TP=", world_size / ep)
-         : cp > 1 ? c10::str("CP=", cp, " x TP=", world_size / cp)
-                  : c10::str("TP=", world_size);
-}
-
 // The model of `s` on a ("tp") mesh of every rank, or with `ep` > 1 an
 // ("ep", "tp") mesh: the MoE layers' experts spread over ep (every rank runs
 // the same tokens; each expert computes on its owner), the rest TP over tp.
@@ -103,25 +98,32 @@ inline std::string layout_name(int world_size, int64_t ep, int64_t cp = 1) {
 // --hf folder, after the load from a checkpoint.
 // With `cp` > 1 a ("cp", "tp") mesh: the prompt's prefill over cp (NOTE:
 // [Context-parallel prefill] in src/models/llama_cp_prefill.cpp), TP over tp.
+// With both, ep borrows the cp ranks as in training (NOTE: [Context
+// parallelism with expert parallelism] in src/models/llama_parallelize.cpp):
+// an ("ep", "cp", "tp") mesh of sizes (ep / cp, cp, tp), the experts over
+// ("ep", "cp") flattened, the prefill's attention over "cp". ep / cp rows
+// then run the same prompt, as ep's ranks do without cp.
 inline models::Llama load_inference_model(InferenceSetup& s, const std::string& hf, const std::string& device,
-                                          int world_size, int64_t ep = 1,
-                                          const std::optional<nn::WeightOnlyOptions>& weight_only = std::nullopt,
-                                          int64_t cp = 1, const models::ContextParallelOptions& cp_options = {}) {
+                                          int world_size, const InferenceParallelFlags& layout = {},
+                                          const std::optional<nn::WeightOnlyOptions>& weight_only = std::nullopt) {
+  const int64_t ep = layout.ep, cp = layout.cp;
   TORCH_CHECK(ep == 1 || s.config.moe.num_experts > 0, "--ep ", ep, ": the model has no mixture-of-experts layers "
               "to spread. Drop --ep.");
-  TORCH_CHECK(ep == 1 || cp == 1, "NYI: --cp with --ep (#58). Pass one of them.");
-  TORCH_CHECK(world_size % (ep * cp) == 0, ep > 1 ? "--ep " : "--cp ", ep * cp, " does not divide the ", world_size,
-              " ranks: the ranks form an (", ep > 1 ? "ep" : "cp", ", tp) mesh with tp = ranks / ", ep > 1 ? "ep" : "cp",
-              ". Run a multiple of ", ep * cp, " ranks.");
-  const int64_t tp = world_size / (ep * cp);
-  DeviceMesh mesh = ep > 1   ? init_device_mesh(device, {ep, tp}, {"ep", "tp"})
-                    : cp > 1 ? init_device_mesh(device, {cp, tp}, {"cp", "tp"})
-                             : init_device_mesh(device, {tp}, {"tp"});
+  layout.check();
+  const int64_t spread = std::max(ep, cp);  // the ranks tp divides
+  TORCH_CHECK(world_size % spread == 0, ep > 1 ? "--ep " : "--cp ", spread, " does not divide the ", world_size,
+              " ranks: the ranks form an (", ep > 1 ? "ep" : "cp", ", tp) mesh with tp = ranks / ",
+              ep > 1 ? "ep" : "cp", ". Run a multiple of ", spread, " ranks.");
+  const int64_t tp = world_size / spread;
+  DeviceMesh mesh = ep > 1 && cp > 1 ? init_device_mesh(device, {ep / cp, cp, tp}, {"ep", "cp", "tp"})
+                    : ep > 1         ? init_device_mesh(device, {ep, tp}, {"ep", "tp"})
+                    : cp > 1         ? init_device_mesh(device, {cp, tp}, {"cp", "tp"})
+                                     : init_device_mesh(device, {tp}, {"tp"});
   s.config.device = mesh.device();
   auto parallelize = [&](models::Llama& model) {
-    if (ep > 1) models::apply_expert_parallel(model, mesh["ep"]);
+    if (ep > 1) models::apply_expert_parallel(model, cp > 1 ? mesh[{"ep", "cp"}].flatten("ep_cp") : mesh["ep"]);
     if (tp > 1) models::apply_tensor_parallel_for_inference(model, mesh["tp"]);
-    if (cp > 1) models::apply_context_parallel(model, mesh["cp"], cp_options);
+    if (cp > 1) models::apply_context_parallel(model, mesh["cp"], layout.cp_options());
   };
   models::Llama model{nullptr};
   if (!hf.empty()) {

@@ -8,6 +8,7 @@
 #include "../common/checkpoint_flags.h"
 #include "../common/inference_setup.h"
 #include "../common/model_flags.h"
+#include "../common/parallel_flags.h"
 
 #include "dtp/comm_counter.h"
 #include "dtp/dcp/checkpoint.h"
@@ -35,8 +36,8 @@ int main(int argc, char** argv) {
   std::string checkpoint, hf, tokenizer_path, prompt_file, chat, system, chat_date, device = "cpu";
   bool no_think = false;
   std::vector<std::string> prompts;
-  int64_t max_new_tokens = 200, context = 0, top_k = 0, ep = 1, cp = 1;
-  std::string cp_attention = "ring", cp_layout = "head-tail";
+  int64_t max_new_tokens = 200, context = 0, top_k = 0;
+  apps::InferenceParallelFlags layout;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   CLI::App app{"dtp-generate: sample text from a dtp-train checkpoint or a Hugging Face Llama with tensor parallelism"};
@@ -72,24 +73,13 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", top_k, "Sample among the k most likely tokens (0: all)")->check(dtp::apps::kNonNegative);
   app.add_option("--top-p", top_p, "Sample among the most likely tokens holding this mass")->check(CLI::Range(1e-9, 1.0));
   app.add_option("--seed", seed, "Sampling seed (the same on every rank)");
-  app.add_option("--ep", ep, "Expert-parallel degree for MoE models: ranks form an (ep, tp) mesh, each MoE layer's "
-                 "experts spread over ep, the rest tensor parallel over tp = ranks / ep")
-      ->check(dtp::apps::kPositive)->capture_default_str();
-  app.add_option("--cp", cp, "Context-parallel degree: the prompts' prefill spread over cp ranks by position (ring "
-                 "or all-to-all attention), the KV cache then gathered on every rank and decode as without cp; the "
-                 "ranks form a (cp, tp) mesh with tp = ranks / cp")
-      ->check(dtp::apps::kPositive)->capture_default_str();
-  app.add_option("--cp-attention", cp_attention, "Prefill attention over the cp ranks: ring (any head count) or "
-                 "all_to_all (Ulysses: heads per tp rank divisible by cp)")
-      ->check(CLI::IsMember({"ring", "all_to_all"}))->capture_default_str();
-  app.add_option("--cp-layout", cp_layout, "Prompt positions per cp rank: head-tail (two chunks, balanced causal "
-                 "work) or contiguous")
-      ->check(CLI::IsMember({"head-tail", "contiguous"}))->capture_default_str();
+  apps::add_inference_parallel_flags(app, layout);
   app.add_option("--device", device, "cpu, or cuda: each rank on GPU LOCAL_RANK (untested on a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    layout.check();  // before the model: a wrong layout fails fast
     if (!prompt_file.empty()) {
       std::ifstream in(prompt_file);
       TORCH_CHECK(in.good(), "cannot read --prompt-file '", prompt_file, "'.");
@@ -131,11 +121,8 @@ int main(int argc, char** argv) {
                   << tokenizer->encode(prompts[0], /*add_bos=*/false).size() << " tokens, stops at [" << stops << "]\n";
       }
     }
-    ContextParallelOptions cp_options;
-    cp_options.attention = cp_attention == "ring" ? ContextParallelAttention::Ring : ContextParallelAttention::AllToAll;
-    cp_options.layout = cp_layout == "head-tail" ? CpLayout::HeadTail : CpLayout::Contiguous;
-    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep,
-                                                apps::weight_only_of(model_flags), cp, cp_options);
+    Llama model =
+        apps::load_inference_model(setup, hf, device, world.size(), layout, apps::weight_only_of(model_flags));
     std::cerr << "dtp-generate: " << apps::memory_after_load(world.rank()) << std::endl;
     std::vector<std::vector<int64_t>> ids;
     // A chat prompt holds its BOS already (the template writes bos_token).
@@ -170,7 +157,7 @@ int main(int argc, char** argv) {
       for (const auto& s : out) generated += static_cast<int64_t>(s.size());
       std::printf("dtp-generate: %zu prompt(s), %s: prefill %.1f ms (%lld collectives), decode %.2f ms/token p50, "
                   "%.2f p90, %.0f tokens/s, %.1f collectives/token\n",
-                  ids.size(), apps::layout_name(world.size(), ep, cp).c_str(), stats.prefill_ms,
+                  ids.size(), apps::layout_name(world.size(), layout).c_str(), stats.prefill_ms,
                   static_cast<long long>(prefill_collectives), pct(0.5), pct(0.9),
                   total > 0 ? 1000.0 * (generated - static_cast<int64_t>(out.size())) / total : 0.0,
                   ms.empty() ? 0.0 : static_cast<double>(stats.decode_collectives) / ms.size());

@@ -12,6 +12,7 @@
 #include "../common/checkpoint_flags.h"
 #include "../common/inference_setup.h"
 #include "../common/model_flags.h"
+#include "../common/parallel_flags.h"
 #include "chat_page.h"
 #include "http_stop.h"
 #include "openai_api.h"
@@ -53,7 +54,8 @@ int main(int argc, char** argv) {
   apps::ModelFlags model_flags;
   std::string checkpoint, hf, tokenizer_path, device = "cpu", host = "127.0.0.1", served_model_name;
   int port = 8000;
-  int64_t context = 0, http_threads = 64, ep = 1;
+  int64_t context = 0, http_threads = 64;
+  apps::InferenceParallelFlags layout;
   inference::EngineOptions eo;
   double grace_s = 2.0;
   CLI::App app{"dtp-serve: OpenAI's HTTP API (/v1/completions, /v1/chat/completions, /v1/models) over a model run "
@@ -63,9 +65,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path, "A model folder, tokenizer.json, tokenizer.model or \"byte\" [default: "
                  "the --hf folder's, else byte]");
   apps::add_model_flags(app, model_flags, /*inference=*/true);
-  app.add_option("--ep", ep, "Expert-parallel degree for MoE models: ranks form an (ep, tp) mesh, each MoE layer's "
-                 "experts spread over ep, the rest tensor parallel over tp = ranks / ep")
-      ->check(dtp::apps::kPositive)->capture_default_str();
+  apps::add_inference_parallel_flags(app, layout);
   app.add_option("--host", host, "Address to listen on")->capture_default_str();
   app.add_option("--port", port, "Port (0: any free one; the log line 'dtp-serve: listening on' names it)")
       ->check(CLI::Range(0, 65535))
@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a dead server
   int rank = 0;
   try {
+    layout.check();  // before the model: a wrong layout fails fast
     TORCH_CHECK(!checkpoint.empty() || !hf.empty(), "dtp-serve: no model: got neither --hf nor --checkpoint, expected "
                 "one. Pass --hf DIR or --checkpoint DIR.");
     ProcessGroup world = init_process_group();
@@ -135,8 +136,8 @@ int main(int argc, char** argv) {
         }
       }
     }
-    Llama model = apps::load_inference_model(setup, hf, device, world.size(), ep,
-                                                apps::weight_only_of(model_flags));
+    Llama model =
+        apps::load_inference_model(setup, hf, device, world.size(), layout, apps::weight_only_of(model_flags));
     std::cerr << "dtp-serve: " << apps::memory_after_load(world.rank()) << std::endl;
     const int64_t ctx = context > 0 ? context : config.max_seq_len;
     eo.context = ctx;
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
                 "address. Pick another --port (0: any free one).");
     std::thread http([&] { server.listen_after_bind(); });
     std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", "
-              << apps::layout_name(world.size(), ep) << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
+              << apps::layout_name(world.size(), layout) << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
               << engine.num_blocks() << " blocks of " << eo.block_size << " tokens, "
               << (engine.num_blocks() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
               << " MiB per rank, prefill chunk " << eo.prefill_chunk << (eo.prefix_caching ? ", prefix caching" : "") << ", tokenizer "

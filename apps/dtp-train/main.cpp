@@ -486,7 +486,6 @@ int main(int argc, char** argv) {
     TORCH_CHECK(ep == 1 || cp == 1 || ep % cp == 0, "--ep ", ep, " with --cp ", cp, ": expert parallelism borrows "
                 "the cp ranks (ep = dp_shard_in_ep x cp, as torchtitan's): got an ep that is not a multiple of cp, "
                 "expected one. Use --ep ", cp, " or a multiple of it.");
-    TORCH_CHECK(pp == 1 || cp == 1 || ep == 1, "NYI: --pp with --cp and --ep (#58). Drop one of the three.");
     const int64_t epcp = ep > 1 ? ep : cp;
     const int64_t tp = o.tp > 0 ? o.tp : o.dp > 0 ? W / (pp * o.dp * epcp) : W / (pp * epcp),
                   dp = o.dp > 0 ? o.dp : W / (pp * epcp * tp);
@@ -513,10 +512,10 @@ int main(int argc, char** argv) {
                 "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "
                 "--resume folders move between pp layouts.");
     const int64_t microbatches = o.microbatches > 0 ? o.microbatches : pp;  // pipeline_llama's default too
-    TORCH_CHECK(pp == 1 || (o.batch / (dp * ep)) % microbatches == 0, "--batch ", o.batch, " over --dp ", dp,
-                ep > 1 ? c10::str(" x --ep ", ep) : "", " gives ", o.batch / (dp * ep), " sequences per rank, not "
-                "divisible by ", microbatches,
-                " microbatches. Choose --batch and --microbatches so that batch / (dp x ep) is a multiple of the "
+    TORCH_CHECK(pp == 1 || (o.batch / rows) % microbatches == 0, "--batch ", o.batch, " over --dp ", dp,
+                ep > 1 ? c10::str(" x --ep ", ep, cp > 1 ? c10::str(" / --cp ", cp) : "") : "", " gives ",
+                o.batch / rows, " sequences per rank, not divisible by ", microbatches,
+                " microbatches. Choose --batch and --microbatches so that batch / ", rows, " is a multiple of the "
                 "microbatches.");
     TORCH_CHECK(o.batch % dp == 0, "--batch ", o.batch, " is not divisible by --dp ", dp,
                 ": each data-parallel rank trains batch/dp sequences. Use a multiple of ", dp, ".");
@@ -605,7 +604,7 @@ int main(int argc, char** argv) {
     dtp::manual_seed(o.seed);
     at::manual_seed(o.seed);
     Run run = train(model, pipe ? &*pipe : nullptr, o, corpus, /*log=*/true, world,
-                    ep > 1 || (cp > 1 && dp > 1) ? data_parallel_group(pp == 1 ? mesh : ep > 1 ? mesh[{"dp", "ep"}] : withoutPp(mesh))
+                    ep > 1 || (cp > 1 && dp > 1) ? data_parallel_group(pp == 1 ? mesh : withoutPp(mesh))
                     : dp > 1 ? mesh.get_group("dp")
                              : ProcessGroup(),
                     pp > 1 ? mesh.get_group("pp") : ProcessGroup(), cp > 1 ? mesh.get_group("cp") : ProcessGroup());

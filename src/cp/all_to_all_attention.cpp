@@ -88,7 +88,7 @@ at::Tensor all_to_all_attention(const at::Tensor& q, const at::Tensor& k, const 
     for (const auto p : c10::irange(n))
       for (const auto& seg : context_parallel_segments(s.seq_len, n, p, s.layout)) order.push_back(seg);
     const at::Tensor pos = cp::positionsOf(order, q.device());
-    scores = scores.masked_fill(cp::causalMask(pos, pos), -std::numeric_limits<double>::infinity());
+    scores = scores.masked_fill(cp::causalMask(pos, pos, s.window), -std::numeric_limits<double>::infinity());
   }
   const at::Tensor o = at::matmul(scores.softmax(-1), vh.unsqueeze(2)).reshape({s.batch, s.heads / n, s.seq_len, s.v_dim});
   return cp::AllToAll::apply(o, /*split_dim=*/2, lens, /*cat_dim=*/1, std::vector<int64_t>(n, s.heads / n), group);

@@ -45,7 +45,10 @@ AttentionShape checkAttention(const char* api, const at::Tensor& q, const at::Te
               " query heads are not a multiple of ", s.kv_heads, " key/value heads (GQA needs H % H_kv == 0).");
   s.group = s.heads / s.kv_heads;
   s.cp_size = group.size(), s.cp_rank = group.rank();
-  s.causal = options.causal(), s.layout = options.layout();
+  s.causal = options.causal(), s.layout = options.layout(), s.window = options.window();
+  TORCH_CHECK(s.window >= 0 && (s.window == 0 || s.causal), api, ": got window ", s.window, s.causal ? "" :
+              " without causal", ", expected 0 (no sliding window) or a positive window with causal(true): the "
+              "window hides keys window or more positions before the query, under the causal mask.");
   TORCH_CHECK(options.seq_len() >= 0, api, ": got seq_len ", options.seq_len(),
               ", expected the global length (or 0: cp * S_local).");
   s.seq_len = options.seq_len() > 0 ? options.seq_len() : s.local_len * s.cp_size;
@@ -75,21 +78,26 @@ at::Tensor groupQueryHeads(const at::Tensor& q, int64_t kv_heads) {
   return q.reshape({q.size(0), kv_heads, q.size(1) / kv_heads, q.size(2), q.size(3)});
 }
 
-BlockKind blockKind(const SeqSegment& q, const SeqSegment& k, bool causal) {
+BlockKind blockKind(const SeqSegment& q, const SeqSegment& k, bool causal, int64_t window) {
   if (q.length == 0 || k.length == 0) return BlockKind::Skip;
   if (!causal) return BlockKind::Full;
-  if (k.start > q.start + q.length - 1) return BlockKind::Skip;  // every key after every query
-  if (k.start + k.length - 1 <= q.start) return BlockKind::Full;  // every key at or before every query
-  return BlockKind::Masked;
+  const int64_t q_last = q.start + q.length - 1, k_last = k.start + k.length - 1;
+  if (k.start > q_last) return BlockKind::Skip;  // every key after every query
+  // The window: key j is visible to query i when i - j < window.
+  if (window > 0 && q.start - k_last >= window) return BlockKind::Skip;  // every key too far back
+  const bool all_before = k_last <= q.start, all_within = window <= 0 || q_last - k.start < window;
+  return all_before && all_within ? BlockKind::Full : BlockKind::Masked;
 }
 
-at::Tensor causalMask(const at::Tensor& q_positions, const at::Tensor& k_positions) {
-  return k_positions.unsqueeze(0) > q_positions.unsqueeze(1);
+at::Tensor causalMask(const at::Tensor& q_positions, const at::Tensor& k_positions, int64_t window) {
+  const at::Tensor back = q_positions.unsqueeze(1) - k_positions.unsqueeze(0);  // i - j
+  return window > 0 ? back.lt(0).logical_or_(back.ge(window)) : back.lt(0);
 }
 
-at::Tensor causalMask(const SeqSegment& q, const SeqSegment& k, c10::Device device) {
+at::Tensor causalMask(const SeqSegment& q, const SeqSegment& k, c10::Device device, int64_t window) {
   const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
-  return causalMask(at::arange(q.start, q.start + q.length, opts), at::arange(k.start, k.start + k.length, opts));
+  return causalMask(at::arange(q.start, q.start + q.length, opts), at::arange(k.start, k.start + k.length, opts),
+                    window);
 }
 
 Block blockForward(const at::Tensor& q5, const at::Tensor& k5, const at::Tensor& v5, double scale,

@@ -16,6 +16,7 @@ struct AttentionShape {
   int cp_size = 1, cp_rank = 0;
   double scale = 1.0;
   bool causal = false;
+  int64_t window = 0;  // CpAttentionOptions::window: 0, or > 0 with causal
   CpLayout layout = CpLayout::Contiguous;
 };
 // `api` prefixes every error ("ring_attention").
@@ -32,13 +33,15 @@ at::Tensor groupQueryHeads(const at::Tensor& q, int64_t kv_heads);
 // float32 for bf16 and f16 inputs (as flash attention's), else the input's.
 at::ScalarType accumulationType(at::ScalarType t);
 
-// A (query segment, key segment) pair under the causal mask: no key visible
-// (skipped), every key visible, or some (the diagonal).
+// A (query segment, key segment) pair under the causal mask (and the
+// sliding window, `window` > 0): no key visible (skipped), every key
+// visible, or some (the diagonal, the window's edge).
 enum class BlockKind : uint8_t { Skip, Full, Masked };
-BlockKind blockKind(const SeqSegment& q, const SeqSegment& k, bool causal);
-// bool [Sq, Sk], true where the key comes after the query (hidden).
-at::Tensor causalMask(const at::Tensor& q_positions, const at::Tensor& k_positions);
-at::Tensor causalMask(const SeqSegment& q, const SeqSegment& k, c10::Device device);
+BlockKind blockKind(const SeqSegment& q, const SeqSegment& k, bool causal, int64_t window = 0);
+// bool [Sq, Sk], true where the key is hidden: after the query, or with
+// `window` > 0 window or more positions before it.
+at::Tensor causalMask(const at::Tensor& q_positions, const at::Tensor& k_positions, int64_t window = 0);
+at::Tensor causalMask(const SeqSegment& q, const SeqSegment& k, c10::Device device, int64_t window = 0);
 
 // Attention of q5 [B, Hkv, g, Sq, D] against k5 [B, Hkv, 1, Sk, D], v5
 // [B, Hkv, 1, Sk, Dv]: out [B, Hkv, g, Sq, Dv] normalised over these keys

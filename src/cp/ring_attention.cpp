@@ -21,8 +21,10 @@ namespace {
 // queries to it, and receives the next one from r-1 (cp - 1 send/recv pairs
 // per rank; k and v travel as one message). Each (query segment, key
 // segment) pair is a block (a layout's segments: NOTE: [Head-tail chunk
-// lengths] in layout.cpp): skipped when the causal mask hides all of it,
-// masked on the diagonal, dense otherwise. A block gives its output
+// lengths] in layout.cpp): skipped when the causal mask (with a sliding
+// window, CpAttentionOptions::window, the window too) hides all of it,
+// masked on the diagonal and the window's edge, dense otherwise. The chunks
+// still travel the whole ring: cp - 1 pairs whatever the window. A block gives its output
 // normalised over its own keys, O_b, and the log-sum-exp of its scores,
 // lse_b; two blocks of the same queries merge exactly as one softmax:
 //   lse = log(exp(lse_1) + exp(lse_2)),  O = O_1 exp(lse_1 - lse) + O_2 exp(lse_2 - lse)
@@ -94,10 +96,10 @@ void forEachBlock(const AttentionShape& s, int owner, c10::Device device, F&& f)
     int64_t q_off = 0;
     for (size_t qi = 0; qi < q_segs.size(); ++qi) {
       const SeqSegment& qs = q_segs[qi];
-      const BlockKind kind = blockKind(qs, ks, s.causal);
+      const BlockKind kind = blockKind(qs, ks, s.causal, s.window);
       if (kind != BlockKind::Skip)
         f(qi, q_off, qs.length, k_off, ks.length,
-          kind == BlockKind::Masked ? causalMask(qs, ks, device) : at::Tensor());
+          kind == BlockKind::Masked ? causalMask(qs, ks, device, s.window) : at::Tensor());
       q_off += qs.length;
     }
     k_off += ks.length;
@@ -105,17 +107,18 @@ void forEachBlock(const AttentionShape& s, int owner, c10::Device device, F&& f)
 }
 
 AttentionShape shapeOf(const char* api, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const ProcessGroup& group, bool causal, double scale, int64_t layout, int64_t seq_len) {
+                       const ProcessGroup& group, bool causal, double scale, int64_t layout, int64_t seq_len,
+                       int64_t window) {
   return checkAttention(api, q, k, v, group,
                         CpAttentionOptions().causal(causal).scale(scale).layout(static_cast<CpLayout>(layout))
-                            .seq_len(seq_len));
+                            .seq_len(seq_len).window(window));
 }
 
 struct RingAttention : public torch::autograd::Function<RingAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, ProcessGroup group, bool causal, double scale, int64_t layout,
-                            int64_t seq_len) {
-    const AttentionShape s = shapeOf("ring_attention", q, k, v, group, causal, scale, layout, seq_len);
+                            int64_t seq_len, int64_t window) {
+    const AttentionShape s = shapeOf("ring_attention", q, k, v, group, causal, scale, layout, seq_len, window);
     const int n = s.cp_size, r = s.cp_rank, next = (r + 1) % n, prev = (r + n - 1) % n;
     const std::vector<int64_t> lens = localLens(s.seq_len, n, s.layout);
     const auto acc = q.options().dtype(accumulationType(q.scalar_type()));
@@ -152,6 +155,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["layout"] = layout;
     ctx->saved_data["seq_len"] = s.seq_len;
+    ctx->saved_data["window"] = window;
     return out;
   }
 
@@ -163,7 +167,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
         c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule())->group;
     const AttentionShape s = shapeOf("ring_attention", q, k, v, group, ctx->saved_data["causal"].toBool(),
                                      ctx->saved_data["scale"].toDouble(), ctx->saved_data["layout"].toInt(),
-                                     ctx->saved_data["seq_len"].toInt());
+                                     ctx->saved_data["seq_len"].toInt(), ctx->saved_data["window"].toInt());
     const int n = s.cp_size, r = s.cp_rank, next = (r + 1) % n, prev = (r + n - 1) % n;
     const std::vector<int64_t> lens = localLens(s.seq_len, n, s.layout);
     const auto acc = q.options().dtype(accumulationType(q.scalar_type()));
@@ -208,7 +212,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     const KvView g = unpackKv(dkv, s, s.local_len);
     const auto dt = q.scalar_type();
     return {dq5.reshape(q.sizes()).to(dt), g.k5.reshape(k.sizes()).to(dt), g.v5.reshape(v.sizes()).to(dt),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -219,7 +223,8 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const CpAttentionOptions& options) {
   // Every user error before the first message, so that no rank is left waiting.
   const cp::AttentionShape s = cp::checkAttention("ring_attention", q, k, v, group, options);
-  return cp::RingAttention::apply(q, k, v, group, s.causal, s.scale, static_cast<int64_t>(s.layout), s.seq_len);
+  return cp::RingAttention::apply(q, k, v, group, s.causal, s.scale, static_cast<int64_t>(s.layout), s.seq_len,
+                                  s.window);
 }
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DeviceMesh& mesh,

@@ -114,9 +114,6 @@ at::Tensor context_parallel_attention(const AttentionImpl& a, at::Tensor q, at::
   const int64_t batch = q.size(0), local = q.size(1), seq = globalLen(cp, local);
   TORCH_CHECK(seq <= a.rope_cos.size(0), "Attention: sequence length ", seq, " exceeds max_seq_len=",
               a.rope_cos.size(0), ". Raise LlamaConfig::max_seq_len.");
-  TORCH_CHECK(a.sliding_window <= 0 || a.sliding_window >= seq, "NYI: a sliding window under context parallelism "
-              "(#58): layer ", a.layer_index, " attends to the last ", a.sliding_window, " positions of a sequence of ",
-              seq, ". Train on sequences of at most ", a.sliding_window, " positions, or without a cp dimension.");
   const at::Tensor pos = context_parallel_position_ids(seq, cp.group, cp.layout, q.device());
   TORCH_CHECK(pos.size(0) == local, "Attention: this cp rank's input holds ", local, " positions, but the ",
               to_string(cp.layout), " layout of a sequence of ", seq, " over cp ", cp.group.size(), " gives it ",
@@ -128,7 +125,11 @@ at::Tensor context_parallel_attention(const AttentionImpl& a, at::Tensor q, at::
   if (KvCapture* kv = KvCapture::active()) kv->record(a.layer_index, k, v);  // NOTE: [Context-parallel prefill]
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
-  const auto options = CpAttentionOptions().causal(true).layout(cp.layout).seq_len(seq);
+  // Mistral's sliding window: blocks wholly outside it are skipped, the
+  // edge masked (NOTE: [Ring attention]); one at least as long as the
+  // sequence hides nothing.
+  const int64_t window = a.sliding_window > 0 && a.sliding_window < seq ? a.sliding_window : 0;
+  const auto options = CpAttentionOptions().causal(true).layout(cp.layout).seq_len(seq).window(window);
   const at::Tensor out =
       cp.all_to_all ? all_to_all_attention(q, k, v, cp.group, options) : ring_attention(q, k, v, cp.group, options);
   return out.transpose(1, 2).reshape({batch, local, -1});

@@ -17,8 +17,9 @@ namespace dtp::models::detail {
 // (engine_model). On a model with context parallelism that forward runs
 // here, in one of two ways:
 //   - a prefill from empty caches (every row's cached length 0) of a longest
-//     prompt S of at least 2 * cp positions (HeadTail; cp under Contiguous),
-//     without a sliding window shorter than S, runs over cp: the rows,
+//     prompt S of at least 2 * cp positions (HeadTail; cp under Contiguous)
+//     runs over cp (a sliding window too: the cache keeps every position
+//     and masks by the window, as the ring does): the rows,
 //     right-padded to S (a packed [1, T] batch unpacked first), are cut to
 //     this rank's positions (context_parallel_shard) and go through the
 //     blocks as in training, ring or all-to-all attention over cp; each
@@ -71,12 +72,7 @@ bool prefillsOverCp(const Llama& model, const KVCache& cache, int64_t longest) {
   const std::vector<int64_t>& cached = cache.lengths();
   if (std::any_of(cached.begin(), cached.end(), [](int64_t n) { return n != 0; })) return false;
   const int64_t n = cp.group.size();
-  if (longest < (cp.layout == CpLayout::HeadTail ? 2 * n : n)) return false;
-  for (const auto& layer : *model->layers) {
-    const int64_t window = layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->sliding_window;
-    if (window > 0 && window < longest) return false;
-  }
-  return true;
+  return longest >= (cp.layout == CpLayout::HeadTail ? 2 * n : n);
 }
 
 // Rows [B, S] right-padded from a packed [1, T] call (NOTE: [Packed batch]):

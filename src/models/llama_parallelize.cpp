@@ -48,16 +48,10 @@ Options withPolicy(Options o, const std::optional<MixedPrecisionPolicy>& policy)
   return o;
 }
 
-// What context parallelism does not compose with yet stops here.
+// What does not divide under context parallelism stops here.
 void checkCpComposes(const char* api, const LlamaConfig& c, const DeviceMesh& mesh, const ParallelMeshDims& d,
                      const ParallelizeOptions& o) {
   if (!d.cp) return;
-  // parallelize_llama composes cp with ep (NOTE: [Context parallelism with
-  // expert parallelism]); a pipeline's stages would too, but no test runs
-  // (pp, cp, ep) yet, and dtp-train's pipelines take no load-balancing loss.
-  TORCH_CHECK(!d.ep || !d.pp, "NYI: context and expert parallelism in a pipeline (#58): ", api, " on ", mesh.str(),
-              " has \"", d.pp.value_or(""), "\", \"", *d.cp, "\" and \"", d.ep.value_or(""), "\". Drop one of "
-              "them (ParallelDims pp(1), cp(1) or ep(1)); parallelize_llama takes (dp, ep, cp[, tp]) without pp.");
   const int64_t cp = mesh.size(mesh.dim_index(*d.cp)), tp = d.tp ? mesh.size(mesh.dim_index(*d.tp)) : 1;
   const int64_t heads = c.n_heads / tp;
   TORCH_CHECK(o.cp.attention != ContextParallelAttention::AllToAll || heads % cp == 0, api, ": all-to-all "

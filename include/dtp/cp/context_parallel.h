@@ -79,12 +79,17 @@ struct CpAttentionOptions {
   // every rank's length, and a rank whose S_local is not the layout's is an
   // error naming both.
   TORCH_ARG(int64_t, seq_len) = 0;
+  // A sliding window (Mistral's sliding_window): with `causal`, a query at
+  // position i sees the keys at i - window + 1 .. i; 0: no window. Blocks
+  // wholly outside it are skipped as those above the diagonal are.
+  TORCH_ARG(int64_t, window) = 0;
 };
 
 // Ring attention: each rank keeps its queries and passes its key/value
 // chunk around the ring (to cp rank r+1, from r-1), computing attention
 // against each chunk and merging the partial results with their
-// log-sum-exp (exact). Blocks wholly above the causal diagonal are skipped.
+// log-sum-exp (exact). Blocks wholly above the causal diagonal (or outside
+// the sliding window) are skipped.
 // Forward: cp - 1 send/recv pairs per rank; backward: 2*cp - 1 (the k/v
 // chunks again, cp - 1, and the dk/dv accumulators that travel with them, cp,
 // the last one home). Differentiable in q, k and v. See NOTE: [Ring
