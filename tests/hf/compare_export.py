@@ -73,25 +73,21 @@ def same_bits(a, b):
                        b.contiguous().reshape(-1).view(torch.uint8))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("orig_dir")
-    ap.add_argument("exported_dir")
-    a = ap.parse_args()
-
+def compare(orig_dir, exported_dir):
+    """(ok, "export matches: N tensors bit for bit" or each difference on a line)."""
     problems = []
-    orig_cfg, exp_cfg = load_config(a.orig_dir), load_config(a.exported_dir)
+    orig_cfg, exp_cfg = load_config(orig_dir), load_config(exported_dir)
     for key in CONFIG_FIELDS:
         if orig_cfg.get(key) != exp_cfg.get(key):
             problems.append(f"config.json {key}: exported {exp_cfg.get(key)!r}, "
                             f"expected {orig_cfg.get(key)!r}")
 
-    orig_files = tensors_by_file(a.orig_dir)
-    exp_files = tensors_by_file(a.exported_dir)
-    problems += index_problems(a.orig_dir, orig_files)
-    problems += index_problems(a.exported_dir, exp_files)
-    orig = flat(orig_files, a.orig_dir, problems)
-    exp = flat(exp_files, a.exported_dir, problems)
+    orig_files = tensors_by_file(orig_dir)
+    exp_files = tensors_by_file(exported_dir)
+    problems += index_problems(orig_dir, orig_files)
+    problems += index_problems(exported_dir, exp_files)
+    orig = flat(orig_files, orig_dir, problems)
+    exp = flat(exp_files, exported_dir, problems)
 
     for name in sorted(set(orig) - set(exp)):
         problems.append(f"'{name}': missing from the export")
@@ -107,9 +103,18 @@ def main():
             problems.append(f"'{name}': values differ (max abs diff {diff:.3g})")
 
     if problems:
-        print("\n".join(problems))
-        sys.exit(1)
-    print(f"export matches: {len(orig)} tensors bit for bit")
+        return False, "\n".join(problems)
+    return True, f"export matches: {len(orig)} tensors bit for bit"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("orig_dir")
+    ap.add_argument("exported_dir")
+    a = ap.parse_args()
+    ok, text = compare(a.orig_dir, a.exported_dir)
+    print(text)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

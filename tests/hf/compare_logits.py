@@ -114,21 +114,27 @@ def check_aux(ref, got, problems):
 CHECKS = {"logits": check_logits, "greedy": check_greedy, "loss": check_loss, "aux": check_aux}
 
 
+def compare(reference, got, expect="logits"):
+    """(ok, the figures in one line) of `got` against `reference` (paths)."""
+    ref, out = load_file(reference), load_file(got)
+    problems = []
+    lines = []
+    for name in expect.split(","):
+        if name not in CHECKS:
+            raise SystemExit(f"compare_logits: --expect {name!r}, expected some of {sorted(CHECKS)}")
+        lines.append(CHECKS[name](ref, out, problems))
+    return not problems, "; ".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reference", help="written by llama_reference.py")
     ap.add_argument("got", help="written by hf_check")
     ap.add_argument("--expect", default="logits", help="comma-separated: " + ", ".join(CHECKS))
     a = ap.parse_args()
-    ref, got = load_file(a.reference), load_file(a.got)
-    problems = []
-    lines = []
-    for name in a.expect.split(","):
-        if name not in CHECKS:
-            raise SystemExit(f"compare_logits: --expect {name!r}, expected some of {sorted(CHECKS)}")
-        lines.append(CHECKS[name](ref, got, problems))
-    print("; ".join(lines))
-    sys.exit(1 if problems else 0)
+    ok, line = compare(a.reference, a.got, a.expect)
+    print(line)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@
 #     folders: tied embeddings across stages are NYI);
 #   MoE folders: the load-balancing loss, and logits under expert
 #     parallelism at ep 2 and 4, (ep, tp) = (2, 2) and (dp, ep) = (2, 2) FSDP.
-# compare_export.py checks each export against the original files. Folders
+# compare_export.py checks each export against the original files (both run
+# for every layout of a folder in one process, compare_layouts.py). Folders
 # with a vocabulary of 256 are also fine-tuned by dtp-train --init-from-hf at
 # (dp, tp) = (2, 2), MoE folders at (dp, ep) = (2, 2) and (ep, tp) = (2, 2),
 # with --check-parity (equal to one device in float64). One
@@ -116,6 +117,12 @@ for c in "${cases[@]}"; do
   fi
   # Tied embeddings across pipeline stages are NYI (llama_pipeline_stage says so).
   grep -q '"tie_word_embeddings": true' "$model/config.json" || layouts+=("2|--pp 2|loss" "4|--pp 2|loss")
+  # hf_check at every layout, then one python process compares them all
+  # (compare_layouts.py: importing torch took 2.7 s a process, twice per
+  # layout before).
+  jobs=$dir/compare_jobs.tsv
+  : > "$jobs"
+  declare -A where_of=() seconds_of=() files_of=()
   for layout in "${layouts[@]}"; do
     IFS='|' read -r n flags expect <<<"$layout"
     read -r -a flag_args <<<"$flags"
@@ -130,22 +137,35 @@ for c in "${cases[@]}"; do
       failures=$((failures + 1))
       continue
     fi
-    ok=1
-    got=$(step "$dir/compare_logits_$tag.log" "$python" "$here/compare_logits.py" "$ref" "$out" --expect "$expect") || ok=0
-    export="no export"
+    where_of[$tag]=$where
+    seconds_of[$tag]=$((SECONDS - start))
+    exported=-
     if [[ $expect != loss ]]; then
-      files=$(find "$export_dir" -name '*.safetensors' | wc -l)
-      export=$(step "$dir/compare_export_$tag.log" "$python" "$here/compare_export.py" "$model" "$export_dir") || ok=0
-      export="$export in $files files"
+      exported=$export_dir
+      files_of[$tag]=$(find "$export_dir" -name '*.safetensors' | wc -l)
     fi
-    seconds=$((SECONDS - start))
-    if ((ok)); then
-      echo "$where: $got; $export (${seconds} s)"
-    else
-      echo "$where: FAILED: ${got:-results differ (see above)}; ${export:-export differs (see above)}"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tag" "$ref" "$out" "$expect" "$model" "$exported" >> "$jobs"
+  done
+  results=$dir/compare_results.tsv
+  if ! step "$dir/compare.log" "$python" "$here/compare_layouts.py" "$jobs" "$results" >/dev/null; then
+    echo "$name: FAILED to compare the layouts (compare_layouts.py)"
+    failures=$((failures + $(wc -l < "$jobs")))
+  else
+    while IFS=$'\t' read -r tag verdict got export; do
+      [[ -n ${files_of[$tag]:-} ]] && export="$export in ${files_of[$tag]} files"
+      if [[ $verdict == ok ]]; then
+        echo "${where_of[$tag]}: $got; $export (${seconds_of[$tag]} s)"
+      else
+        echo "${where_of[$tag]}: FAILED: $got; $export"
+        failures=$((failures + 1))
+      fi
+    done < "$results"
+    if (($(wc -l < "$results") != $(wc -l < "$jobs"))); then
+      echo "$name: FAILED: $(wc -l < "$results") comparisons for $(wc -l < "$jobs") layouts"
       failures=$((failures + 1))
     fi
-  done
+  fi
+  unset where_of seconds_of files_of
 
   # Fine-tuning through the app: (dp, tp) = (2, 2) FSDP against one device in
   # float64, on the folders whose vocabulary holds dtp-train's byte tokens;
