@@ -135,7 +135,7 @@ def dtp_generate(build, folder, text, tokens, context, tp, extra):
     cmd = pre + ["/usr/bin/time", "-f", "maxrss_kb %M", os.path.join(build, "apps", "dtp-generate"), "--hf", folder,
                  "--prompt", text, "--tokens", str(tokens), "--context", str(context)] + extra
     r = sh(cmd, env=env)
-    m = re.search(r"prefill ([\d.]+) ms, decode ([\d.]+) ms/token p50", r.stdout)
+    m = re.search(r"prefill ([\d.]+) ms(?: \(\d+ collectives\))?, decode ([\d.]+) ms/token p50", r.stdout)
     if not m:
         sys.exit(f"decode_bench: no latency line from {' '.join(cmd)}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     rss = max(int(k) for k in re.findall(r"maxrss_kb (\d+)", r.stdout + r.stderr)) * 1024 / 1e9

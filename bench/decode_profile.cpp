@@ -22,6 +22,7 @@
 // wrapping), its local op is a row of its own. Time outside any op (the
 // generate loop, the engine's bookkeeping, collectives that record no op)
 // is the step less the ops' sum, shown as (outside ops).
+#include "dtensor/local_linear.h"
 #include "dtp/device_mesh.h"
 #include "dtp/dtensor.h"
 #include "dtp/models/generate.h"
@@ -194,11 +195,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// --gemv: the decode step's matrix-vector products alone, as the model runs
-// them (aten::linear on a [1, 1, in] row, which libtorch sends to a GEMM
-// with one row) against at::mv on the same weight (a GEMV), each the best of
-// `reps` calls over fresh weights per shape (more than the caches hold, so
-// each call reads its weight from memory), in GB/s of weight read.
+// --gemv: the decode step's matrix-vector products alone: aten::linear on a
+// [1, 1, in] row (which libtorch sends to a GEMM with one row), at::mv on
+// the same weight (the BLAS's GEMV), and dtp's one-row path as the model
+// runs it (NOTE: [One-row linear]: Eigen's GEMV where dtp was built with
+// it), each the best of `reps` calls over fresh weights per shape (more
+// than the caches hold, so each call reads its weight from memory), in GB/s
+// of weight read.
 void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int reps, double bandwidth_gbs) {
   const int64_t hd = c.head_dim();
   const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> shapes = {
@@ -206,7 +209,8 @@ void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int re
       {"down", {c.dim, c.ffn_hidden}}, {"head", {c.vocab_size, c.dim}}};
   std::printf("\nMatrix-vector products of one decode step, %s, %d intra-op thread(s), best of %d:\n",
               dtype_short(dtype).c_str(), at::get_num_threads(), reps);
-  std::printf("| weight | [out, in] | MB | linear ms | linear GB/s | mv ms | mv GB/s |%s\n|---|---|---:|---:|---:|---:|---:|%s\n",
+  std::printf("| weight | [out, in] | MB | linear ms | linear GB/s | mv ms | mv GB/s | dtp one-row ms | dtp one-row GB/s |%s\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|%s\n",
               bandwidth_gbs > 0 ? " floor ms |" : "", bandwidth_gbs > 0 ? "---:|" : "");
   for (const auto& [name, shape] : shapes) {
     const auto [out, in] = shape;
@@ -231,11 +235,15 @@ void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int re
     at::NoGradGuard no_grad;
     const double linear_ms = best([&](const at::Tensor& t) { (void)at::linear(x, t); });
     const double mv_ms = best([&](const at::Tensor& t) { (void)at::mv(t, xv); });
+    const double row_ms = best([&](const at::Tensor& t) { (void)dtp::detail::local_linear(x, t, at::Tensor()); });
     const at::Tensor diff = (at::linear(x, w[0]).view({out}) - at::mv(w[0], xv)).abs().max();
-    std::printf("| %s | [%lld, %lld] | %.1f | %.3f | %.1f | %.3f | %.1f |", name.c_str(), (long long)out, (long long)in,
-                mb, linear_ms, mb / linear_ms, mv_ms, mb / mv_ms);
+    const at::Tensor row_diff =
+        (dtp::detail::local_linear(x, w[0], at::Tensor()).view({out}) - at::mv(w[0], xv)).abs().max();
+    std::printf("| %s | [%lld, %lld] | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |", name.c_str(), (long long)out,
+                (long long)in, mb, linear_ms, mb / linear_ms, mv_ms, mb / mv_ms, row_ms, mb / row_ms);
     if (bandwidth_gbs > 0) std::printf(" %.3f |", mb / bandwidth_gbs);
-    std::printf(" max |linear - mv| %.1e\n", diff.to(at::kFloat).item<float>());
+    std::printf(" max |linear - mv| %.1e, |one-row - mv| %.1e\n", diff.to(at::kFloat).item<float>(),
+                row_diff.to(at::kFloat).item<float>());
   }
 }
 

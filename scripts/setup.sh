@@ -16,9 +16,10 @@ build=${DTP_BUILD_DIR:-build}
 # with NCCL). Nothing is built here then.
 # libpcre2-dev and libutf8proc-dev: tokenizer.json's split regexes and NFC;
 # unicode-data: the Unicode tables the tokenizer tests check them against.
-# libcpp-httplib-dev: dtp-serve's HTTP server.
+# libcpp-httplib-dev: dtp-serve's HTTP server. libeigen3-dev: the GEMV of
+# decode at batch 1 (NOTE: [One-row linear]).
 packages=(cmake g++ make libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev zlib1g-dev libfmt-dev
-          pkgconf libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev fortunes unicode-data
+          pkgconf libsentencepiece-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libeigen3-dev fortunes unicode-data
           ${DTP_EXTRA_PACKAGES:-})
 case "${DTP_TORCH:-}" in
   "") packages+=(libtorch-dev libgloo-dev libopenblas0-openmp) ;;

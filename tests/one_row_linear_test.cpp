@@ -28,15 +28,18 @@ namespace {
 
 // The products this thread ran while a KernelCount lives, outermost only
 // (at::mv runs addmv inside): mm and addmm of a first matrix of one row, of
-// more rows, and mv / addmv.
+// more rows, and matrix-vector products: mv / addmv, or the one-row path's
+// Eigen GEMV (its span "dtp::gemv") where dtp was built with Eigen.
 struct Kernels {
-  int64_t mm_one_row = 0, mm_rows = 0, mv = 0;
+  int64_t mm_one_row = 0, mm_rows = 0, mv = 0;  // mv: either kind of matrix-vector product
+  int64_t eigen = 0;                            // of which dtp::gemv's
 };
 thread_local Kernels* g_kernels = nullptr;
 thread_local int g_depth = 0;  // products open on this thread
 
 bool isProduct(const std::string& name) {
-  return name == "aten::mm" || name == "aten::addmm" || name == "aten::mv" || name == "aten::addmv";
+  return name == "aten::mm" || name == "aten::addmm" || name == "aten::mv" || name == "aten::addmv" ||
+         name == "dtp::gemv";
 }
 
 std::unique_ptr<at::ObserverContext> countKernel(const at::RecordFunction& fn) {
@@ -48,8 +51,9 @@ std::unique_ptr<at::ObserverContext> countKernel(const at::RecordFunction& fn) {
   const auto inputs = fn.inputs();
   for (const auto& v : inputs)
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_meta()) return nullptr;
-  if (name == "aten::mv" || name == "aten::addmv") {
+  if (name == "aten::mv" || name == "aten::addmv" || name == "dtp::gemv") {
     ++g_kernels->mv;
+    g_kernels->eigen += name == "dtp::gemv";
     return nullptr;
   }
   const size_t first = name == "aten::addmm" ? 1 : 0;
@@ -157,6 +161,45 @@ TEST(OneRowLinearTest, MatchesLinearWithinTheSummationBound) {
 // rows are not dense (a transposed storage), bfloat16, a mix of dtypes,
 // and a recorded graph (training keeps at::linear). A user's own
 // at::linear of one row is not touched (mm, as libtorch has it).
+// On one intra-op thread (each rank of TP=N filling the cores) the product
+// runs Eigen's AVX2 GEMV where dtp was built with it and the CPU has AVX2
+// and FMA (NOTE: [Eigen GEMV] in src/dtensor/gemv.cpp), on more threads
+// at::mv; either within the summation bound of a float64 reference, also
+// for a weight whose rows are a column shard's (row stride > k).
+TEST(OneRowLinearTest, OneThreadRunsEigensGemvWhereBuiltWithIt) {
+  const int threads = at::get_num_threads();
+#if defined(DTP_BUILT_WITH_EIGEN_GEMV)
+  const bool eigen = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  const bool eigen = false;
+#endif
+  for (int t_count : {1, 2}) {
+    at::set_num_threads(t_count);
+    for (at::ScalarType t : {at::kDouble, at::kFloat}) {
+      for (bool shard : {false, true}) {
+        for (bool bias : {false, true}) {
+          SCOPED_TRACE(c10::str(t_count, " thread(s), ", t, shard ? ", column shard" : "", bias ? ", bias" : ""));
+          const int64_t n = 301, k = 1029;
+          const at::Tensor x = values({1, 1, k}, 1.0, t);
+          const at::Tensor w = shard ? values({n, k + 7}, 2.0, t).narrow(1, 3, k) : values({n, k}, 2.0, t);
+          const at::Tensor b = bias ? values({n}, 3.0, t) : at::Tensor();
+          ASSERT_TRUE(dtp::detail::takes_one_row_path(x, w, b));
+          KernelCount c;
+          const at::Tensor y = dtp::detail::local_linear(x, w, b);
+          EXPECT_EQ(c.k.mv, 1);
+          EXPECT_EQ(c.k.eigen, eigen && t_count == 1 ? 1 : 0) << "Eigen's GEMV on one thread, where built and supported";
+          const at::Tensor ref64 = at::linear(x.to(at::kDouble), w.to(at::kDouble),
+                                              bias ? c10::optional<at::Tensor>(b.to(at::kDouble)) : c10::nullopt);
+          const at::Tensor bound = summationBound(x, w, b, t) + summationBound(x, w, b, at::kDouble);
+          EXPECT_LE(worstRatio(y, ref64, bound), 1.0) << "against a float64 reference";
+        }
+      }
+    }
+  }
+  at::set_num_threads(threads);
+  std::printf("  Eigen's GEMV %s here\n", eigen ? "built and supported" : "not built or not supported");
+}
+
 TEST(OneRowLinearTest, OtherProductsKeepAtenLinear) {
   const int64_t k = 64, n = 16;
   const at::Tensor w = values({n, k}, 2.0, at::kFloat), one = values({1, k}, 1.0, at::kFloat);

@@ -26,12 +26,17 @@
 // The value differs from at::linear's only by the summation order: both
 // are within gamma_(k+1) * (|W| |x| + |b|) of the exact product
 // (tests/one_row_linear_test.cpp asserts twice that between them).
+//   The GEMV itself is dtp::detail::gemv (gemv.h: Eigen's, built for AVX2
+// and FMA, where the CPU has them and Eigen was found at build time), else
+// at::mv / at::addmv.
 #include "dtensor/local_linear.h"
 
 #include "dtensor/dtensor_impl.h"
+#include "dtensor/gemv.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+
 
 #include <algorithm>
 
@@ -49,7 +54,8 @@ bool requiresGrad(const at::Tensor& t) { return t.defined() && t.requires_grad()
 // x [..., k] times a weight w [n, k] with dense rows, as one row: [..., n].
 at::Tensor oneRow(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const at::Tensor v = x.reshape({x.size(-1)});
-  at::Tensor y = bias.defined() ? at::addmv(bias, w, v) : at::mv(w, v);
+  at::Tensor y = gemv(w, v, bias);
+  if (!y.defined()) y = bias.defined() ? at::addmv(bias, w, v) : at::mv(w, v);
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = w.size(0);
   return y.view(shape);
