@@ -73,15 +73,7 @@ struct Layout {
 
 // Mixtral-shaped: a MoE in every block, 4 experts, top 2; no load-balancing
 // loss (a pipeline's step takes the language-model loss alone).
-LlamaConfig moeConfig() {
-  LlamaConfig c = config();
-  c.family = "mixtral";
-  c.moe.num_experts = 4;
-  c.moe.top_k = 2;
-  c.moe.hidden = 12;
-  c.moe.norm_topk_prob = true;
-  return c;
-}
+LlamaConfig moeConfig() { return dtp::test::mixtral_like(config()); }
 
 DeviceMesh withoutPp(const DeviceMesh& mesh) {
   std::vector<std::string> names;

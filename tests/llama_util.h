@@ -35,6 +35,17 @@ inline models::LlamaConfig small_llama_config(int tp = 2) {
   return c;
 }
 
+// `c` Mixtral-shaped: a MoE in every block, 4 experts of width 12, top 2,
+// the routing weights renormalized.
+inline models::LlamaConfig mixtral_like(models::LlamaConfig c) {
+  c.family = "mixtral";
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.hidden = 12;
+  c.moe.norm_topk_prob = true;
+  return c;
+}
+
 // The batch of step `step`, [kBatch, kSeq + 1]: the same whichever run or TP
 // degree trains it.
 inline at::Tensor llama_batch(int64_t vocab, int64_t step) {

@@ -41,15 +41,7 @@ LlamaConfig denseConfig() {
 }
 
 // Mixtral-style: 4 experts, top 2.
-LlamaConfig moeConfig() {
-  LlamaConfig c = denseConfig();
-  c.family = "mixtral";
-  c.moe.num_experts = 4;
-  c.moe.top_k = 2;
-  c.moe.hidden = 12;
-  c.moe.norm_topk_prob = true;
-  return c;
-}
+LlamaConfig moeConfig() { return dtp::test::mixtral_like(denseConfig()); }
 
 // Degrees -> torchtitan's mesh: names and sizes in its order, flattened names.
 TEST(ParallelDimsTest, ValidLayoutsDescribeTorchtitansMesh) {

@@ -54,18 +54,22 @@ struct Sample {
 //    tensor (8 KiB) per step shows as 14 MiB over 1800 steps (2000: 1800
 //    after warm-up), and glibc's arenas level off well within the first
 //    interval here;
-//  - the CPU time per step of the last interval may be at most 2x the
+//  - the CPU time per step of the last interval may be at most 3x the
 //    second's, each interval's taken as its 10th percentile. CPU time, not
-//    wall time: other processes on the machine slow the wall clock, not
-//    the work done. A niced build beside CI's tests tripled the fastest
-//    tenth of decode steps' wall time (0.69 -> 2.72 ms: a rank waking from
-//    a collective waits for the CPU, and its peer waits for it), so the
-//    wall column is printed, not checked. Coarse on purpose, the bound
+//    wall time: other processes on the machine slow the wall clock more
+//    than the work done. A niced build beside CI's tests tripled the
+//    fastest tenth of decode steps' wall time (0.69 -> 2.72 ms: a rank
+//    waking from a collective waits for the CPU, and its peer waits for
+//    it), so the wall column is printed, not checked. CPU time moves too
+//    (a rank spins a few microseconds before it sleeps, and a build beside
+//    it evicts the caches): decode steps' rose to 1.86x beside an
+//    idle-priority build, where the wall time rose to 2.15x, and a decode
+//    interval holds only 3 generate calls. Coarse on purpose, the bound
 //    catches work that grows with the steps done (a list walked per op
 //    growing per step), which raises every step's CPU time many-fold by
 //    the end, not a regression of a few percent (dtp-bench's tables
 //    measure those).
-constexpr double kRssGrowthMiB = 8.0, kTimeGrowth = 2.0;
+constexpr double kRssGrowthMiB = 8.0, kTimeGrowth = 3.0;
 
 // Runs `work` (one step or token batch; returns how many it did) until
 // `total`, sampling at ten intervals; prints the table and checks the bounds
