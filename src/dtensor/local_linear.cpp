@@ -27,8 +27,8 @@
 // are within gamma_(k+1) * (|W| |x| + |b|) of the exact product
 // (tests/one_row_linear_test.cpp asserts twice that between them).
 //   The GEMV itself is dtp::detail::gemv (gemv.h: Eigen's, built for AVX2
-// and FMA, where the CPU has them and Eigen was found at build time), else
-// at::mv / at::addmv.
+// and FMA, on one intra-op thread where the CPU has them and Eigen was
+// found at build time; NOTE: [Eigen GEMV]), else at::mv / at::addmv.
 #include "dtensor/local_linear.h"
 
 #include "dtensor/dtensor_impl.h"
@@ -36,7 +36,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-
 
 #include <algorithm>
 
