@@ -1,5 +1,6 @@
 // dtp-generate's and dtp-serve's layout of the ranks: --ep, --cp,
-// --cp-attention, --cp-layout (load_inference_model reads them).
+// --cp-attention, --cp-layout (load_inference_model reads them); the last
+// two as dtp-train takes them too.
 #pragma once
 
 #include "checks.h"
@@ -17,17 +18,31 @@
 
 namespace dtp::apps {
 
+// --cp-attention and --cp-layout's values as the options of apply_context_parallel.
+inline models::ContextParallelOptions cp_options_of(const std::string& attention, const std::string& layout) {
+  models::ContextParallelOptions o;
+  o.attention =
+      attention == "ring" ? models::ContextParallelAttention::Ring : models::ContextParallelAttention::AllToAll;
+  o.layout = layout == "head-tail" ? CpLayout::HeadTail : CpLayout::Contiguous;
+  return o;
+}
+
+// Adds --cp-attention and --cp-layout; `prefill`: the inference apps, whose
+// attention runs over cp in the prompt's prefill only.
+inline void add_cp_attention_flags(CLI::App& app, std::string& attention, std::string& layout, bool prefill) {
+  app.add_option("--cp-attention", attention, c10::str(prefill ? "Prefill attention" : "Attention", " over the cp ranks: "
+                 "ring (any head count) or all_to_all (Ulysses: heads per tp rank divisible by cp)"))
+      ->check(CLI::IsMember({"ring", "all_to_all"}))->capture_default_str();
+  app.add_option("--cp-layout", layout, c10::str(prefill ? "Prompt positions" : "Positions", " per cp rank: "
+                 "head-tail (two chunks, balanced causal work) or contiguous (one chunk, the naive layout)"))
+      ->check(CLI::IsMember({"head-tail", "contiguous"}))->capture_default_str();
+}
+
 struct InferenceParallelFlags {
   int64_t ep = 1, cp = 1;
   std::string cp_attention = "ring", cp_layout = "head-tail";
 
-  models::ContextParallelOptions cp_options() const {
-    models::ContextParallelOptions o;
-    o.attention = cp_attention == "ring" ? models::ContextParallelAttention::Ring
-                                         : models::ContextParallelAttention::AllToAll;
-    o.layout = cp_layout == "head-tail" ? CpLayout::HeadTail : CpLayout::Contiguous;
-    return o;
-  }
+  models::ContextParallelOptions cp_options() const { return cp_options_of(cp_attention, cp_layout); }
 
   // ep borrows the cp ranks, as in dtp-train (NOTE: [Context parallelism
   // with expert parallelism] in src/models/llama_parallelize.cpp).
@@ -47,12 +62,7 @@ inline void add_inference_parallel_flags(CLI::App& app, InferenceParallelFlags& 
                  "or all-to-all attention), the KV cache then gathered on every rank and decode as without cp; the "
                  "ranks form a (cp, tp) mesh with tp = ranks / cp")
       ->check(kPositive)->capture_default_str();
-  app.add_option("--cp-attention", f.cp_attention, "Prefill attention over the cp ranks: ring (any head count) or "
-                 "all_to_all (Ulysses: heads per tp rank divisible by cp)")
-      ->check(CLI::IsMember({"ring", "all_to_all"}))->capture_default_str();
-  app.add_option("--cp-layout", f.cp_layout, "Prompt positions per cp rank: head-tail (two chunks, balanced causal "
-                 "work) or contiguous")
-      ->check(CLI::IsMember({"head-tail", "contiguous"}))->capture_default_str();
+  add_cp_attention_flags(app, f.cp_attention, f.cp_layout, /*prefill=*/true);
 }
 
 // "TP=2", "EP=2 x TP=1", "CP=2 x TP=1" or "EP=4 (over CP=2) x TP=1": how

@@ -8,6 +8,7 @@
 #include "../common/checkpoint_flags.h"
 #include "../common/corpus.h"
 #include "../common/model_flags.h"
+#include "../common/parallel_flags.h"
 #include "../common/proc_status.h"
 #include "metrics.h"
 #include "options.h"
@@ -571,8 +572,7 @@ int main(int argc, char** argv) {
     parallel.tp.shard_experts = o.shard_experts;
     if (o.ac != "none") parallel.ac = ACOptions{o.ac == "full" ? ACMode::Full : ACMode::Selective, o.ac_every};
     parallel.data_parallel = fsdp ? DataParallel::FSDP : DataParallel::DDP;
-    parallel.cp.attention = o.cp_attention == "ring" ? ContextParallelAttention::Ring : ContextParallelAttention::AllToAll;
-    parallel.cp.layout = o.cp_layout == "head-tail" ? CpLayout::HeadTail : CpLayout::Contiguous;
+    parallel.cp = apps::cp_options_of(o.cp_attention, o.cp_layout);
     parallel.mp_policy = mpPolicy(o);
     std::optional<LlamaPipeline> pipe;
     if (pp > 1) {

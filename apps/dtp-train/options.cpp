@@ -2,6 +2,7 @@
 #include "options.h"
 
 #include "../common/checks.h"
+#include "../common/parallel_flags.h"
 
 #include "dtp/models/hf_llama.h"
 
@@ -30,12 +31,7 @@ void add_options(CLI::App& app, Options& o) {
                  "all-to-all attention), parameters data parallel over dp x cp; pp * dp * cp * tp = WORLD_SIZE "
                  "(with --ep: pp * dp * ep * tp)")
       ->check(dtp::apps::kPositive)->capture_default_str();
-  app.add_option("--cp-attention", o.cp_attention, "Attention over the cp ranks: ring (any head count) or all_to_all "
-                 "(Ulysses: heads per tp rank divisible by cp)")
-      ->check(CLI::IsMember({"ring", "all_to_all"}))->capture_default_str();
-  app.add_option("--cp-layout", o.cp_layout, "Positions per cp rank: head-tail (two chunks, balanced causal work) or "
-                 "contiguous (one chunk, the naive layout)")
-      ->check(CLI::IsMember({"head-tail", "contiguous"}))->capture_default_str();
+  apps::add_cp_attention_flags(app, o.cp_attention, o.cp_layout, /*prefill=*/false);
   app.add_option("--pp", o.pp, "Pipeline-parallel degree: the layers cut into pp stages, each rank allocating its "
                  "stage only")->check(dtp::apps::kPositive)->capture_default_str();
   app.add_option("--microbatches", o.microbatches, "Microbatches per step under --pp [default: pp]")
