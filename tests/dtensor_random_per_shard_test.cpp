@@ -116,6 +116,27 @@ TEST(PhiloxTest, TensorOpsPathEqualsCpuLoopBitForBit) {
   }
 }
 
+// The CPU loop splits boxes over the intra-op threads (NOTE: [OpenMP in
+// dtp's kernels] in cmake/openmp_kernels.cmake): the bits do not depend on
+// the thread count, a box of several of its 2^14-element grains, an uneven
+// row length.
+TEST(PhiloxTest, CpuLoopOnTwoThreadsEqualsOneBitForBit) {
+  const int threads = at::get_num_threads();
+  const std::vector<int64_t> shape{400, 301}, offset{37, 5}, sizes{300, 257};
+  for (DrawKind kind : {DrawKind::Uniform, DrawKind::Normal}) {
+    const PhiloxDraw draw{kind, -1.5, 2.5};
+    at::Tensor one = at::empty(sizes, at::kFloat), two = at::empty(sizes, at::kFloat), ops = one.clone();
+    at::set_num_threads(1);
+    dtp::detail::philox_fill(one, draw, shape, offset, kSeed, 7, /*tensor_ops=*/false);
+    at::set_num_threads(2);
+    dtp::detail::philox_fill(two, draw, shape, offset, kSeed, 7, /*tensor_ops=*/false);
+    dtp::detail::philox_fill(ops, draw, shape, offset, kSeed, 7, /*tensor_ops=*/true);
+    EXPECT_EQ(mismatches(one, two), 0) << "kind " << static_cast<int>(kind);
+    EXPECT_EQ(mismatches(one, ops), 0) << "kind " << static_cast<int>(kind);
+  }
+  at::set_num_threads(threads);
+}
+
 // ---- DTensors ----
 
 // The ops under test, each drawing twice in a row (the stream advances as on

@@ -275,6 +275,41 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
   nn::detail::set_weight_only_isa(-1);
 }
 
+// The matrix-vector rows split over the intra-op threads where dtp's kernels
+// are built with OpenMP (NOTE: [OpenMP in dtp's kernels] in
+// cmake/openmp_kernels.cmake; serial in objects built without it, whatever
+// at::set_num_threads says), and each output is the same sum on any number
+// of threads: equal bit for bit to one thread's.
+TEST(QuantizedLinearTest, MatrixVectorRowsSplitOverIntraOpThreads) {
+#if defined(DTP_KERNELS_WITH_OPENMP)
+  const int expected = 2;
+#else
+  const int expected = 1;
+#endif
+  const int threads = at::get_num_threads();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (at::ScalarType weight : {at::kChar, at::kBFloat16}) {
+    SCOPED_TRACE(c10::str(weight));
+    nn::Linear lin(torch::nn::LinearOptions(256, 4096).bias(false));
+    {
+      at::NoGradGuard no_grad;
+      lin->weight.copy_(at::randn({4096, 256}, gen));
+    }
+    nn::to_weight_only(*lin, nn::WeightOnlyOptions().dtype(weight).group_size(weight == at::kChar ? 32 : 0), "case");
+    const at::Tensor x = at::randn({1, 256}, gen);
+    at::NoGradGuard no_grad;
+    at::set_num_threads(1);
+    nn::detail::weight_only_threads_seen();
+    const at::Tensor one = lin(x);
+    EXPECT_EQ(nn::detail::weight_only_threads_seen(), 1);
+    at::set_num_threads(2);
+    const at::Tensor two = lin(x);
+    EXPECT_EQ(nn::detail::weight_only_threads_seen(), expected) << "threads the rows ran on";
+    EXPECT_TRUE(two.equal(one)) << "one output, one thread's sum";
+  }
+  at::set_num_threads(threads);
+}
+
 // Every family's folder loaded in float32, with bf16 Linear weights and with
 // int8 ones: greedy continuations against float32's (the fraction of
 // identical tokens printed, not asserted: a changed near-tie is allowed),

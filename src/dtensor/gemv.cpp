@@ -4,12 +4,11 @@
 // (each rank of TP=N when the ranks fill the cores, dtprun's default),
 // OpenBLAS 0.3.21's sgemv (at::mv) reached 16-22 GB/s at dim-1024 shapes,
 // Eigen's row-major GEMV compiled for AVX2 and FMA 22-25 (docs/benchmarks.md,
-// "The GEMV"). On two threads at::mv reached 27-33 and this kernel no more
-// than on one: at::parallel_for runs serially in dtp's objects, which are
-// not compiled with -fopenmp (ATen's OpenMP loop is inline in its header),
-// and building one with it could load a second OpenMP runtime beside the
-// pip wheel's bundled one. So gemv() takes Eigen's kernel on one thread
-// only, and at::mv keeps the rest. Eigen picks its vector width when it is
+// "The GEMV"). On more threads gemv() splits W's rows with at::parallel_for,
+// which this file runs on libtorch's OpenMP threads (NOTE: [OpenMP in dtp's
+// kernels] in cmake/openmp_kernels.cmake); in a build where that loop is
+// serial it takes Eigen's kernel on one thread only and leaves the rest to
+// at::mv, which has its own threads. Eigen picks its vector width when it is
 // compiled, from -mavx2 / -mfma, while dtp is built for baseline x86-64: so
 // gemv_avx2.cpp alone is compiled with them (CMakeLists.txt), holds all of
 // Eigen (no other object builds Eigen's templates another way) and none of
@@ -25,6 +24,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <string>
 
 namespace dtp::detail {
@@ -46,7 +46,11 @@ at::Tensor eigenGemv(const at::Tensor& w, const at::Tensor& v, const at::Tensor&
   const T* wp = w.data_ptr<T>();
   const T* xp = x.data_ptr<T>();
   T* yp = y.data_ptr<T>();
-  gemv_rows_avx2(wp, n, k, stride, xp, yp, bias.defined());
+  // Blocks of rows of at least 256 KiB of weights a thread.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / static_cast<int64_t>(k * sizeof(T)));
+  at::parallel_for(0, n, grain, [&](int64_t r0, int64_t r1) {
+    gemv_rows_avx2(wp + r0 * stride, r1 - r0, k, stride, xp, yp + r0, bias.defined());
+  });
   return y;
 }
 
@@ -55,7 +59,12 @@ at::Tensor eigenGemv(const at::Tensor& w, const at::Tensor& v, const at::Tensor&
 
 at::Tensor gemv(const at::Tensor& w, const at::Tensor& v, const at::Tensor& bias) {
 #if defined(DTP_WITH_EIGEN_AVX2)
-  if (cpuHasAvx2Fma() && at::get_num_threads() == 1)
+#if defined(DTP_KERNELS_WITH_OPENMP)
+  const bool threads = true;
+#else
+  const bool threads = at::get_num_threads() == 1;
+#endif
+  if (cpuHasAvx2Fma() && threads)
     return w.scalar_type() == at::kFloat ? eigenGemv<float>(w, v, bias) : eigenGemv<double>(w, v, bias);
 #endif
   (void)w, (void)v, (void)bias;

@@ -200,6 +200,16 @@ int detectIsa() { return 0; }
 
 // See detail::set_weight_only_isa in src/nn/quantized_linear.h.
 std::atomic<int> forcedIsa{-1};
+// See detail::weight_only_threads_seen: the most threads one call's
+// matrix-vector rows ran on since the last read.
+std::atomic<int> threadsSeen{0};
+
+void noteThread() {
+  const int t = at::get_thread_num() + 1;
+  int seen = threadsSeen.load(std::memory_order_relaxed);
+  while (t > seen && !threadsSeen.compare_exchange_weak(seen, t, std::memory_order_relaxed)) {
+  }
+}
 
 int activeIsa() {
   static const int best = detectIsa();
@@ -258,7 +268,10 @@ void linearLocal(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& s,
   T* yp = y.data_ptr<T>();
   if (m <= kGemvRows) {
     const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k * m, 1));
-    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { gemvRows(xp, m, k, wp, sp, groups, yp, n, n0, n1); });
+    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+      noteThread();
+      gemvRows(xp, m, k, wp, sp, groups, yp, n, n0, n1);
+    });
     return;
   }
   // Prefill: blocks of rows widened into a buffer, then BLAS.
@@ -408,6 +421,7 @@ void quantizeRows(const at::Tensor& w, int64_t gs, const at::Tensor& row_amax, a
 namespace detail {
 int weight_only_best_isa() { return detectIsa(); }
 void set_weight_only_isa(int level) { forcedIsa.store(level, std::memory_order_relaxed); }
+int weight_only_threads_seen() { return threadsSeen.exchange(0, std::memory_order_relaxed); }
 }  // namespace detail
 
 WeightOnlyOptions weight_only_options(const std::string& name, int64_t group_size) {

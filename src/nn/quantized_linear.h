@@ -1,5 +1,5 @@
-// Internal: the instruction sets of the weight-only kernel
-// (src/nn/quantized_linear.cpp), for tests that run each one.
+// Internal: the instruction sets and threads of the weight-only kernel
+// (src/nn/quantized_linear.cpp), for tests.
 #pragma once
 
 namespace dtp::nn::detail {
@@ -11,5 +11,11 @@ int weight_only_best_isa();
 // Run the kernels of `level` (capped at the best), or the best with -1.
 // Process-wide: for tests, between calls.
 void set_weight_only_isa(int level);
+
+// The most intra-op threads one matrix-vector call (at most 8 rows of x)
+// ran on since the last call of this, which resets it: 1 where
+// at::parallel_for is serial in this build (NOTE: [OpenMP in dtp's kernels]
+// in cmake/openmp_kernels.cmake).
+int weight_only_threads_seen();
 
 }  // namespace dtp::nn::detail
