@@ -28,6 +28,7 @@
 #include "dtp/models/generate.h"
 #include "dtp/models/hf_llama.h"
 #include "dtp/models/parallelize.h"
+#include "dtp/nn/modules.h"
 #include "dtp/process_group.h"
 
 #include <ATen/ops/mm_cpu_dispatch.h>
@@ -247,6 +248,56 @@ void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int re
   }
 }
 
+// --gemv, then: the same products with the weight stored narrow, float32
+// activations (the weight-only kernel, NOTE: [Weight-only linears]): bf16,
+// and int8 in groups of 32 (GB/s count the int8 bytes and the float32
+// scales). "again" reruns one weight back to back, from the caches where it
+// fits them (the kernel's own speed); the other column reads from memory.
+void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
+  const int64_t hd = c.head_dim();
+  const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> shapes = {
+      {"q/o", {c.dim, c.dim}},         {"k/v", {c.n_kv_heads * hd, c.dim}}, {"gate/up", {c.ffn_hidden, c.dim}},
+      {"down", {c.dim, c.ffn_hidden}}, {"head", {c.vocab_size, c.dim}}};
+  std::printf("\nWeight-only matrix-vector products (x float32), %d intra-op thread(s), best of %d:\n",
+              at::get_num_threads(), reps);
+  std::printf("| weight | [out, in] | bf16 MB | bf16 ms | bf16 GB/s | again GB/s | int8 MB | int8 ms | int8 GB/s | "
+              "again GB/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  at::NoGradGuard no_grad;
+  for (const auto& [name, shape] : shapes) {
+    const auto [out, in] = shape;
+    const double f32_mb = static_cast<double>(out * in) * 4 / 1e6;
+    const int copies = std::max(2, static_cast<int>(256.0 / (f32_mb / 4)) + 1);
+    std::vector<at::Tensor> bf16, q, scales;
+    for (int i = 0; i < copies; ++i) {
+      const at::Tensor w = at::randn({out, in});
+      bf16.push_back(w.to(at::kBFloat16));
+      const at::Tensor s = w.view({out, in / 32, 32}).abs().amax(-1) / 127;  // groups of 32 (Q8_0's)
+      q.push_back(at::round(w.view({out, in / 32, 32}) / s.unsqueeze(-1)).clamp(-127, 127).to(at::kChar).view({out, in}));
+      scales.push_back(s.contiguous());
+    }
+    const at::Tensor x = at::randn({1, in});
+    auto best = [&](int n, const std::function<void(int)>& f) {
+      double ms = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        for (int i = 0; i < n; ++i) {
+          const auto t0 = Clock::now();
+          f(i);
+          ms = std::min(ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        }
+      }
+      return ms;
+    };
+    auto bf16Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, bf16[i], at::Tensor(), at::Tensor()); };
+    auto int8Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, q[i], scales[i], at::Tensor()); };
+    const double bf16_ms = best(copies, bf16Call), bf16_again = best(copies, [&](int) { bf16Call(0); });
+    const double int8_ms = best(copies, int8Call), int8_again = best(copies, [&](int) { int8Call(0); });
+    const double bf16_mb = f32_mb / 2, int8_mb = f32_mb / 4 + static_cast<double>(out * in / 32) * 4 / 1e6;
+    std::printf("| %s | [%lld, %lld] | %.1f | %.3f | %.1f | %.1f | %.1f | %.3f | %.1f | %.1f |\n", name.c_str(),
+                (long long)out, (long long)in, bf16_mb, bf16_ms, bf16_mb / bf16_ms, bf16_mb / bf16_again, int8_mb,
+                int8_ms, int8_mb / int8_ms, int8_mb / int8_again);
+  }
+}
+
 // --mv: what decode would gain from a matrix-vector path, measured without
 // touching the library: aten::mm's CPU kernel is replaced, for this process
 // only, by one that sends a float32 product of one row by a transposed
@@ -335,6 +386,7 @@ int main(int argc, char** argv) {
     config.dtype = dtype == "bfloat16" ? c10::ScalarType::BFloat16 : c10::ScalarType::Float;
     if (gemv) {
       if (rank == 0) gemv_table(config, config.dtype, 3, bandwidth_gbs);
+      if (rank == 0 && config.dtype == c10::ScalarType::Float) weight_only_table(config, 3);
       return 0;
     }
     dtp::DeviceMesh mesh = dtp::init_device_mesh("cpu", {tp}, {"tp"});

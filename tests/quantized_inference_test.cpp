@@ -230,6 +230,10 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
       {at::kChar, 16, 24, 48, 3, at::kDouble},  {at::kChar, 0, 24, 48, 9, at::kDouble},
       {at::kBFloat16, 0, 40, 100, 1, at::kFloat}, {at::kBFloat16, 0, 40, 100, 12, at::kFloat},
       {at::kHalf, 0, 40, 100, 4, at::kFloat},   {at::kBFloat16, 0, 17, 33, 2, at::kDouble},
+      // rows of 8192 inputs and more: four weight rows at a time, then the
+      // rows left (NOTE: [Four weight rows at a time])
+      {at::kChar, 32, 10, 8224, 1, at::kFloat}, {at::kChar, 0, 9, 8193, 2, at::kFloat},
+      {at::kBFloat16, 0, 10, 8200, 3, at::kFloat}, {at::kHalf, 0, 6, 8195, 1, at::kFloat},
   };
   const int best = nn::detail::weight_only_best_isa();
   for (int isa = 0; isa <= best; ++isa) {  // each kernel this CPU runs: portable, AVX2, AVX-512
@@ -288,15 +292,17 @@ TEST(QuantizedLinearTest, MatrixVectorRowsSplitOverIntraOpThreads) {
 #endif
   const int threads = at::get_num_threads();
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  // [out, in]: one row at a time, and four (NOTE: [Four weight rows at a time]) with rows left
+  for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{4096, 256}, {1030, 8192}}) {
   for (at::ScalarType weight : {at::kChar, at::kBFloat16}) {
-    SCOPED_TRACE(c10::str(weight));
-    nn::Linear lin(torch::nn::LinearOptions(256, 4096).bias(false));
+    SCOPED_TRACE(c10::str(weight, " [", out, ", ", in, "]"));
+    nn::Linear lin(torch::nn::LinearOptions(in, out).bias(false));
     {
       at::NoGradGuard no_grad;
-      lin->weight.copy_(at::randn({4096, 256}, gen));
+      lin->weight.copy_(at::randn({out, in}, gen));
     }
     nn::to_weight_only(*lin, nn::WeightOnlyOptions().dtype(weight).group_size(weight == at::kChar ? 32 : 0), "case");
-    const at::Tensor x = at::randn({1, 256}, gen);
+    const at::Tensor x = at::randn({1, in}, gen);
     at::NoGradGuard no_grad;
     at::set_num_threads(1);
     nn::detail::weight_only_threads_seen();
@@ -306,6 +312,7 @@ TEST(QuantizedLinearTest, MatrixVectorRowsSplitOverIntraOpThreads) {
     const at::Tensor two = lin(x);
     EXPECT_EQ(nn::detail::weight_only_threads_seen(), expected) << "threads the rows ran on";
     EXPECT_TRUE(two.equal(one)) << "one output, one thread's sum";
+  }
   }
   at::set_num_threads(threads);
 }

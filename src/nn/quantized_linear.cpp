@@ -105,11 +105,20 @@ DTP_AVX2 inline __m256 group32(const float* x, const int8_t* w) {
   return _mm256_add_ps(p0, p1);
 }
 
+// The int8 groups' kernels ask for the weight bytes 512 ahead (a software
+// prefetch each two groups, past the row's end too: a hint, never a fault).
+// Measured (1 thread, 1B shapes, dtp_decode_profile --gemv, read from
+// memory): the head 11.3-12.2 -> 15.2 GB/s, gate/up 12.8-13.1 -> 17.1; 1024
+// and more bytes ahead gained less. The widening costs more instructions per
+// byte than bf16's, and the hardware prefetcher alone ran behind.
+constexpr int64_t kInt8Ahead = 512;
+
 // Groups of 32, each scaled into one of two running totals (alternating).
 DTP_AVX2 float groups32Avx2(const float* x, const int8_t* w, const float* s, int64_t groups) {
   __m256 t0 = _mm256_setzero_ps(), t1 = t0;
   int64_t g = 0;
   for (; g + 2 <= groups; g += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + g * 32 + kInt8Ahead), _MM_HINT_T0);
     t0 = _mm256_fmadd_ps(_mm256_set1_ps(s[g]), group32(x + g * 32, w + g * 32), t0);
     t1 = _mm256_fmadd_ps(_mm256_set1_ps(s[g + 1]), group32(x + (g + 1) * 32, w + (g + 1) * 32), t1);
   }
@@ -128,6 +137,73 @@ DTP_AVX2 float rowAvx2(const float* x, const W* w, const float* s, int64_t k, in
   float acc = 0;
   for (int64_t g = 0; g < groups; ++g) acc += s[g] * dotAvx2(x + g * gs, w + g * gs, gs);
   return acc;
+}
+
+// NOTE: [Four weight rows at a time] Where x is as large as the L1 data
+// cache (k = 8192 float32 inputs, 32 KiB: Llama-3.2-1B's down projection),
+// the one-row kernel reloads x from L2 for every weight row, and halved its
+// bandwidth there: bf16 12.3 GB/s against 26-29 at k = 2048 (1 thread,
+// dtp_decode_profile --gemv, 1B shapes). There each x load serves four
+// weight rows, one accumulator each: 20-21 GB/s bf16, int8 (groups of 32)
+// 9.7 -> 15-16. On shorter rows four rows at a time lost (k = 1024-2048:
+// bf16 28 -> 13-19 GB/s from memory; k = 4096 bf16 28 -> 21, int8 12.5 ->
+// 15), so they keep one row at a time. Rows go in blocks of four from row
+// 0 whatever the thread split (gemvRows' callers), so each output is the
+// same sum on any number of threads.
+// Rows of at least 8192 inputs (x of 32 KiB, an L1 data cache) run four at
+// a time, where the kernels below have that form: no scales, one per row,
+// or int8 in groups of 32.
+constexpr int64_t kFourRowsMinInputs = 8192;
+
+template <class W>
+bool hasFourRowForm(int64_t k, int64_t groups) {
+  return k >= kFourRowsMinInputs &&
+         (groups == 0 || groups == 1 || (std::is_same_v<W, int8_t> && k == groups * 32));
+}
+
+template <class W>
+DTP_AVX2 void dot4Avx2(const float* x, const W* w, int64_t stride, int64_t k, float* out) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(xv, load8(w + r * stride + i), a[r]);
+  }
+  for (int r = 0; r < 4; ++r) {
+    float acc = hsum(a[r]);
+    for (int64_t j = i; j < k; ++j) acc += x[j] * widen(w[r * stride + j]);
+    out[r] = acc;
+  }
+}
+
+DTP_AVX2 void groups32x4Avx2(const float* x, const int8_t* w, int64_t stride, const float* s, int64_t sStride,
+                             int64_t groups, float* out) {
+  __m256 t[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* xg = x + g * 32;
+    const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8), x2 = _mm256_loadu_ps(xg + 16),
+                 x3 = _mm256_loadu_ps(xg + 24);
+    for (int r = 0; r < 4; ++r) {
+      const int8_t* p = w + r * stride + g * 32;
+      __m256 p0 = _mm256_mul_ps(x0, load8(p)), p1 = _mm256_mul_ps(x1, load8(p + 8));
+      p0 = _mm256_fmadd_ps(x2, load8(p + 16), p0);
+      p1 = _mm256_fmadd_ps(x3, load8(p + 24), p1);
+      t[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[r * sStride + g]), _mm256_add_ps(p0, p1), t[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum(t[r]);
+}
+
+// Four rows' outputs, where hasFourRowForm.
+template <class W>
+DTP_AVX2 void rows4Avx2(const float* x, const W* w, int64_t k, const float* s, int64_t groups, float* out) {
+  if (groups == 0 || groups == 1) {
+    dot4Avx2(x, w, k, k, out);
+    if (groups == 1)
+      for (int r = 0; r < 4; ++r) out[r] *= s[r];
+    return;
+  }
+  if constexpr (std::is_same_v<W, int8_t>) groups32x4Avx2(x, w, k, s, groups, groups, out);
 }
 
 #define DTP_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
@@ -168,6 +244,7 @@ DTP_AVX512 float groups32Avx512(const float* x, const int8_t* w, const float* s,
   __m512 t0 = _mm512_setzero_ps(), t1 = t0;
   int64_t g = 0;
   for (; g + 2 <= groups; g += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + g * 32 + kInt8Ahead), _MM_HINT_T0);
     t0 = _mm512_fmadd_ps(_mm512_set1_ps(s[g]), group32x16(x + g * 32, w + g * 32), t0);
     t1 = _mm512_fmadd_ps(_mm512_set1_ps(s[g + 1]), group32x16(x + (g + 1) * 32, w + (g + 1) * 32), t1);
   }
@@ -186,6 +263,47 @@ DTP_AVX512 float rowAvx512(const float* x, const W* w, const float* s, int64_t k
   float acc = 0;
   for (int64_t g = 0; g < groups; ++g) acc += s[g] * dotAvx512(x + g * gs, w + g * gs, gs);
   return acc;
+}
+
+// See NOTE: [Four weight rows at a time].
+template <class W>
+DTP_AVX512 void dot4Avx512(const float* x, const W* w, int64_t stride, int64_t k, float* out) {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + i);
+    for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(xv, load16(w + r * stride + i), a[r]);
+  }
+  for (int r = 0; r < 4; ++r) {
+    float acc = _mm512_reduce_add_ps(a[r]);
+    for (int64_t j = i; j < k; ++j) acc += x[j] * widen(w[r * stride + j]);
+    out[r] = acc;
+  }
+}
+
+DTP_AVX512 void groups32x4Avx512(const float* x, const int8_t* w, int64_t stride, const float* s, int64_t sStride,
+                                 int64_t groups, float* out) {
+  __m512 t[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 x0 = _mm512_loadu_ps(x + g * 32), x1 = _mm512_loadu_ps(x + g * 32 + 16);
+    for (int r = 0; r < 4; ++r) {
+      const int8_t* p = w + r * stride + g * 32;
+      const __m512 p0 = _mm512_fmadd_ps(x1, load16(p + 16), _mm512_mul_ps(x0, load16(p)));
+      t[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * sStride + g]), p0, t[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(t[r]);
+}
+
+template <class W>
+DTP_AVX512 void rows4Avx512(const float* x, const W* w, int64_t k, const float* s, int64_t groups, float* out) {
+  if (groups == 0 || groups == 1) {
+    dot4Avx512(x, w, k, k, out);
+    if (groups == 1)
+      for (int r = 0; r < 4; ++r) out[r] *= s[r];
+    return;
+  }
+  if constexpr (std::is_same_v<W, int8_t>) groups32x4Avx512(x, w, k, s, groups, groups, out);
 }
 
 int detectIsa() {
@@ -211,20 +329,45 @@ void noteThread() {
   }
 }
 
+// NOTE: [AVX2 before AVX-512] The kernels run AVX2 by default, AVX-512
+// only when asked (set_weight_only_isa(2)): on the one AVX-512 CPU measured
+// (AMD EPYC, Zen 4, which runs 512-bit vectors as two halves; 1 thread, 1B
+// shapes read from memory, dtp_decode_profile --gemv, two runs each) the
+// AVX2 int8 kernel read 19.3-21.8 GB/s on the head and 19.8-22.2 on gate/up
+// where AVX-512's read 13.3-13.4 and 13.9-14.4, and bf16 was level or
+// better (24.7-30.9 against 24.8-28.8). Untested on CPUs with full-width
+// AVX-512.
 int activeIsa() {
   static const int best = detectIsa();
   const int forced = forcedIsa.load(std::memory_order_relaxed);
-  return forced < 0 ? best : std::min(forced, best);
+  return forced < 0 ? std::min(best, 1) : std::min(forced, best);
 }
 
-// y[m, n] for m < rows of x (at most kGemvRows), n in [n0, n1): each weight
-// row is read once and used for every row of x while in cache.
+// y[m, n] for m < rows of x (at most kGemvRows), weight rows [n0, n1): each
+// weight row is read once and used for every row of x while in cache; four
+// rows at a time where the kernel has that form (NOTE: [Four weight rows at
+// a time]: n0 is a multiple of 4).
 template <class T, class W>
 void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int64_t groups, T* y, int64_t n,
               int64_t n0, int64_t n1) {
   const int64_t sStride = std::max<int64_t>(groups, 0);
   const int isa = activeIsa();
-  for (int64_t r = n0; r < n1; ++r) {
+  int64_t r = n0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, float>) {
+    float out[4];
+    for (; isa > 0 && hasFourRowForm<W>(k, groups) && r + 4 <= n1; r += 4) {
+      const W* rows = w + r * k;
+      const float* rs = s == nullptr ? nullptr : s + r * sStride;
+      for (int64_t i = 0; i < m; ++i) {
+        if (isa == 2) rows4Avx512(x + i * k, rows, k, rs, groups, out);
+        else rows4Avx2(x + i * k, rows, k, rs, groups, out);
+        for (int j = 0; j < 4; ++j) y[i * n + r + j] = out[j];
+      }
+    }
+  }
+#endif
+  for (; r < n1; ++r) {
     const W* row = w + r * k;
     const float* rs = s == nullptr ? nullptr : s + r * sStride;
     for (int64_t i = 0; i < m; ++i) {
@@ -267,10 +410,11 @@ void linearLocal(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& s,
   const float* sp = s.defined() ? s.data_ptr<float>() : nullptr;
   T* yp = y.data_ptr<T>();
   if (m <= kGemvRows) {
-    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k * m, 1));
-    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+    // Blocks of four rows (NOTE: [Four weight rows at a time]).
+    const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(k * m, 1));
+    at::parallel_for(0, (n + 3) / 4, grain, [&](int64_t b0, int64_t b1) {
       noteThread();
-      gemvRows(xp, m, k, wp, sp, groups, yp, n, n0, n1);
+      gemvRows(xp, m, k, wp, sp, groups, yp, n, 4 * b0, std::min(n, 4 * b1));
     });
     return;
   }

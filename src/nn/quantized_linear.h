@@ -8,8 +8,9 @@ namespace dtp::nn::detail {
 // 2 AVX-512F (float32 inputs; float64 inputs always run the portable loop).
 int weight_only_best_isa();
 
-// Run the kernels of `level` (capped at the best), or the best with -1.
-// Process-wide: for tests, between calls.
+// Run the kernels of `level` (capped at the best), or with -1 the default:
+// AVX2 where the CPU has it, even with AVX-512 (NOTE: [AVX2 before
+// AVX-512]). Process-wide: for tests and benchmarks, between calls.
 void set_weight_only_isa(int level);
 
 // The most intra-op threads one matrix-vector call (at most 8 rows of x)
