@@ -667,6 +667,8 @@ std::string metricsText(const inference::EngineMetrics& m) {
   counter("dtp_serve_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", m.prefix_cache_queries);
   counter("dtp_serve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed again).",
           m.prefix_cache_hits);
+  counter("dtp_serve_context_parallel_prefills_total", "Forwards that prefilled sharded over the context-parallel "
+          "group (--cp; the others run as replicas).", m.context_parallel_prefills);
   o << m.ttft.text("dtp_serve_time_to_first_token_seconds", "From a request's arrival to its first token.")
     << m.itl.text("dtp_serve_inter_token_latency_seconds", "Between a request's consecutive tokens (a step, or a "
                   "preemption's wait).");

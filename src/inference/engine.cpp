@@ -133,6 +133,7 @@ struct Engine::Impl {
     metrics.kv_blocks_used = runner.blocks().used();
     metrics.prefix_cache_queries = runner.blocks().stats().queries;
     metrics.prefix_cache_hits = runner.blocks().stats().hits;
+    metrics.context_parallel_prefills = model->context_parallel_prefills();
     lk.unlock();
     deliver(ds);
     lk.lock();

@@ -13,7 +13,12 @@ class LlamaEngineModel final : public inference::Model {
 
   at::Tensor forward(const at::Tensor& tokens, KVCache& cache, const std::vector<int64_t>& valid) override {
     // See NOTE: [Context-parallel prefill] in src/models/llama_cp_prefill.cpp.
-    if (model_->context_parallel) return detail::context_parallel_cached_forward(model_, tokens, cache, valid);
+    if (model_->context_parallel) {
+      bool over_cp = false;
+      at::Tensor logits = detail::context_parallel_cached_forward(model_, tokens, cache, valid, &over_cp);
+      prefills_ += over_cp;
+      return logits;
+    }
     return model_->forward(tokens, cache, valid);
   }
 
@@ -45,9 +50,11 @@ class LlamaEngineModel final : public inference::Model {
 
   int64_t vocab_size() const override { return model_->config.vocab_size; }
   int64_t max_seq_len() const override { return model_->config.max_seq_len; }
+  int64_t context_parallel_prefills() const override { return prefills_; }
 
  private:
   Llama& model_;
+  int64_t prefills_ = 0;  // forwards that prefilled over cp
 };
 
 }  // namespace

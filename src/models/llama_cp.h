@@ -42,8 +42,8 @@ class KvCapture {
 
 // The KV-cache forward of a model with context parallelism (engine_model's):
 // a fresh prefill over cp, anything else as without cp. See NOTE:
-// [Context-parallel prefill].
+// [Context-parallel prefill]. `over_cp`, where given, says which it was.
 at::Tensor context_parallel_cached_forward(Llama& model, const at::Tensor& tokens, KVCache& cache,
-                                           const std::vector<int64_t>& valid);
+                                           const std::vector<int64_t>& valid, bool* over_cp = nullptr);
 
 }  // namespace dtp::models::detail

@@ -181,7 +181,7 @@ void KvCapture::record(int64_t layer, const at::Tensor& keys, const at::Tensor& 
 }
 
 at::Tensor context_parallel_cached_forward(Llama& model, const at::Tensor& tokens, KVCache& cache,
-                                           const std::vector<int64_t>& valid) {
+                                           const std::vector<int64_t>& valid, bool* over_cp) {
   TORCH_INTERNAL_ASSERT(model->context_parallel, "context_parallel_cached_forward: the model has no cp state");
   const int64_t longest = valid.empty() ? 0 : *std::max_element(valid.begin(), valid.end());
   TORCH_CHECK(tokens.dim() == 2, "Llama: KV-cache forward takes tokens [batch, seq], got ", tokens.sizes(), ".");
@@ -191,7 +191,9 @@ at::Tensor context_parallel_cached_forward(Llama& model, const at::Tensor& token
               "embedding and the head (a pipeline stage is NYI here).");
   TORCH_CHECK(cache.packed() || static_cast<int64_t>(valid.size()) == tokens.size(0), "Llama: ", valid.size(),
               " valid lengths for a batch of ", tokens.size(0), ". Give one per sequence.");
-  if (!valid.empty() && prefillsOverCp(model, cache, longest)) return prefillOverCp(model, tokens, cache, valid, longest);
+  const bool cp = !valid.empty() && prefillsOverCp(model, cache, longest);
+  if (over_cp != nullptr) *over_cp = cp;
+  if (cp) return prefillOverCp(model, tokens, cache, valid, longest);
   AttentionStateScope detach(model, nullptr);
   return model->forward(tokens, cache, valid);
 }

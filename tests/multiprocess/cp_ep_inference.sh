@@ -4,7 +4,8 @@
 # ranks (EP=2 over CP=2) and whose prefill runs over them: greedy
 # continuations equal one rank's; the prefill's collectives are those of
 # --cp 2 alone plus those of --ep 2 alone (measured on the same prompts):
-# the composition adds none.
+# the composition adds none; dtp-serve's /metrics counts the prefills that
+# ran over cp.
 #   cp_ep_inference.sh DTPRUN DTP-TRAIN DTP-GENERATE DTP-SERVE
 set -euo pipefail
 dtprun=$1 train=$2 generate=$3 serve=$4
@@ -50,4 +51,10 @@ for prompt in "$p1" "$p2" "A"; do
     .then((r) => r.json()).then((j) => console.log(process.argv[2] + j.choices[0].text))' "$url" "$prompt" > "$d/got1"
   diff "$d/want1" "$d/got1" || fail "dtp-serve --cp 2 --ep 2 differs from one rank on '$prompt'"
 done
+# One request at a time, each a fresh prompt alone: the two long ones
+# prefill over cp, "A" (shorter than 2 x cp positions) as replicas.
+prefills=$(node -e 'fetch(process.argv[1] + "/metrics").then((r) => r.text()).then((t) => console.log(
+  (t.match(/^dtp_serve_context_parallel_prefills_total (\d+)$/m) || [])[1]))' "$url")
+[ "$prefills" = 2 ] || fail "dtp-serve counted '$prefills' prefills over cp, expected 2 (\"$p1\", \"$p2\")"
+echo "cp_ep_inference: dtp-serve prefilled $prefills prompts over cp"
 echo "cp_ep_inference: ok"

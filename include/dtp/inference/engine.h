@@ -122,6 +122,7 @@ struct EngineMetrics {
   int64_t kv_blocks_used = 0, kv_blocks_total = 0, kv_block_size = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up in the prefix cache
   int64_t prefix_cache_hits = 0;     // of them, tokens found there (not computed)
+  int64_t context_parallel_prefills = 0;  // forwards that prefilled over cp (Model::context_parallel_prefills)
   Histogram ttft;  // enqueue to first token
   Histogram itl;   // between a request's consecutive tokens
 };

@@ -37,6 +37,10 @@ class Model {
   virtual KvShape kv_shape() const = 0;
   virtual int64_t vocab_size() const = 0;   // ids of a prompt are below it
   virtual int64_t max_seq_len() const = 0;  // positions the model can attend
+  // forward calls so far that ran as a prefill sharded over a
+  // context-parallel group (EngineMetrics::context_parallel_prefills); 0
+  // for a model without one.
+  virtual int64_t context_parallel_prefills() const { return 0; }
 };
 
 }  // namespace dtp::inference
