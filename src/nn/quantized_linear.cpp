@@ -107,9 +107,9 @@ DTP_AVX2 inline __m256 group32(const float* x, const int8_t* w) {
 
 // The int8 groups' kernels ask for the weight bytes 512 ahead (a software
 // prefetch each two groups, past the row's end too: a hint, never a fault).
-// Measured (1 thread, 1B shapes, dtp_decode_profile --gemv, read from
-// memory): the head 11.3-12.2 -> 15.2 GB/s, gate/up 12.8-13.1 -> 17.1; 1024
-// and more bytes ahead gained less. The widening costs more instructions per
+// Measured with the AVX-512 kernel (1 thread, 1B shapes, dtp_decode_profile
+// --gemv, read from memory): the head 11.3-12.2 -> 15.2 GB/s, gate/up
+// 12.8-13.1 -> 17.1; 1024 and more bytes ahead gained less. The widening costs more instructions per
 // byte than bf16's, and the hardware prefetcher alone ran behind.
 constexpr int64_t kInt8Ahead = 512;
 
@@ -144,15 +144,17 @@ DTP_AVX2 float rowAvx2(const float* x, const W* w, const float* s, int64_t k, in
 // the one-row kernel reloads x from L2 for every weight row, and halved its
 // bandwidth there: bf16 12.3 GB/s against 26-29 at k = 2048 (1 thread,
 // dtp_decode_profile --gemv, 1B shapes). There each x load serves four
-// weight rows, one accumulator each: 20-21 GB/s bf16, int8 (groups of 32)
-// 9.7 -> 15-16. On shorter rows four rows at a time lost (k = 1024-2048:
+// weight rows, one accumulator each: 18-21 GB/s bf16, int8 (groups of 32)
+// 9.7 -> 13-16. On shorter rows four rows at a time lost (k = 1024-2048:
 // bf16 28 -> 13-19 GB/s from memory; k = 4096 bf16 28 -> 21, int8 12.5 ->
 // 15), so they keep one row at a time. Rows go in blocks of four from row
 // 0 whatever the thread split (gemvRows' callers), so each output is the
-// same sum on any number of threads.
-// Rows of at least 8192 inputs (x of 32 KiB, an L1 data cache) run four at
-// a time, where the kernels below have that form: no scales, one per row,
-// or int8 in groups of 32.
+// same sum on any number of threads. AVX2 only: the AVX-512 kernels lost
+// here (NOTE: [AVX2 before AVX-512]), and an AVX-512 CPU runs these.
+
+// Rows of at least this many inputs (x of 32 KiB) run four at a time, where
+// the kernels below have that form: no scales, one per row, or int8 in
+// groups of 32.
 constexpr int64_t kFourRowsMinInputs = 8192;
 
 template <class W>
@@ -162,33 +164,32 @@ bool hasFourRowForm(int64_t k, int64_t groups) {
 }
 
 template <class W>
-DTP_AVX2 void dot4Avx2(const float* x, const W* w, int64_t stride, int64_t k, float* out) {
+DTP_AVX2 void dot4Avx2(const float* x, const W* w, int64_t k, float* out) {  // rows k apart
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     const __m256 xv = _mm256_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(xv, load8(w + r * stride + i), a[r]);
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(xv, load8(w + r * k + i), a[r]);
   }
   for (int r = 0; r < 4; ++r) {
     float acc = hsum(a[r]);
-    for (int64_t j = i; j < k; ++j) acc += x[j] * widen(w[r * stride + j]);
+    for (int64_t j = i; j < k; ++j) acc += x[j] * widen(w[r * k + j]);
     out[r] = acc;
   }
 }
 
-DTP_AVX2 void groups32x4Avx2(const float* x, const int8_t* w, int64_t stride, const float* s, int64_t sStride,
-                             int64_t groups, float* out) {
+DTP_AVX2 void groups32x4Avx2(const float* x, const int8_t* w, const float* s, int64_t groups, float* out) {
   __m256 t[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t g = 0; g < groups; ++g) {
     const float* xg = x + g * 32;
     const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8), x2 = _mm256_loadu_ps(xg + 16),
                  x3 = _mm256_loadu_ps(xg + 24);
     for (int r = 0; r < 4; ++r) {
-      const int8_t* p = w + r * stride + g * 32;
+      const int8_t* p = w + r * groups * 32 + g * 32;
       __m256 p0 = _mm256_mul_ps(x0, load8(p)), p1 = _mm256_mul_ps(x1, load8(p + 8));
       p0 = _mm256_fmadd_ps(x2, load8(p + 16), p0);
       p1 = _mm256_fmadd_ps(x3, load8(p + 24), p1);
-      t[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[r * sStride + g]), _mm256_add_ps(p0, p1), t[r]);
+      t[r] = _mm256_fmadd_ps(_mm256_set1_ps(s[r * groups + g]), _mm256_add_ps(p0, p1), t[r]);
     }
   }
   for (int r = 0; r < 4; ++r) out[r] = hsum(t[r]);
@@ -198,12 +199,12 @@ DTP_AVX2 void groups32x4Avx2(const float* x, const int8_t* w, int64_t stride, co
 template <class W>
 DTP_AVX2 void rows4Avx2(const float* x, const W* w, int64_t k, const float* s, int64_t groups, float* out) {
   if (groups == 0 || groups == 1) {
-    dot4Avx2(x, w, k, k, out);
+    dot4Avx2(x, w, k, out);
     if (groups == 1)
       for (int r = 0; r < 4; ++r) out[r] *= s[r];
     return;
   }
-  if constexpr (std::is_same_v<W, int8_t>) groups32x4Avx2(x, w, k, s, groups, groups, out);
+  if constexpr (std::is_same_v<W, int8_t>) groups32x4Avx2(x, w, s, groups, out);
 }
 
 #define DTP_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
@@ -265,47 +266,6 @@ DTP_AVX512 float rowAvx512(const float* x, const W* w, const float* s, int64_t k
   return acc;
 }
 
-// See NOTE: [Four weight rows at a time].
-template <class W>
-DTP_AVX512 void dot4Avx512(const float* x, const W* w, int64_t stride, int64_t k, float* out) {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(xv, load16(w + r * stride + i), a[r]);
-  }
-  for (int r = 0; r < 4; ++r) {
-    float acc = _mm512_reduce_add_ps(a[r]);
-    for (int64_t j = i; j < k; ++j) acc += x[j] * widen(w[r * stride + j]);
-    out[r] = acc;
-  }
-}
-
-DTP_AVX512 void groups32x4Avx512(const float* x, const int8_t* w, int64_t stride, const float* s, int64_t sStride,
-                                 int64_t groups, float* out) {
-  __m512 t[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m512 x0 = _mm512_loadu_ps(x + g * 32), x1 = _mm512_loadu_ps(x + g * 32 + 16);
-    for (int r = 0; r < 4; ++r) {
-      const int8_t* p = w + r * stride + g * 32;
-      const __m512 p0 = _mm512_fmadd_ps(x1, load16(p + 16), _mm512_mul_ps(x0, load16(p)));
-      t[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * sStride + g]), p0, t[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(t[r]);
-}
-
-template <class W>
-DTP_AVX512 void rows4Avx512(const float* x, const W* w, int64_t k, const float* s, int64_t groups, float* out) {
-  if (groups == 0 || groups == 1) {
-    dot4Avx512(x, w, k, k, out);
-    if (groups == 1)
-      for (int r = 0; r < 4; ++r) out[r] *= s[r];
-    return;
-  }
-  if constexpr (std::is_same_v<W, int8_t>) groups32x4Avx512(x, w, k, s, groups, groups, out);
-}
-
 int detectIsa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return 2;
@@ -360,8 +320,7 @@ void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int6
       const W* rows = w + r * k;
       const float* rs = s == nullptr ? nullptr : s + r * sStride;
       for (int64_t i = 0; i < m; ++i) {
-        if (isa == 2) rows4Avx512(x + i * k, rows, k, rs, groups, out);
-        else rows4Avx2(x + i * k, rows, k, rs, groups, out);
+        rows4Avx2(x + i * k, rows, k, rs, groups, out);  // AVX2 only (NOTE: [AVX2 before AVX-512])
         for (int j = 0; j < 4; ++j) y[i * n + r + j] = out[j];
       }
     }
