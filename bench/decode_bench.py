@@ -35,7 +35,10 @@ What it does, in order (the folders and files are kept in --work and reused):
    bandwidth floor: the bytes one decode step reads (every matrix once in
    its stored type, the tied head as the embedding table, the norms, and
    the KV cache at the middle of the decode) over the 2-thread bandwidth;
-   "of floor" is floor / measured (1.00 = at the floor).
+   "of floor" is floor / measured (1.00 = at the floor). Then each dtp row
+   over its llama.cpp counterpart (float32 / F32, bfloat16 / F16, int8 /
+   Q8_0), by the best rounds and by the median rounds, with every round's
+   time: #59's targets.
 """
 
 import argparse
@@ -43,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -222,7 +226,7 @@ def main():
     if a.only:
         keep = set(a.only.split(","))
         rows = [r for r in rows if r[0] in keep]
-    best, loads = {}, []
+    best, loads, every = {}, [], {}
     for rep in range(a.reps):
         for name, *_, run in rows:
             t = time.time()
@@ -231,7 +235,8 @@ def main():
             loads.append(load)
             log(f"decode_bench: round {rep + 1}/{a.reps} {name}: {m['ms']:.1f} ms/token, prefill "
                 f"{m['prefill']:.0f} tokens/s, peak {m['rss']:.2f} GB/rank ({time.time() - t:.0f} s, load {load:.1f})")
-            b = best.setdefault(name, m)
+            every.setdefault(name, []).append(m["ms"])
+            b = best.setdefault(name, dict(m))
             b["ms"], b["prefill"], b["rss"] = min(b["ms"], m["ms"]), max(b["prefill"], m["prefill"]), max(b["rss"], m["rss"])
         # Others' work on the machine lowers the bandwidth measured too: the floor takes the best measurement.
         bw = {k: max(v, w) for (k, v), w in zip(sorted(bw.items()), (lambda b: [b[1], b[2]])(bandwidth(a.work)))}
@@ -250,6 +255,18 @@ def main():
         floor_ms = floor_bytes(s, nbytes, kvb, a.prompt + a.tokens // 2) / (bw[2] * 1e9) * 1e3
         print(f"| {what} | {tp} | {b['ms']:.1f} | {b['prefill']:.0f} | {b['rss']:.2f} | {floor_ms:.1f} | "
               f"{floor_ms / b['ms']:.2f} |")
+    # #59's targets compare each dtp format with llama.cpp's: by the best
+    # rounds (the table) and by the median rounds, which one slow round of
+    # either side moves less.
+    pairs = [(f"dtp-{d}-tp{tp}", f"llama.cpp-{l}") for d, l in (("f32", "f32"), ("bf16", "f16"), ("int8", "q8_0"))
+             for tp in (1, 2)]
+    pairs = [(d, l) for d, l in pairs if d in every and l in every]
+    if pairs:
+        print("\n| dtp / llama.cpp | best rounds | median rounds | each round's ms (dtp; llama.cpp) |\n|---|---:|---:|---|")
+        for d, l in pairs:
+            print(f"| {d} / {l} | {min(every[d]) / min(every[l]):.2f}x | "
+                  f"{statistics.median(every[d]) / statistics.median(every[l]):.2f}x | "
+                  f"{', '.join(f'{v:.1f}' for v in every[d])}; {', '.join(f'{v:.1f}' for v in every[l])} |")
 
 
 if __name__ == "__main__":
