@@ -258,6 +258,11 @@ void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
   const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> shapes = {
       {"q/o", {c.dim, c.dim}},         {"k/v", {c.n_kv_heads * hd, c.dim}}, {"gate/up", {c.ffn_hidden, c.dim}},
       {"down", {c.dim, c.ffn_hidden}}, {"head", {c.vocab_size, c.dim}}};
+  if (c.dim % 32 != 0 || c.ffn_hidden % 32 != 0) {
+    std::printf("\n(No weight-only table: int8 groups of 32 inputs need dim %lld and ffn %lld to be multiples "
+                "of 32.)\n", (long long)c.dim, (long long)c.ffn_hidden);
+    return;
+  }
   std::printf("\nWeight-only matrix-vector products (x float32), %d intra-op thread(s), best of %d:\n",
               at::get_num_threads(), reps);
   std::printf("| weight | [out, in] | bf16 MB | bf16 ms | bf16 GB/s | again GB/s | int8 MB | int8 ms | int8 GB/s | "
