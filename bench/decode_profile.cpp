@@ -196,6 +196,26 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The weights one decode step multiplies, by name: [out, in].
+std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> decode_weights(const dtp::models::LlamaConfig& c) {
+  const int64_t hd = c.head_dim();
+  return {{"q/o", {c.dim, c.dim}},         {"k/v", {c.n_kv_heads * hd, c.dim}}, {"gate/up", {c.ffn_hidden, c.dim}},
+          {"down", {c.dim, c.ffn_hidden}}, {"head", {c.vocab_size, c.dim}}};
+}
+
+// The fastest of `reps` passes of call(0) ... call(n - 1), in ms.
+double best_ms(int reps, int n, const std::function<void(int)>& call) {
+  double ms = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    for (int i = 0; i < n; ++i) {
+      const auto t0 = Clock::now();
+      call(i);
+      ms = std::min(ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+  }
+  return ms;
+}
+
 // --gemv: the decode step's matrix-vector products alone: aten::linear on a
 // [1, 1, in] row (which libtorch sends to a GEMM with one row), at::mv on
 // the same weight (the BLAS's GEMV), and dtp's one-row path as the model
@@ -204,16 +224,12 @@ double median(std::vector<double> v) {
 // than the caches hold, so each call reads its weight from memory), in GB/s
 // of weight read.
 void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int reps, double bandwidth_gbs) {
-  const int64_t hd = c.head_dim();
-  const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> shapes = {
-      {"q/o", {c.dim, c.dim}},         {"k/v", {c.n_kv_heads * hd, c.dim}}, {"gate/up", {c.ffn_hidden, c.dim}},
-      {"down", {c.dim, c.ffn_hidden}}, {"head", {c.vocab_size, c.dim}}};
   std::printf("\nMatrix-vector products of one decode step, %s, %d intra-op thread(s), best of %d:\n",
               dtype_short(dtype).c_str(), at::get_num_threads(), reps);
   std::printf("| weight | [out, in] | MB | linear ms | linear GB/s | mv ms | mv GB/s | dtp one-row ms | dtp one-row GB/s |%s\n"
               "|---|---|---:|---:|---:|---:|---:|---:|---:|%s\n",
               bandwidth_gbs > 0 ? " floor ms |" : "", bandwidth_gbs > 0 ? "---:|" : "");
-  for (const auto& [name, shape] : shapes) {
+  for (const auto& [name, shape] : decode_weights(c)) {
     const auto [out, in] = shape;
     const double mb = static_cast<double>(out * in) * c10::elementSize(dtype) / 1e6;
     // Enough copies to pass 256 MB, so that the weight of one call is not in a cache from the call before.
@@ -223,15 +239,7 @@ void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int re
     const at::Tensor x = at::randn({1, 1, in}).to(dtype);
     const at::Tensor xv = x.view({in});
     auto best = [&](const std::function<void(const at::Tensor&)>& f) {
-      double ms = 1e30;
-      for (int r = 0; r < reps; ++r) {
-        for (const at::Tensor& t : w) {
-          const auto t0 = Clock::now();
-          f(t);
-          ms = std::min(ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-        }
-      }
-      return ms;
+      return best_ms(reps, copies, [&](int i) { f(w[i]); });
     };
     at::NoGradGuard no_grad;
     const double linear_ms = best([&](const at::Tensor& t) { (void)at::linear(x, t); });
@@ -254,10 +262,6 @@ void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int re
 // scales). "again" reruns one weight back to back, from the caches where it
 // fits them (the kernel's own speed); the other column reads from memory.
 void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
-  const int64_t hd = c.head_dim();
-  const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> shapes = {
-      {"q/o", {c.dim, c.dim}},         {"k/v", {c.n_kv_heads * hd, c.dim}}, {"gate/up", {c.ffn_hidden, c.dim}},
-      {"down", {c.dim, c.ffn_hidden}}, {"head", {c.vocab_size, c.dim}}};
   if (c.dim % 32 != 0 || c.ffn_hidden % 32 != 0) {
     std::printf("\n(No weight-only table: int8 groups of 32 inputs need dim %lld and ffn %lld to be multiples "
                 "of 32.)\n", (long long)c.dim, (long long)c.ffn_hidden);
@@ -268,7 +272,7 @@ void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
   std::printf("| weight | [out, in] | bf16 MB | bf16 ms | bf16 GB/s | again GB/s | int8 MB | int8 ms | int8 GB/s | "
               "again GB/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   at::NoGradGuard no_grad;
-  for (const auto& [name, shape] : shapes) {
+  for (const auto& [name, shape] : decode_weights(c)) {
     const auto [out, in] = shape;
     const double f32_mb = static_cast<double>(out * in) * 4 / 1e6;
     const int copies = std::max(2, static_cast<int>(256.0 / (f32_mb / 4)) + 1);
@@ -277,25 +281,17 @@ void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
       const at::Tensor w = at::randn({out, in});
       bf16.push_back(w.to(at::kBFloat16));
       const at::Tensor s = w.view({out, in / 32, 32}).abs().amax(-1) / 127;  // groups of 32 (Q8_0's)
-      q.push_back(at::round(w.view({out, in / 32, 32}) / s.unsqueeze(-1)).clamp(-127, 127).to(at::kChar).view({out, in}));
+      const at::Tensor qg = at::round(w.view({out, in / 32, 32}) / s.unsqueeze(-1)).clamp(-127, 127);
+      q.push_back(qg.to(at::kChar).view({out, in}));
       scales.push_back(s.contiguous());
     }
     const at::Tensor x = at::randn({1, in});
-    auto best = [&](int n, const std::function<void(int)>& f) {
-      double ms = 1e30;
-      for (int r = 0; r < reps; ++r) {
-        for (int i = 0; i < n; ++i) {
-          const auto t0 = Clock::now();
-          f(i);
-          ms = std::min(ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-        }
-      }
-      return ms;
-    };
     auto bf16Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, bf16[i], at::Tensor(), at::Tensor()); };
     auto int8Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, q[i], scales[i], at::Tensor()); };
-    const double bf16_ms = best(copies, bf16Call), bf16_again = best(copies, [&](int) { bf16Call(0); });
-    const double int8_ms = best(copies, int8Call), int8_again = best(copies, [&](int) { int8Call(0); });
+    const double bf16_ms = best_ms(reps, copies, bf16Call);
+    const double bf16_again = best_ms(reps, copies, [&](int) { bf16Call(0); });
+    const double int8_ms = best_ms(reps, copies, int8Call);
+    const double int8_again = best_ms(reps, copies, [&](int) { int8Call(0); });
     const double bf16_mb = f32_mb / 2, int8_mb = f32_mb / 4 + static_cast<double>(out * in / 32) * 4 / 1e6;
     std::printf("| %s | [%lld, %lld] | %.1f | %.3f | %.1f | %.1f | %.1f | %.3f | %.1f | %.1f |\n", name.c_str(),
                 (long long)out, (long long)in, bf16_mb, bf16_ms, bf16_mb / bf16_ms, bf16_mb / bf16_again, int8_mb,

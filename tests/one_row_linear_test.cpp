@@ -161,10 +161,10 @@ TEST(OneRowLinearTest, MatchesLinearWithinTheSummationBound) {
 // rows are not dense (a transposed storage), bfloat16, a mix of dtypes,
 // and a recorded graph (training keeps at::linear). A user's own
 // at::linear of one row is not touched (mm, as libtorch has it).
-// On one intra-op thread (each rank of TP=N filling the cores) the product
-// runs Eigen's AVX2 GEMV where dtp was built with it and the CPU has AVX2
-// and FMA (NOTE: [Eigen GEMV] in src/dtensor/gemv.cpp), on more threads
-// at::mv; either within the summation bound of a float64 reference, also
+// The product runs Eigen's AVX2 GEMV where dtp was built with it and the
+// CPU has AVX2 and FMA (NOTE: [Eigen GEMV] in src/dtensor/gemv.cpp): on one
+// intra-op thread, and on two where dtp's kernels are built with OpenMP
+// (else at::mv there); either within the summation bound of a float64 reference, also
 // for a weight whose rows are a column shard's (row stride > k).
 TEST(OneRowLinearTest, RunsEigensGemvWhereBuiltWithIt) {
   const int threads = at::get_num_threads();

@@ -27,8 +27,9 @@
 // are within gamma_(k+1) * (|W| |x| + |b|) of the exact product
 // (tests/one_row_linear_test.cpp asserts twice that between them).
 //   The GEMV itself is dtp::detail::gemv (gemv.h: Eigen's, built for AVX2
-// and FMA, on one intra-op thread where the CPU has them and Eigen was
-// found at build time; NOTE: [Eigen GEMV]), else at::mv / at::addmv.
+// and FMA, where the CPU has them and Eigen was found at build time, on
+// libtorch's OpenMP threads or, in a build without them, on one thread;
+// NOTE: [Eigen GEMV]), else at::mv / at::addmv.
 #include "dtensor/local_linear.h"
 
 #include "dtensor/dtensor_impl.h"

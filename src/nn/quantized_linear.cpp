@@ -109,8 +109,9 @@ DTP_AVX2 inline __m256 group32(const float* x, const int8_t* w) {
 // prefetch each two groups, past the row's end too: a hint, never a fault).
 // Measured with the AVX-512 kernel (1 thread, 1B shapes, dtp_decode_profile
 // --gemv, read from memory): the head 11.3-12.2 -> 15.2 GB/s, gate/up
-// 12.8-13.1 -> 17.1; 1024 and more bytes ahead gained less. The widening costs more instructions per
-// byte than bf16's, and the hardware prefetcher alone ran behind.
+// 12.8-13.1 -> 17.1; 1024 and more bytes ahead gained less. The widening
+// costs more instructions per byte than bf16's, and the hardware prefetcher
+// alone ran behind.
 constexpr int64_t kInt8Ahead = 512;
 
 // Groups of 32, each scaled into one of two running totals (alternating).
@@ -316,7 +317,8 @@ void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int6
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<T, float>) {
     float out[4];
-    for (; isa > 0 && hasFourRowForm<W>(k, groups) && r + 4 <= n1; r += 4) {
+    const bool four = isa > 0 && hasFourRowForm<W>(k, groups);
+    for (; four && r + 4 <= n1; r += 4) {
       const W* rows = w + r * k;
       const float* rs = s == nullptr ? nullptr : s + r * sStride;
       for (int64_t i = 0; i < m; ++i) {
