@@ -216,7 +216,7 @@ def main():
     else:
         log("decode_bench: this dtp-generate does not take --dtype bfloat16: no bfloat16 rows.")
     if accepts(a.build, tiny, ["--quantize", "int8"]):
-        variants.append(("int8", "int8 weights", ["--quantize", "int8"], 1 + 4 / 32, 4))
+        variants.append(("int8", "int8 weights", ["--quantize", "int8"], 1 + 2 / 32, 4))  # float16 scales
     else:
         log("decode_bench: this dtp-generate does not take --quantize int8: no int8 rows.")
     for short, what, flags, nbytes, kvb in variants:

@@ -258,9 +258,11 @@ void gemv_table(const dtp::models::LlamaConfig& c, c10::ScalarType dtype, int re
 
 // --gemv, then: the same products with the weight stored narrow, float32
 // activations (the weight-only kernel, NOTE: [Weight-only linears]): bf16,
-// and int8 in groups of 32 (GB/s count the int8 bytes and the float32
-// scales). "again" reruns one weight back to back, from the caches where it
-// fits them (the kernel's own speed); the other column reads from memory.
+// and int8 in groups of 32 with float16 scales (the default, NOTE: [Float16
+// scales]; GB/s count the int8 bytes and the scales), and the same with
+// float32 scales. "again" reruns one weight back to back, from the caches
+// where it fits them (the kernel's own speed); the other columns read from
+// memory.
 void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
   if (c.dim % 32 != 0 || c.ffn_hidden % 32 != 0) {
     std::printf("\n(No weight-only table: int8 groups of 32 inputs need dim %lld and ffn %lld to be multiples "
@@ -270,13 +272,13 @@ void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
   std::printf("\nWeight-only matrix-vector products (x float32), %d intra-op thread(s), best of %d:\n",
               at::get_num_threads(), reps);
   std::printf("| weight | [out, in] | bf16 MB | bf16 ms | bf16 GB/s | again GB/s | int8 MB | int8 ms | int8 GB/s | "
-              "again GB/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "again GB/s | f32 scales MB | ms | GB/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   at::NoGradGuard no_grad;
   for (const auto& [name, shape] : decode_weights(c)) {
     const auto [out, in] = shape;
     const double f32_mb = static_cast<double>(out * in) * 4 / 1e6;
     const int copies = std::max(2, static_cast<int>(256.0 / (f32_mb / 4)) + 1);
-    std::vector<at::Tensor> bf16, q, scales;
+    std::vector<at::Tensor> bf16, q, scales, scales16;
     for (int i = 0; i < copies; ++i) {
       const at::Tensor w = at::randn({out, in});
       bf16.push_back(w.to(at::kBFloat16));
@@ -284,18 +286,23 @@ void weight_only_table(const dtp::models::LlamaConfig& c, int reps) {
       const at::Tensor qg = at::round(w.view({out, in / 32, 32}) / s.unsqueeze(-1)).clamp(-127, 127);
       q.push_back(qg.to(at::kChar).view({out, in}));
       scales.push_back(s.contiguous());
+      scales16.push_back(s.to(at::kHalf));
     }
     const at::Tensor x = at::randn({1, in});
     auto bf16Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, bf16[i], at::Tensor(), at::Tensor()); };
-    auto int8Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, q[i], scales[i], at::Tensor()); };
+    auto int8Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, q[i], scales16[i], at::Tensor()); };
+    auto int8f32Call = [&](int i) { (void)dtp::nn::weight_only_linear(x, q[i], scales[i], at::Tensor()); };
     const double bf16_ms = best_ms(reps, copies, bf16Call);
     const double bf16_again = best_ms(reps, copies, [&](int) { bf16Call(0); });
     const double int8_ms = best_ms(reps, copies, int8Call);
     const double int8_again = best_ms(reps, copies, [&](int) { int8Call(0); });
-    const double bf16_mb = f32_mb / 2, int8_mb = f32_mb / 4 + static_cast<double>(out * in / 32) * 4 / 1e6;
-    std::printf("| %s | [%lld, %lld] | %.1f | %.3f | %.1f | %.1f | %.1f | %.3f | %.1f | %.1f |\n", name.c_str(),
-                (long long)out, (long long)in, bf16_mb, bf16_ms, bf16_mb / bf16_ms, bf16_mb / bf16_again, int8_mb,
-                int8_ms, int8_mb / int8_ms, int8_mb / int8_again);
+    const double int8f32_ms = best_ms(reps, copies, int8f32Call);
+    const double groups = static_cast<double>(out * in / 32);
+    const double bf16_mb = f32_mb / 2, int8_mb = f32_mb / 4 + groups * 2 / 1e6, int8f32_mb = int8_mb + groups * 2 / 1e6;
+    std::printf("| %s | [%lld, %lld] | %.1f | %.3f | %.1f | %.1f | %.1f | %.3f | %.1f | %.1f | %.1f | %.3f | %.1f |\n",
+                name.c_str(), (long long)out, (long long)in, bf16_mb, bf16_ms, bf16_mb / bf16_ms, bf16_mb / bf16_again,
+                int8_mb, int8_ms, int8_mb / int8_ms, int8_mb / int8_again, int8f32_mb, int8f32_ms,
+                int8f32_mb / int8f32_ms);
   }
 }
 

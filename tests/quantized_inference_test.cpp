@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 
@@ -65,10 +66,12 @@ struct LinearCase {
   at::ScalarType weight;
   int64_t group, out, in, rows;
   at::ScalarType x;
+  at::ScalarType scale = at::kHalf;  // int8's scales
 };
 
 std::string describe(const LinearCase& c) {
-  return c10::str(c.weight, " group ", c.group, " [", c.out, ", ", c.in, "], x ", c.x, "[", c.rows, ", ", c.in, "]");
+  return c10::str(c.weight, " group ", c.group, " [", c.out, ", ", c.in, "], x ", c.x, "[", c.rows, ", ", c.in, "]",
+                  c.weight == at::kChar ? c10::str(", ", c.scale, " scales") : "");
 }
 
 // Max over elements of |a - b| - bound (<= 0 when within).
@@ -234,6 +237,9 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
       // rows left (NOTE: [Four weight rows at a time])
       {at::kChar, 32, 10, 8224, 1, at::kFloat}, {at::kChar, 0, 9, 8193, 2, at::kFloat},
       {at::kBFloat16, 0, 10, 8200, 3, at::kFloat}, {at::kHalf, 0, 6, 8195, 1, at::kFloat},
+      // float32 scales (NOTE: [Float16 scales]: float16 is the default)
+      {at::kChar, 32, 40, 96, 1, at::kFloat, at::kFloat},  {at::kChar, 0, 33, 100, 10, at::kFloat, at::kFloat},
+      {at::kChar, 32, 10, 8224, 1, at::kFloat, at::kFloat}, {at::kChar, 16, 24, 48, 3, at::kDouble, at::kFloat},
   };
   const int best = nn::detail::weight_only_best_isa();
   for (int isa = 0; isa <= best; ++isa) {  // each kernel this CPU runs: portable, AVX2, AVX-512
@@ -248,8 +254,10 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
       lin->weight.copy_(w);
       lin->bias.copy_(b);
     }
-    nn::to_weight_only(*lin, nn::WeightOnlyOptions().dtype(c.weight).group_size(c.group), "case");
+    nn::to_weight_only(*lin, nn::WeightOnlyOptions().dtype(c.weight).group_size(c.group).scale_dtype(c.scale),
+                       "case");
     EXPECT_EQ(lin->weight.scalar_type(), c.weight);
+    if (c.weight == at::kChar) EXPECT_EQ(lin->weight_scales.scalar_type(), c.scale);
     EXPECT_FALSE(lin->weight.requires_grad());
     if (c.x == at::kDouble) lin->bias.set_data(lin->bias.data().to(at::kDouble));
     const at::Tensor x = at::randn({c.rows, c.in}, gen).to(c.x);
@@ -277,6 +285,66 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
   }
   }
   nn::detail::set_weight_only_isa(-1);
+}
+
+// NOTE: [Float16 scales]: each float16 scale is max|w| / 127 of its group
+// rounded up (within 1 + 2^-10 of it where float16 is normal), so q never
+// clamps and |w - q scale| <= scale / 2, at every magnitude float16 holds:
+// groups whose scale is subnormal, normal, and near float16's largest. A
+// weight whose scale overflows float16 is an error naming the layer and the
+// float32 option, which converts it.
+TEST(QuantizedLinearTest, Float16ScalesRoundUpAndNeverClamp) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  // rows 0-3: groups of magnitude 1e-9 (scale under float16's smallest
+  // subnormal), 1e-6 (subnormal), 1 and 8e6 (near 127 * 65504).
+  const at::Tensor mag = at::tensor({1e-9, 1e-6, 1.0, 8e6}, at::kDouble).unsqueeze(1);
+  const at::Tensor w = (at::rand({4, 256}, gen).to(at::kDouble) * 2 - 1) * mag;
+  for (int64_t group : {32, 0}) {
+    SCOPED_TRACE("group " + std::to_string(group));
+    nn::Linear lin(torch::nn::LinearOptions(256, 4).bias(false));
+    {
+      at::NoGradGuard no_grad;
+      lin->weight.copy_(w);
+    }
+    nn::to_weight_only(*lin, nn::WeightOnlyOptions().group_size(group), "case");
+    ASSERT_EQ(lin->weight_scales.scalar_type(), at::kHalf) << "float16 scales by default";
+    const int64_t groups = group == 0 ? 1 : 256 / group;
+    const at::Tensor w32 = w.to(at::kFloat).to(at::kDouble).view({4, groups, -1});  // what the Linear held
+    const at::Tensor exact = w32.abs().amax({-1}) / 127;
+    const at::Tensor s = lin->weight_scales.to(at::kDouble).view({4, groups});
+    EXPECT_TRUE((s >= exact).all().item<bool>()) << "a scale rounded down: q could clamp";
+    constexpr double kHalfMinNormal = 6.103515625e-05;
+    const at::Tensor normal = exact >= kHalfMinNormal;
+    EXPECT_TRUE(at::where(normal, s <= exact * (1 + std::ldexp(1.0, -10)), at::ones_like(normal)).all().item<bool>())
+        << "a normal scale more than one float16 step above max|w| / 127";
+    const at::Tensor q = lin->weight.to(at::kDouble).view({4, groups, -1});
+    EXPECT_LE(q.abs().max().item<double>(), 127);
+    EXPECT_LE(excess(q * s.unsqueeze(-1), w32, (s / 2).unsqueeze(-1).expand_as(w32)), 0.0)
+        << "|w - q scale| > scale / 2";
+  }
+  const at::Tensor big = at::full({2, 64}, 1e7);
+  nn::Linear lin(torch::nn::LinearOptions(64, 2).bias(false));
+  {
+    at::NoGradGuard no_grad;
+    lin->weight.copy_(big);
+  }
+  try {
+    nn::to_weight_only(*lin, nn::WeightOnlyOptions(), "layers.3.big");
+    FAIL() << "a scale over float16's range was stored";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'layers.3.big'"), std::string::npos) << what;
+    EXPECT_NE(what.find("scale_dtype(at::kFloat)"), std::string::npos) << what;
+  }
+  nn::Linear lin32(torch::nn::LinearOptions(64, 2).bias(false));
+  {
+    at::NoGradGuard no_grad;
+    lin32->weight.copy_(big);
+  }
+  nn::to_weight_only(*lin32, nn::WeightOnlyOptions().scale_dtype(at::kFloat), "layers.3.big");
+  ASSERT_EQ(lin32->weight_scales.scalar_type(), at::kFloat);
+  const double s32 = lin32->weight_scales.max().item<double>();
+  EXPECT_LE(maxAbsDiff(nn::dequantized_weight(*lin32), big), s32 / 2) << "float32 scales hold a weight of 1e7";
 }
 
 // The matrix-vector rows split over the intra-op threads where dtp's kernels

@@ -23,6 +23,7 @@ struct ModelFlags {
   // dtp-generate / dtp-serve: the Linear weights' storage (NOTE: [Weight-only linears]).
   std::string quantize = "none";
   int64_t quantize_group = 32;
+  std::string quantize_scales = "float16";
 };
 
 // The computation's dtype: float64, else float32 (--dtype bfloat16 / float16
@@ -34,25 +35,31 @@ inline c10::ScalarType dtype_of(const std::string& name) {
 // How the Linear weights are stored: --quantize int8, else --dtype bfloat16
 // / float16; nullopt: in the model's dtype.
 inline std::optional<nn::WeightOnlyOptions> weight_only_of(const ModelFlags& f) {
-  if (f.quantize != "none") return nn::weight_only_options(f.quantize, f.quantize_group);
+  if (f.quantize != "none") {
+    return nn::weight_only_options(f.quantize, f.quantize_group)
+        .scale_dtype(f.quantize_scales == "float32" ? c10::ScalarType::Float : c10::ScalarType::Half);
+  }
   if (f.dtype == "bfloat16" || f.dtype == "float16") return nn::weight_only_options(f.dtype);
   return std::nullopt;
 }
 
-// --dtype (float32, float64, bfloat16, float16), --quantize and
-// --quantize-group: the weights' storage of dtp-generate, dtp-serve and
-// dtp-bench --decode (weight_only_of reads them).
+// --dtype (float32, float64, bfloat16, float16), --quantize,
+// --quantize-group and --quantize-scales: the weights' storage of
+// dtp-generate, dtp-serve and dtp-bench --decode (weight_only_of reads them).
 inline void add_weight_format_flags(CLI::App& app, ModelFlags& f) {
   app.add_option("--dtype", f.dtype, "Parameters and activations: float32, or float64 for exact parity checks; "
                  "bfloat16 or float16: the Linear weights stored so (a --hf folder's cast at load), the rest and "
                  "the computation float32")
       ->check(CLI::IsMember({"float32", "float64", "bfloat16", "float16"}));
-  app.add_option("--quantize", f.quantize, "int8: weight-only int8 Linear weights, quantized at load (one float32 "
-                 "scale per --quantize-group inputs of each row, llama.cpp's Q8_0 at 32), computing in --dtype")
+  app.add_option("--quantize", f.quantize, "int8: weight-only int8 Linear weights, quantized at load (one scale "
+                 "per --quantize-group inputs of each row, llama.cpp's Q8_0 at 32), computing in --dtype")
       ->check(CLI::IsMember({"none", "int8"}))->capture_default_str();
   app.add_option("--quantize-group", f.quantize_group, "Inputs per int8 scale along each row; 0: one scale per "
                  "output row (torchao's int8_weight_only). Under TP each rank's share of a row must be a multiple "
                  "of it")->check(apps::kNonNegative)->capture_default_str();
+  app.add_option("--quantize-scales", f.quantize_scales, "The int8 scales' dtype: float16 (Q8_0's, rounded up), or "
+                 "float32 for weights beyond float16's range")
+      ->check(CLI::IsMember({"float16", "float32"}))->capture_default_str();
 }
 
 // `inference` (dtp-generate, dtp-serve): --dtype also takes bfloat16 and

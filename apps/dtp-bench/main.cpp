@@ -450,7 +450,8 @@ int main(int argc, char** argv) {
       decode.dtype = dtp::apps::dtype_of(decode_weights.dtype);
       decode.weight_only = dtp::apps::weight_only_of(decode_weights);
       decode.weights = decode_weights.quantize != "none"
-                           ? decode_weights.quantize + " (groups of " + std::to_string(decode_weights.quantize_group) + ")"
+                           ? decode_weights.quantize + " (groups of " + std::to_string(decode_weights.quantize_group) +
+                                 ", " + decode_weights.quantize_scales + " scales)"
                            : decode_weights.dtype;
       if (world.rank() == 0)
         std::printf("dtp-bench --decode: %d ranks, %d threads per rank, libtorch %s\n", world.size(),

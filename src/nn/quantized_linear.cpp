@@ -304,15 +304,44 @@ int activeIsa() {
   return forced < 0 ? std::min(best, 1) : std::min(forced, best);
 }
 
+// The scales of weight rows [r, r + rows) (`per` each) as float32: in place,
+// or float16 ones widened into `buf` (NOTE: [Float16 scales]). Once per row,
+// not per group: widening each group's scale inside the kernels ran most
+// shapes 5-10% slower (1 thread, 1B shapes, dtp_decode_profile --gemv).
+inline const float* rowScales(const float* s, int64_t per, int64_t r, int64_t, std::vector<float>&) {
+  return s == nullptr ? nullptr : s + r * per;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+DTP_AVX2 void widenHalfAvx2(const c10::Half* s, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load8(s + i));
+  for (; i < n; ++i) out[i] = widen(s[i]);
+}
+#endif
+inline const float* rowScales(const c10::Half* s, int64_t per, int64_t r, int64_t rows, std::vector<float>& buf) {
+  const int64_t n = per * rows;
+  buf.resize(static_cast<size_t>(n));
+  const c10::Half* from = s + r * per;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (activeIsa() > 0) {
+    widenHalfAvx2(from, n, buf.data());
+    return buf.data();
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) buf[i] = widen(from[i]);
+  return buf.data();
+}
+
 // y[m, n] for m < rows of x (at most kGemvRows), weight rows [n0, n1): each
 // weight row is read once and used for every row of x while in cache; four
 // rows at a time where the kernel has that form (NOTE: [Four weight rows at
 // a time]: n0 is a multiple of 4).
-template <class T, class W>
-void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int64_t groups, T* y, int64_t n,
+template <class T, class W, class S>
+void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const S* s, int64_t groups, T* y, int64_t n,
               int64_t n0, int64_t n1) {
   const int64_t sStride = std::max<int64_t>(groups, 0);
   const int isa = activeIsa();
+  std::vector<float> sbuf;
   int64_t r = n0;
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<T, float>) {
@@ -320,7 +349,7 @@ void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int6
     const bool four = isa > 0 && hasFourRowForm<W>(k, groups);
     for (; four && r + 4 <= n1; r += 4) {
       const W* rows = w + r * k;
-      const float* rs = s == nullptr ? nullptr : s + r * sStride;
+      const float* rs = rowScales(s, sStride, r, 4, sbuf);
       for (int64_t i = 0; i < m; ++i) {
         rows4Avx2(x + i * k, rows, k, rs, groups, out);  // AVX2 only (NOTE: [AVX2 before AVX-512])
         for (int j = 0; j < 4; ++j) y[i * n + r + j] = out[j];
@@ -330,7 +359,7 @@ void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int6
 #endif
   for (; r < n1; ++r) {
     const W* row = w + r * k;
-    const float* rs = s == nullptr ? nullptr : s + r * sStride;
+    const float* rs = rowScales(s, sStride, r, 1, sbuf);
     for (int64_t i = 0; i < m; ++i) {
 #if defined(__x86_64__) && defined(__GNUC__)
       if constexpr (std::is_same_v<T, float>) {
@@ -350,25 +379,25 @@ void gemvRows(const T* x, int64_t m, int64_t k, const W* w, const float* s, int6
 }
 
 // Rows [n0, n0 + rows) of the weight widened (and scaled) into `out` [rows, k] of T.
-template <class T, class W>
-void widenRows(const W* w, const float* s, int64_t groups, int64_t k, int64_t n0, int64_t rows, T* out) {
+template <class T, class W, class S>
+void widenRows(const W* w, const S* s, int64_t groups, int64_t k, int64_t n0, int64_t rows, T* out) {
   const int64_t gs = groups > 0 ? k / groups : k;
   for (int64_t r = 0; r < rows; ++r) {
     const W* row = w + (n0 + r) * k;
     T* o = out + r * k;
     for (int64_t i = 0; i < k; ++i) {
       const T v = static_cast<T>(widen(row[i]));
-      o[i] = groups == 0 ? v : v * static_cast<T>(s[(n0 + r) * groups + i / gs]);
+      o[i] = groups == 0 ? v : v * static_cast<T>(widen(s[(n0 + r) * groups + i / gs]));
     }
   }
 }
 
-template <class T, class W>
+template <class T, class W, class S>
 void linearLocal(const at::Tensor& x2, const at::Tensor& w, const at::Tensor& s, int64_t groups, at::Tensor& y) {
   const int64_t m = x2.size(0), k = x2.size(1), n = w.size(0);
   const T* xp = x2.data_ptr<T>();
   const W* wp = reinterpret_cast<const W*>(w.data_ptr());
-  const float* sp = s.defined() ? s.data_ptr<float>() : nullptr;
+  const S* sp = s.defined() ? reinterpret_cast<const S*>(s.data_ptr()) : nullptr;
   T* yp = y.data_ptr<T>();
   if (m <= kGemvRows) {
     // Blocks of four rows (NOTE: [Four weight rows at a time]).
@@ -405,10 +434,11 @@ at::Tensor kernel(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc
   const int64_t k = w.size(1), n = w.size(0);
   int64_t groups = 0;
   if (scales.defined()) {
-    TORCH_CHECK(w.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat && scales.size(0) == n &&
+    TORCH_CHECK(w.scalar_type() == at::kChar &&
+                    (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat) && scales.size(0) == n &&
                     (scales.dim() == 1 || (scales.dim() == 2 && scales.size(1) > 0 && k % scales.size(1) == 0)),
                 op, ": weight ", w.scalar_type(), w.sizes(), " with scales ", scales.scalar_type(), scales.sizes(),
-                ": expected an int8 weight [n, k] with float32 scales [n] or [n, k / group_size].");
+                ": expected an int8 weight [n, k] with float16 or float32 scales [n] or [n, k / group_size].");
     groups = scales.dim() == 1 ? 1 : scales.size(1);
   } else {
     TORCH_CHECK(isNarrowFloat(w.scalar_type()), op, ": the weight is ", w.scalar_type(),
@@ -422,9 +452,12 @@ at::Tensor kernel(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc
   if (x2.size(0) > 0 && n > 0) {
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "weight_only_linear", [&] {
       switch (w.scalar_type()) {
-        case at::kChar: linearLocal<scalar_t, int8_t>(x2, wc, sc, groups, y); break;
-        case at::kBFloat16: linearLocal<scalar_t, c10::BFloat16>(x2, wc, sc, groups, y); break;
-        default: linearLocal<scalar_t, c10::Half>(x2, wc, sc, groups, y); break;
+        case at::kChar:
+          if (sc.scalar_type() == at::kHalf) linearLocal<scalar_t, int8_t, c10::Half>(x2, wc, sc, groups, y);
+          else linearLocal<scalar_t, int8_t, float>(x2, wc, sc, groups, y);
+          break;
+        case at::kBFloat16: linearLocal<scalar_t, c10::BFloat16, float>(x2, wc, sc, groups, y); break;
+        default: linearLocal<scalar_t, c10::Half, float>(x2, wc, sc, groups, y); break;
       }
     });
   }
@@ -499,11 +532,21 @@ std::vector<std::vector<int64_t>> allCoordinates(const DeviceMesh& mesh) {
   return out;
 }
 
-// Symmetric int8 of `w` [rows, k] (float): q and float32 scales [rows,
-// groups] (groups = k / gs), or the row maxima `amax` given (per row, under
-// a rowwise weight: the whole row's). In row blocks, in float64, so that
-// |w - q * scale| <= scale / 2 holds exactly for each element.
-void quantizeRows(const at::Tensor& w, int64_t gs, const at::Tensor& row_amax, at::Tensor& q, at::Tensor& scales) {
+// max|w| / 127 (float64) as stored in `t`: float32 to nearest; float16
+// rounded up (NOTE: [Float16 scales]). Returned in float64.
+at::Tensor storedScale(const at::Tensor& s64, at::ScalarType t) {
+  at::Tensor r = s64.to(t);
+  if (t == at::kHalf) r = at::where(r.to(at::kDouble) < s64, (r.view(at::kShort) + 1).view(at::kHalf), r);
+  return r.to(at::kDouble);
+}
+
+// Symmetric int8 of `w` [rows, k] (float): q and the scales [rows, groups]
+// (groups = k / gs; their dtype is scales'), or the row maxima `amax` given
+// (per row, under a rowwise weight: the whole row's). In row blocks, in
+// float64, so that |w - q * scale| <= scale / 2 holds exactly for each
+// element and its stored scale.
+void quantizeRows(const at::Tensor& w, int64_t gs, const at::Tensor& row_amax, at::Tensor& q, at::Tensor& scales,
+                  const std::string& fqn) {
   const int64_t rows = w.size(0), k = w.size(1);
   const int64_t groups = gs > 0 ? k / gs : 1;
   constexpr int64_t kChunk = 256;
@@ -512,12 +555,14 @@ void quantizeRows(const at::Tensor& w, int64_t gs, const at::Tensor& row_amax, a
     const at::Tensor block = w.narrow(0, r0, nr).to(at::kDouble).view({nr, groups, k / groups});
     const at::Tensor amax = row_amax.defined() ? row_amax.narrow(0, r0, nr).to(at::kDouble).view({nr, 1, 1})
                                                : block.abs().amax({-1}, /*keepdim=*/true);
-    const at::Tensor s = (amax / 127.0).to(at::kFloat);
-    const at::Tensor s64 = s.to(at::kDouble);
+    const at::Tensor s64 = storedScale(amax / 127.0, scales.scalar_type());
+    TORCH_CHECK(s64.isfinite().all().item<bool>(), "to_weight_only: '", fqn, "' has a weight of magnitude ",
+                amax.max().item<double>(), " (or not finite), whose scale overflows ", scales.scalar_type(),
+                ". Quantize it with WeightOnlyOptions().scale_dtype(at::kFloat), or keep it unquantized.");
     // A zero group (scale 0) quantizes to zeros.
     const at::Tensor qd = at::where(s64 > 0, at::round(block / s64.clamp_min(1e-300)), at::zeros_like(block));
     q.narrow(0, r0, nr).copy_(qd.clamp(-127, 127).view({nr, k}));
-    scales.narrow(0, r0, nr).copy_(gs > 0 ? s.view({nr, groups}) : s.view({nr}));
+    scales.narrow(0, r0, nr).copy_(gs > 0 ? s64.view({nr, groups}) : s64.view({nr}));
   }
 }
 
@@ -559,6 +604,9 @@ void to_weight_only(HookedImpl<torch::nn::LinearImpl>& linear, const WeightOnlyO
   const int64_t n = weight.size(0), k = weight.size(1);
   TORCH_CHECK(gs >= 0, "to_weight_only: group_size=", gs, " for '", fqn, "': expected 0 (one scale per row) or a "
               "positive group width.");
+  const c10::ScalarType sdtype = options.scale_dtype();
+  TORCH_CHECK(sdtype == at::kHalf || sdtype == at::kFloat, "to_weight_only: scale_dtype ", sdtype, " for '", fqn,
+              "': expected float16 (Q8_0's) or float32.");
   at::NoGradGuard no_grad;
   auto wrap = [&](const at::Tensor& t, const Placements& p, std::vector<int64_t> shape) {
     return dist ? from_local(t, device_mesh(weight), p, /*run_check=*/false, shape) : t;
@@ -602,9 +650,9 @@ void to_weight_only(HookedImpl<torch::nn::LinearImpl>& linear, const WeightOnlyO
     for (int64_t d : rowwiseDims) device_mesh(weight).get_group(d).all_reduce(rowAmax, ReduceOp::Max).wait();
   }
   at::Tensor q = at::empty(local.sizes(), local.options().dtype(at::kChar));
-  at::Tensor s = gs > 0 ? at::empty({local.size(0), local.size(1) / gs}, local.options().dtype(at::kFloat))
-                        : at::empty({local.size(0)}, local.options().dtype(at::kFloat));
-  if (local.numel() > 0) quantizeRows(local, gs, rowAmax, q, s);
+  at::Tensor s = gs > 0 ? at::empty({local.size(0), local.size(1) / gs}, local.options().dtype(sdtype))
+                        : at::empty({local.size(0)}, local.options().dtype(sdtype));
+  if (local.numel() > 0) quantizeRows(local, gs, rowAmax, q, s, fqn);
   else s.zero_();
   std::vector<int64_t> sShape = gs > 0 ? std::vector<int64_t>{n, k / gs} : std::vector<int64_t>{n};
   at::Tensor qw = wrap(q, dist ? placements(weight) : Placements{}, {n, k});

@@ -12,7 +12,8 @@
 //                       widened values, so y is float math on the bf16 values.
 //   int8 (kChar)        weight[n, k] = q[n, k] * scales[n, k / group_size],
 //                       q in [-127, 127], scale = max|w| of its group / 127
-//                       (float32), q = round(w / scale): |w - q scale| <=
+//                       (float16 by default, NOTE: [Float16 scales]; or
+//                       float32), q = round(w / scale): |w - q scale| <=
 //                       scale / 2 per element. group_size 0: one scale per
 //                       output row (scales [n]).
 // Its forward is one op, dtp::weight_only_linear(x, w) or
@@ -32,6 +33,18 @@
 // a batch dim with a replicated weight) lets the TP plans run unchanged.
 // Inference only: the ops have no backward, and a converted weight does not
 // require grad.
+//
+// NOTE: [Float16 scales] int8 scales are float16 unless asked otherwise, as
+// in Q8_0's blocks: 34 bytes per 32 weights instead of 36, the bytes a
+// decode step reads. The scale is max|w| / 127 rounded up to a float16, so
+// |w| / scale <= 127 (nothing clamps, float16's subnormals included) and
+// |w - q scale| <= scale / 2 holds for the stored scale, which is at most
+// 1 + 2^-10 times max|w| / 127 where float16 is normal. A weight whose
+// scale would overflow float16 (|w| > 127 * 65504) is an error naming the
+// layer; scale_dtype(at::kFloat) keeps float32 scales (rounded to nearest).
+// The kernel widens a weight row's float16 scales to float32 (F16C) before
+// its dot products, so the arithmetic is the float32 scales' on the stored
+// values.
 #pragma once
 
 #include "dtp/nn/modules.h"
@@ -49,6 +62,9 @@ struct WeightOnlyOptions {
   // int8: inputs per scale along each row (32: Q8_0's blocks); 0: one scale
   // per output row (torchao's int8_weight_only).
   TORCH_ARG(int64_t, group_size) = 32;
+  // int8: the scales' dtype, float16 (Q8_0's, NOTE: [Float16 scales]) or
+  // float32.
+  TORCH_ARG(c10::ScalarType, scale_dtype) = c10::ScalarType::Half;
 };
 
 // The options a command line names: "bfloat16" / "bf16", "float16" / "fp16"
