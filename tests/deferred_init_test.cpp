@@ -41,6 +41,17 @@ TEST(DeferredInit, OneDeviceEqualsTheEagerInit) {
       Llama eager(c);
       Llama lazy(deferred(c));
       for (const auto& p : lazy->parameters()) EXPECT_TRUE(p.is_meta()) << "no memory before init_weights";
+      // The embedding and the head are made on meta directly, not built and
+      // moved: the same shapes, gradients and options as built whole.
+      const auto lazyParams = lazy->named_parameters(), eagerParams = eager->named_parameters();
+      ASSERT_EQ(lazyParams.size(), eagerParams.size());
+      for (const auto& item : eagerParams) {
+        ASSERT_TRUE(lazyParams.contains(item.key())) << item.key();
+        EXPECT_EQ(lazyParams[item.key()].sizes(), item.value().sizes()) << item.key();
+        EXPECT_EQ(lazyParams[item.key()].requires_grad(), item.value().requires_grad()) << item.key();
+      }
+      EXPECT_EQ(lazy->output->options.out_features(), c.vocab_size);
+      EXPECT_EQ(lazy->tok_embeddings->options.num_embeddings(), c.vocab_size);
       dtp::test::expect_error([&] { lazy(dtp::test::llama_batch(c.vocab_size, 0)); }, {"init_weights", "deferred_init"});
       init_weights(lazy);
       expectEqualParams(dtp::test::full_named_params(lazy), dtp::test::full_named_params(eager));
