@@ -281,11 +281,9 @@ LlamaImpl::LlamaImpl(LlamaConfig c) : config(std::move(c)) {
     return at::empty({rows, cols}, at::TensorOptions().device(at::kMeta).dtype(config.dtype));
   };
   if (config.with_embedding) {
-    tok_embeddings = register_module(
-        "tok_embeddings", config.deferred_init ? dtp::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size,
-                                                                                                 config.dim)
-                                                                        ._weight(meta(config.vocab_size, config.dim)))
-                                               : dtp::nn::Embedding(config.vocab_size, config.dim));
+    torch::nn::EmbeddingOptions options(config.vocab_size, config.dim);
+    if (config.deferred_init) options._weight(meta(config.vocab_size, config.dim));
+    tok_embeddings = register_module("tok_embeddings", dtp::nn::Embedding(options));
   }
   auto settle = [&](torch::nn::Module& m) {
     if (config.deferred_init) toMeta(m, config.dtype);
