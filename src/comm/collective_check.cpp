@@ -14,6 +14,7 @@ namespace dtp {
 namespace {
 
 constexpr int64_t kCallBytes = 240;  // a call's description, truncated
+static_assert(kCallBytes % 8 == 0, "each rank's row of the check's all_gather starts 8-byte aligned");
 
 at::Tensor allGatherRows(const ProcessGroup::Impl& g, const WireContract& c, const at::Tensor& mine) {
   at::Tensor out = at::empty({g.size, mine.numel()}, mine.options());
@@ -38,12 +39,16 @@ void check_collective(const ProcessGroup::Impl& g, const WireContract& c) {
                             static_cast<int64_t>(c.dtype)};
   head.insert(head.end(), c.send.begin(), c.send.end());
   head.insert(head.end(), c.recv.begin(), c.recv.end());
-  at::Tensor heads = allGatherRows(g, c, at::tensor(head, at::kLong));
-  at::Tensor text = at::zeros({kCallBytes}, at::kByte);
-  std::memcpy(text.data_ptr<uint8_t>(), c.call.data(), std::min<size_t>(c.call.size(), kCallBytes));
-  at::Tensor calls = allGatherRows(g, c, text);
+  // One all_gather of each rank's head, then its call's text (two before:
+  // every checked collective paid a second round trip).
+  const int64_t headBytes = static_cast<int64_t>(head.size() * sizeof(int64_t));
+  at::Tensor mine = at::zeros({headBytes + kCallBytes}, at::kByte);
+  std::memcpy(mine.data_ptr<uint8_t>(), head.data(), headBytes);
+  std::memcpy(mine.data_ptr<uint8_t>() + headBytes, c.call.data(), std::min<size_t>(c.call.size(), kCallBytes));
+  const at::Tensor rows = allGatherRows(g, c, mine);
 
-  auto row = [&](int r) { return heads[r].data_ptr<int64_t>(); };
+  // Rows are headBytes + kCallBytes long, both multiples of 8: each head is aligned.
+  auto row = [&](int r) { return reinterpret_cast<const int64_t*>(rows[r].data_ptr<uint8_t>()); };
   bool agree = true;
   for (int p = 0; p < W && agree; ++p) {
     agree = row(p)[0] == row(0)[0] && row(p)[1] == row(0)[1];
@@ -52,7 +57,7 @@ void check_collective(const ProcessGroup::Impl& g, const WireContract& c) {
   if (agree) return;
   std::string each;
   for (int r = 0; r < W; ++r) {
-    const char* s = reinterpret_cast<const char*>(calls[r].data_ptr<uint8_t>());
+    const char* s = reinterpret_cast<const char*>(rows[r].data_ptr<uint8_t>() + headBytes);
     each += c10::str("\n  global rank ", g.global_ranks[r], ": ", std::string(s, strnlen(s, kCallBytes)));
   }
   TORCH_CHECK(false, "dtp: the ranks of a size-", W, " group disagree on collective #", g.collectives + 1,
