@@ -294,6 +294,12 @@ TEST(QuantizedLinearTest, OutputsWithinTheBoundsOfTheStorageStep) {
 // weight whose scale overflows float16 is an error naming the layer and the
 // float32 option, which converts it.
 TEST(QuantizedLinearTest, Float16ScalesRoundUpAndNeverClamp) {
+  auto holding = [](const at::Tensor& w) {  // a bias-free Linear with weight w
+    nn::Linear lin(torch::nn::LinearOptions(w.size(1), w.size(0)).bias(false));
+    at::NoGradGuard no_grad;
+    lin->weight.copy_(w);
+    return lin;
+  };
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
   // rows 0-3: groups of magnitude 1e-9 (scale under float16's smallest
   // subnormal), 1e-6 (subnormal), 1 and 8e6 (near 127 * 65504).
@@ -301,11 +307,7 @@ TEST(QuantizedLinearTest, Float16ScalesRoundUpAndNeverClamp) {
   const at::Tensor w = (at::rand({4, 256}, gen).to(at::kDouble) * 2 - 1) * mag;
   for (int64_t group : {32, 0}) {
     SCOPED_TRACE("group " + std::to_string(group));
-    nn::Linear lin(torch::nn::LinearOptions(256, 4).bias(false));
-    {
-      at::NoGradGuard no_grad;
-      lin->weight.copy_(w);
-    }
+    nn::Linear lin = holding(w);
     nn::to_weight_only(*lin, nn::WeightOnlyOptions().group_size(group), "case");
     ASSERT_EQ(lin->weight_scales.scalar_type(), at::kHalf) << "float16 scales by default";
     const int64_t groups = group == 0 ? 1 : 256 / group;
@@ -323,24 +325,10 @@ TEST(QuantizedLinearTest, Float16ScalesRoundUpAndNeverClamp) {
         << "|w - q scale| > scale / 2";
   }
   const at::Tensor big = at::full({2, 64}, 1e7);
-  nn::Linear lin(torch::nn::LinearOptions(64, 2).bias(false));
-  {
-    at::NoGradGuard no_grad;
-    lin->weight.copy_(big);
-  }
-  try {
-    nn::to_weight_only(*lin, nn::WeightOnlyOptions(), "layers.3.big");
-    FAIL() << "a scale over float16's range was stored";
-  } catch (const c10::Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("'layers.3.big'"), std::string::npos) << what;
-    EXPECT_NE(what.find("scale_dtype(at::kFloat)"), std::string::npos) << what;
-  }
-  nn::Linear lin32(torch::nn::LinearOptions(64, 2).bias(false));
-  {
-    at::NoGradGuard no_grad;
-    lin32->weight.copy_(big);
-  }
+  nn::Linear lin16 = holding(big);
+  expect_error([&] { nn::to_weight_only(*lin16, nn::WeightOnlyOptions(), "layers.3.big"); },
+               {"'layers.3.big'", "scale_dtype(at::kFloat)"});
+  nn::Linear lin32 = holding(big);
   nn::to_weight_only(*lin32, nn::WeightOnlyOptions().scale_dtype(at::kFloat), "layers.3.big");
   ASSERT_EQ(lin32->weight_scales.scalar_type(), at::kFloat);
   const double s32 = lin32->weight_scales.max().item<double>();

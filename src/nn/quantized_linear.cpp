@@ -312,23 +312,22 @@ inline const float* rowScales(const float* s, int64_t per, int64_t r, int64_t, s
   return s == nullptr ? nullptr : s + r * per;
 }
 #if defined(__x86_64__) && defined(__GNUC__)
-DTP_AVX2 void widenHalfAvx2(const c10::Half* s, int64_t n, float* out) {
+// Widens the first n / 8 * 8 of n float16 values; returns how many.
+DTP_AVX2 int64_t widenHalfAvx2(const c10::Half* s, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load8(s + i));
-  for (; i < n; ++i) out[i] = widen(s[i]);
+  return i;
 }
 #endif
 inline const float* rowScales(const c10::Half* s, int64_t per, int64_t r, int64_t rows, std::vector<float>& buf) {
   const int64_t n = per * rows;
   buf.resize(static_cast<size_t>(n));
   const c10::Half* from = s + r * per;
+  int64_t i = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (activeIsa() > 0) {
-    widenHalfAvx2(from, n, buf.data());
-    return buf.data();
-  }
+  if (activeIsa() > 0) i = widenHalfAvx2(from, n, buf.data());
 #endif
-  for (int64_t i = 0; i < n; ++i) buf[i] = widen(from[i]);
+  for (; i < n; ++i) buf[i] = widen(from[i]);
   return buf.data();
 }
 
