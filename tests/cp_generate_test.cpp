@@ -22,10 +22,12 @@
 // slot moves the logits by 1e-2 or more.
 #include "cp_step.h"
 #include "dist.h"
+#include "engine_util.h"
 #include "llama_util.h"
 
 #include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
+#include "dtp/inference/engine.h"
 #include "dtp/inference/kv_cache.h"
 #include "dtp/models/engine_model.h"
 #include "dtp/models/generate.h"
@@ -121,15 +123,20 @@ Counts snapshot(const CommCounter& c) {
 
 // The logits of the prefill and of kDecodeSteps greedy decode steps after
 // it, [steps + 1][B, vocab], through the engine's model: on a contiguous
-// cache (`paged` false) or a paged cache fed packed calls. The messages of
-// the prefill and of the first decode step (the model's alone: gathering
-// vocabulary-sharded logits here is not counted).
+// cache (`paged` false) or a paged cache fed packed calls, its blocks over
+// the cp ranks where the engine's model says so (ContextParallelOptions::
+// kv_cache). `first_chunk` > 0 prefills in two packed calls, each prompt's
+// first `first_chunk` tokens then the rest (the second continues cached
+// tokens, so it never runs over cp). The messages of the prefill and of
+// the first decode step (the model's alone: gathering vocabulary-sharded
+// logits here is not counted).
 std::vector<at::Tensor> prefillAndDecode(Llama& model, bool paged, Counts* prefill_comm = nullptr,
-                                         Counts* decode_comm = nullptr) {
+                                         Counts* decode_comm = nullptr, int64_t first_chunk = 0) {
   at::NoGradGuard no_grad;
   const auto engine = engine_model(model);
   const int64_t batch = static_cast<int64_t>(kPrompts.size());
   KVCache cache = paged ? KVCache::paged(64, 4) : KVCache(batch, model->config.max_seq_len);
+  if (paged && engine->kv_cache_group().valid()) cache.shard_blocks(engine->kv_cache_group());
   const Packed p = packed();
   std::vector<int64_t> lengths(batch, 0);
   auto full = [](at::Tensor logits) { return (is_dtensor(logits) ? full_tensor(logits) : logits).squeeze(1); };
@@ -137,7 +144,22 @@ std::vector<at::Tensor> prefillAndDecode(Llama& model, bool paged, Counts* prefi
   at::Tensor logits;
   {
     CommCounter comm;
-    if (paged) {
+    if (paged && first_chunk > 0) {
+      // Each prompt's tokens [from, to) in one packed call.
+      auto part = [&](int64_t from, int64_t to) {
+        std::vector<int64_t> flat, valid;
+        for (const auto& prompt : kPrompts) {
+          const int64_t end = std::min<int64_t>(to, prompt.size());
+          flat.insert(flat.end(), prompt.begin() + from, prompt.begin() + end);
+          valid.push_back(end - from);
+        }
+        cache.set_batch(p.tables, lengths, /*packed=*/true);
+        logits = engine->forward(at::tensor(flat, at::kLong).view({1, -1}), cache, valid);
+        for (int64_t b = 0; b < batch; ++b) lengths[b] += valid[b];
+      };
+      part(0, first_chunk);
+      part(first_chunk, model->config.max_seq_len);
+    } else if (paged) {
       cache.set_batch(p.tables, lengths, /*packed=*/true);
       logits = engine->forward(p.tokens, cache, p.valid);
     } else {
@@ -159,6 +181,13 @@ std::vector<at::Tensor> prefillAndDecode(Llama& model, bool paged, Counts* prefi
     }
     out.push_back(full(logits));
     for (auto& n : lengths) ++n;
+  }
+  if (paged && cache.is_sharded()) {  // each rank allocated its share of the 64 blocks only
+    const int64_t cp = cache.shard_group().size();
+    EXPECT_EQ(cache.local_blocks(), (64 + cp - 1) / cp);
+    const inference::KvShape kv = engine->kv_shape();
+    const at::Tensor like = at::empty({1, 1, kv.local_heads, kv.head_dim}, at::TensorOptions().dtype(kv.dtype));
+    EXPECT_EQ(cache.layer(0, like).first.size(0), cache.local_blocks() * 4) << "slots of layer 0 on this rank";
   }
   return out;
 }
@@ -230,6 +259,70 @@ void expectPrefillEqualsOneDevice(const Layout& l) {
   std::printf("  %s: max |prefill and decode logits - one device| %.3g\n", l.what.c_str(), worst);
 }
 
+ContextParallelOptions sharded(ContextParallelOptions o) {
+  o.kv_cache = CpKvCache::Sharded;
+  return o;
+}
+
+// The paged cache's blocks over the cp ranks (NOTE: [KV cache sharded over
+// cp]): prefill and decode logits against one device's, each rank holding
+// 64 / cp blocks. A decode step merges each layer's partial attention in one
+// all_gather; `first_chunk` > 0 prefills in two calls, the second (and the
+// first, when shorter than 2 * cp) attending over the shards.
+void expectShardedCacheEqualsOneDevice(const Layout& l, int64_t first_chunk = 0) {
+  SCOPED_TRACE(l.what);
+  const LlamaConfig& c = l.config;
+  std::vector<at::Tensor> want;
+  {
+    Llama one(c);
+    one->eval();
+    want = prefillAndDecode(one, /*paged=*/true, nullptr, nullptr, first_chunk);
+  }
+  std::mutex mu;
+  double worst = 0;
+  run_ranks(static_cast<int>(l.cp * l.tp), [&](int rank) {
+    SCOPED_TRACE(l.what + " rank " + std::to_string(rank));
+    const DeviceMesh mesh = init_device_mesh("cpu", {l.cp, l.tp}, {"cp", "tp"});
+    Llama model(c);
+    model->eval();
+    if (l.tp > 1) apply_tensor_parallel_for_inference(model, mesh["tp"]);
+    apply_context_parallel(model, mesh["cp"], l.options);
+    ASSERT_TRUE(engine_model(model)->kv_cache_group().valid()) << "the engine's model spreads no cache";
+    Counts prefill, decode;
+    const auto got = prefillAndDecode(model, /*paged=*/true, &prefill, &decode, first_chunk);
+    ASSERT_EQ(got.size(), want.size());
+    double err = 0;
+    for (size_t s = 0; s < got.size(); ++s) {
+      const double d = (got[s] - want[s]).abs().max().item<double>();
+      EXPECT_LE(d, kTol) << (s == 0 ? "prefill" : "decode step " + std::to_string(s)) << " logits";
+      err = std::max(err, d);
+    }
+    const int64_t L = c.n_layers, tpReduce = l.tp > 1 ? 2 * L + 1 : 0;
+    // The prefill over cp gathers each layer's keys and values (L); a call
+    // on the shards merges each layer's attention (L). Chunked: two calls.
+    EXPECT_EQ(prefill.count(CollectiveType::AllGather), first_chunk > 0 ? 2 * L : L) << prefill.text;
+    EXPECT_EQ(decode.count(CollectiveType::AllGather), L) << "one merge per layer; " << decode.text;
+    EXPECT_EQ(decode.total(), L + tpReduce) << decode.text;
+    std::lock_guard<std::mutex> lock(mu);
+    worst = std::max(worst, err);
+  });
+  std::printf("  %s: max |prefill and decode logits - one device| %.3g\n", l.what.c_str(), worst);
+}
+
+TEST(CpGenerateTest, ShardedCacheEqualsOneDevice) {
+  expectShardedCacheEqualsOneDevice({"sharded, cp 2, ring, HeadTail", 2, 1, sharded(cp_ring())});
+  expectShardedCacheEqualsOneDevice({"sharded, cp 4, ring, HeadTail", 4, 1, sharded(cp_ring())});
+  expectShardedCacheEqualsOneDevice({"sharded, cp 2, all-to-all, Contiguous", 2, 1,
+                                     sharded(cp_all_to_all(CpLayout::Contiguous))});
+  expectShardedCacheEqualsOneDevice({"sharded, (cp, tp) = (2, 2), ring", 2, 2, sharded(cp_ring())});
+  expectShardedCacheEqualsOneDevice({"sharded, mistral window 3, cp 2, ring", 2, 1, sharded(cp_ring()), mistral(3)});
+  expectShardedCacheEqualsOneDevice({"sharded, mistral window 5, cp 4, ring", 4, 1, sharded(cp_ring()), mistral(5)});
+  // 6 tokens then the rest: over cp then on the shards (cp 2); on the
+  // shards twice (cp 4: 6 < 2 * cp).
+  expectShardedCacheEqualsOneDevice({"sharded, chunked 6 + rest, cp 2", 2, 1, sharded(cp_ring())}, 6);
+  expectShardedCacheEqualsOneDevice({"sharded, chunked 6 + rest, cp 4", 4, 1, sharded(cp_ring())}, 6);
+}
+
 TEST(CpGenerateTest, PrefillLogitsAndCacheEqualOneDevice) {
   expectPrefillEqualsOneDevice({"cp 2, ring, HeadTail", 2, 1, cp_ring()});
   expectPrefillEqualsOneDevice({"cp 2, ring, Contiguous", 2, 1, cp_ring(CpLayout::Contiguous)});
@@ -262,6 +355,77 @@ TEST(CpGenerateTest, GreedyTokensEqualOneDevice) {
     EXPECT_EQ(generate(model, shortPrompt, o), want_short);
     EXPECT_EQ(comm.count(CollectiveType::Send), 0) << "3 tokens < 2 * cp: prefilled without cp; " << comm.str();
   });
+}
+
+// NOTE: [KV cache sharded over cp]'s rule on 5 blocks of 4 over 2 ranks:
+// block b on rank b % 2 as its local block b / 2. A sequence of 5 tokens in
+// blocks {3, 0} decoding its 6th: the new token (block 0) is written on
+// rank 0 only; keys 0-3 (block 3) are read on rank 1, 4 and 5 on rank 0.
+// Sharding a contiguous cache, or one already allocated, is refused.
+TEST(CpGenerateTest, ShardedCacheHoldsBlockBOnRankBModCp) {
+  run_ranks(2, [](int rank) {
+    const ProcessGroup group = init_device_mesh("cpu", {2}, {"cp"}).get_group(0);
+    KVCache cache = KVCache::paged(5, 4);
+    cache.shard_blocks(group);
+    EXPECT_EQ(cache.local_blocks(), 3);
+    cache.set_batch({{3, 0}}, {5});
+    cache.begin({1}, 1);
+    const KVCache::Step& step = cache.step();
+    auto list = [](const at::Tensor& t) { return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()); };
+    using V = std::vector<int64_t>;
+    EXPECT_EQ(list(step.write_slots), rank == 0 ? V{1} : V{});
+    EXPECT_EQ(list(step.read_slots), (rank == 0 ? V{0, 0, 0, 0, 0, 1} : V{4, 5, 6, 7, 0, 0}));
+    EXPECT_EQ(list(step.read_held.to(at::kLong)), (rank == 0 ? V{0, 0, 0, 0, 1, 1} : V{1, 1, 1, 1, 0, 0}));
+    dtp::test::expect_error([&] { KVCache(1, 8).shard_blocks(group); }, {"this cache is contiguous", "KVCache::paged"});
+    cache.layer(0, at::zeros({1, 1, 2, 4}));
+    dtp::test::expect_error([&] { cache.shard_blocks(group); }, {"allocated its layers already", "before its first forward"});
+  });
+}
+
+// The serving engine on a cache sharded over cp 2 (and cp 4): prompts
+// prefilled 5 tokens per step beside decoding rows in packed steps, a
+// repeated prompt served from the prefix cache, a pool of 30 blocks of
+// which each rank allocates its share; the greedy tokens of one device's
+// full recompute.
+TEST(CpGenerateTest, EngineOnAShardedCacheDrawsOneDevicesTokens) {
+  const LlamaConfig c = config();
+  constexpr int64_t kNew = 8;
+  std::vector<std::vector<int64_t>> prompts = kPrompts;
+  prompts.push_back(kPrompts[2]);  // its first full blocks come from the prefix cache
+  std::vector<std::vector<int64_t>> want;
+  {
+    Llama one(c);
+    for (const auto& p : prompts) want.push_back(dtp::test::greedy_by_recompute(one, p, kNew));
+  }
+  inference::EngineOptions eo;
+  eo.max_batch = 4;
+  eo.block_size = 4;
+  eo.prefill_chunk = 5;
+  eo.prefix_caching = true;
+  eo.kv_cache_blocks = 30;
+  for (const int cp : {2, 4}) {
+    SCOPED_TRACE("cp " + std::to_string(cp));
+    run_ranks(cp, [&](int) {
+      Llama model(c);
+      apply_context_parallel(model, init_device_mesh("cpu", {cp}, {"cp"}), sharded(cp_ring()));
+      inference::Engine engine(engine_model(model), eo);
+      EXPECT_EQ(engine.num_blocks(), 30);
+      EXPECT_EQ(engine.local_blocks(), (30 + cp - 1) / cp);
+      std::vector<int64_t> ids;
+      for (const auto& p : prompts) ids.push_back(engine.enqueue(p, dtp::test::greedy_request(kNew)).id);
+      std::vector<std::vector<int64_t>> got(prompts.size());
+      CommCounter comm;
+      while (engine.step()) {
+        for (const inference::Output& o : engine.poll()) {
+          const auto at = std::find(ids.begin(), ids.end(), o.id) - ids.begin();
+          got[at].insert(got[at].end(), o.tokens.begin(), o.tokens.end());
+        }
+      }
+      EXPECT_EQ(got, want);
+      EXPECT_GT(engine.metrics().prefix_cache_hits, 0) << "the repeated prompt found no cached block";
+      EXPECT_GT(comm.count(CollectiveType::AllGather), 0) << comm.str();
+    });
+  }
 }
 
 // The KV-cache forward itself is not context-parallel: called directly on a

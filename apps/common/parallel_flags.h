@@ -40,9 +40,13 @@ inline void add_cp_attention_flags(CLI::App& app, std::string& attention, std::s
 
 struct InferenceParallelFlags {
   int64_t ep = 1, cp = 1;
-  std::string cp_attention = "ring", cp_layout = "head-tail";
+  std::string cp_attention = "ring", cp_layout = "head-tail", cp_kv_cache = "replicated";
 
-  models::ContextParallelOptions cp_options() const { return cp_options_of(cp_attention, cp_layout); }
+  models::ContextParallelOptions cp_options() const {
+    models::ContextParallelOptions o = cp_options_of(cp_attention, cp_layout);
+    o.kv_cache = cp_kv_cache == "sharded" ? models::CpKvCache::Sharded : models::CpKvCache::Replicated;
+    return o;
+  }
 
   // ep borrows the cp ranks, as in dtp-train (NOTE: [Context parallelism
   // with expert parallelism] in src/models/llama_parallelize.cpp).
@@ -50,6 +54,8 @@ struct InferenceParallelFlags {
     TORCH_CHECK(ep == 1 || cp == 1 || ep % cp == 0, "--ep ", ep, " with --cp ", cp, ": expert parallelism borrows "
                 "the cp ranks (the experts spread over ep ranks that hold whole cp groups), so ep must be a "
                 "multiple of cp. Use --ep ", cp, " or another multiple of ", cp, ".");
+    TORCH_CHECK(cp > 1 || cp_kv_cache == "replicated", "--cp-kv-cache ", cp_kv_cache, " with --cp ", cp, ": the cache "
+                "spreads over the cp ranks, and there is one. Give --cp 2 or more, or leave --cp-kv-cache out.");
   }
 };
 
@@ -59,10 +65,14 @@ inline void add_inference_parallel_flags(CLI::App& app, InferenceParallelFlags& 
                  "multiple of cp, as dtp-train's)")
       ->check(kPositive)->capture_default_str();
   app.add_option("--cp", f.cp, "Context-parallel degree: a prompt's prefill spread over cp ranks by position (ring "
-                 "or all-to-all attention), the KV cache then gathered on every rank and decode as without cp; the "
-                 "ranks form a (cp, tp) mesh with tp = ranks / cp")
+                 "or all-to-all attention), then decode on every cp rank alike over the KV cache (--cp-kv-cache); "
+                 "the ranks form a (cp, tp) mesh with tp = ranks / cp")
       ->check(kPositive)->capture_default_str();
   add_cp_attention_flags(app, f.cp_attention, f.cp_layout, /*prefill=*/true);
+  app.add_option("--cp-kv-cache", f.cp_kv_cache, "The KV cache under --cp: replicated (every cp rank holds every "
+                 "block; decode sends nothing over cp) or sharded (each cp rank holds 1/cp of the blocks, so the "
+                 "cache holds cp times the tokens per rank's memory; one all_gather per layer and step)")
+      ->check(CLI::IsMember({"replicated", "sharded"}))->capture_default_str();
 }
 
 // "TP=2", "EP=2 x TP=1", "CP=2 x TP=1" or "EP=4 (over CP=2) x TP=1": how

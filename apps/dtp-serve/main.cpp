@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
     std::cout << "dtp-serve: listening on http://" << host << ":" << bound << " (model " << served.name << ", "
               << apps::layout_name(world.size(), layout) << ", context " << ctx << ", max batch " << eo.max_batch << ", KV cache "
               << engine.num_blocks() << " blocks of " << eo.block_size << " tokens, "
-              << (engine.num_blocks() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
+              << (engine.local_blocks() * engine.block_bytes() + (1 << 20) - 1) / (1 << 20)
               << " MiB per rank, prefill chunk " << eo.prefill_chunk << (eo.prefix_caching ? ", prefix caching" : "") << ", tokenizer "
               << tokenizer->name() << (served.chat ? std::string(", chat ") + served.chat->family_name() : "")
               << ")" << std::endl;

@@ -361,6 +361,7 @@ EngineMetrics Engine::metrics() const {
 
 const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::num_blocks() const { return impl_->runner.blocks().total(); }
+int64_t Engine::local_blocks() const { return impl_->runner.local_blocks(); }
 int64_t Engine::block_bytes() const { return impl_->runner.block_bytes(); }
 
 }  // namespace dtp::inference

@@ -9,10 +9,8 @@ namespace dtp::inference {
 namespace {
 thread_local KVCache* tActive = nullptr;
 
-// The pool slot of token j of a sequence whose blocks are `table`
-// (NOTE: [Paged KV cache]).
-int64_t slotOf(const std::vector<int64_t>& table, int64_t j, int64_t block_size) {
-  return table[j / block_size] * block_size + j % block_size;
+at::Tensor boolTensor(const std::vector<uint8_t>& v, int64_t rows, int64_t cols) {
+  return at::tensor(v, at::kByte).to(at::kBool).view({rows, cols});
 }
 }  // namespace
 
@@ -49,6 +47,24 @@ void KVCache::set_batch(std::vector<std::vector<int64_t>> tables, std::vector<in
   packed_ = packed;
 }
 
+void KVCache::shard_blocks(ProcessGroup group) {
+  TORCH_CHECK(is_paged(), "KVCache::shard_blocks: this cache is contiguous; only a paged cache spreads its blocks over "
+              "ranks. Build it with KVCache::paged(num_blocks, block_size).");
+  TORCH_CHECK(group.valid(), "KVCache::shard_blocks: an invalid group (this rank is not a member). Give the group of "
+              "ranks that run the same forwards (the model's cp group).");
+  TORCH_CHECK(std::none_of(k_.begin(), k_.end(), [](const at::Tensor& t) { return t.defined(); }),
+              "KVCache::shard_blocks: the cache has allocated its layers already. Shard it before its first forward.");
+  shard_rank_ = group.rank();
+  shards_ = group.size();
+  shard_group_ = std::move(group);
+}
+
+int64_t KVCache::localSlot(const std::vector<int64_t>& table, int64_t j) const {
+  const int64_t block = table[j / block_size_];
+  if (block % shards_ != shard_rank_) return -1;
+  return block / shards_ * block_size_ + j % block_size_;
+}
+
 void KVCache::reset(int64_t batch) {
   TORCH_CHECK(!is_paged(), "KVCache::reset: a paged cache takes its batch from set_batch(tables, lengths).");
   TORCH_CHECK(batch > 0 && batch <= max_batch_, "KVCache: a batch of ", batch, " sequences, but the cache holds ",
@@ -80,7 +96,7 @@ std::pair<at::Tensor, at::Tensor> KVCache::layer(int64_t index, const at::Tensor
     v_.resize(index + 1);
   }
   if (!k_[index].defined()) {
-    k_[index] = is_paged() ? at::zeros({num_blocks_ * block_size_, like.size(2), like.size(3)}, like.options())
+    k_[index] = is_paged() ? at::zeros({local_blocks() * block_size_, like.size(2), like.size(3)}, like.options())
                            : at::zeros({max_batch_, max_seq_, like.size(2), like.size(3)}, like.options());
     v_[index] = at::zeros_like(k_[index]);
   }
@@ -139,34 +155,41 @@ void KVCache::begin(const std::vector<int64_t>& valid, int64_t seq) {
   }
 }
 
-// See NOTE: [Paged KV cache].
+// See NOTE: [Paged KV cache] (and [KV cache sharded over cp]).
 void KVCache::pagedSlots(const std::vector<int64_t>& valid, int64_t seq) {
-  const int64_t batch = static_cast<int64_t>(valid.size()), keys = step_.keys, bs = block_size_;
+  const int64_t batch = static_cast<int64_t>(valid.size()), keys = step_.keys;
   std::vector<int64_t> rows, slots, read(batch * keys, 0);
-  bool all = true;
+  std::vector<uint8_t> held(is_sharded() ? batch * keys : 0, 0);
+  bool all = !is_sharded();
   for (int64_t b = 0; b < batch; ++b) {
     const std::vector<int64_t>& table = tables_[b];
     const int64_t start = lengths_[b], end = start + valid[b];
     for (int64_t s = 0; s < seq; ++s) {
-      if (s >= valid[b]) {
+      const int64_t slot = s < valid[b] ? localSlot(table, start + s) : -1;
+      if (slot < 0) {
         all = false;
         continue;
       }
-      const int64_t j = start + s;
       rows.push_back(b * seq + s);
-      slots.push_back(slotOf(table, j, bs));
+      slots.push_back(slot);
     }
-    for (int64_t j = 0; j < end; ++j) read[b * keys + j] = slotOf(table, j, bs);
+    for (int64_t j = 0; j < end; ++j) {
+      const int64_t slot = localSlot(table, j);
+      if (slot < 0) continue;
+      read[b * keys + j] = slot;
+      if (is_sharded()) held[b * keys + j] = 1;
+    }
   }
   step_.write_rows = all ? at::Tensor() : at::tensor(rows, at::kLong);
   step_.write_slots = at::tensor(slots, at::kLong);
   step_.read_slots = at::tensor(read, at::kLong).view({batch, keys});
+  step_.read_held = is_sharded() ? boolTensor(held, batch, keys) : at::Tensor();
 }
 
 // See NOTE: [Packed batch].
 void KVCache::packedSteps(const std::vector<int64_t>& valid) {
   const int64_t batch = static_cast<int64_t>(valid.size()), bs = block_size_;
-  std::vector<int64_t> offset(batch, 0), positions, slots;
+  std::vector<int64_t> offset(batch, 0), positions, rows, slots;
   int64_t total = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t room = static_cast<int64_t>(tables_[b].size()) * bs;
@@ -176,16 +199,19 @@ void KVCache::packedSteps(const std::vector<int64_t>& valid) {
     offset[b] = total;
     total += valid[b];
     for (int64_t s = 0; s < valid[b]; ++s) {
-      const int64_t j = lengths_[b] + s;
+      const int64_t j = lengths_[b] + s, slot = localSlot(tables_[b], j);
       positions.push_back(j);
-      slots.push_back(slotOf(tables_[b], j, bs));
+      if (slot < 0) continue;
+      rows.push_back(offset[b] + s);
+      slots.push_back(slot);
     }
     step_.keys = std::max(step_.keys, lengths_[b] + valid[b]);
   }
   step_.positions = at::tensor(positions, at::kLong).view({1, total});
-  step_.write_rows = at::Tensor();
+  step_.write_rows = is_sharded() ? at::tensor(rows, at::kLong) : at::Tensor();
   step_.write_slots = at::tensor(slots, at::kLong);
   step_.read_slots = at::Tensor();
+  step_.read_held = at::Tensor();
   for (const bool single : {true, false}) {
     std::vector<int64_t> rows;
     int64_t width = 0, keys = 0;
@@ -198,6 +224,7 @@ void KVCache::packedSteps(const std::vector<int64_t>& valid) {
     if (rows.empty()) continue;
     const int64_t g = static_cast<int64_t>(rows.size());
     std::vector<int64_t> gather, pos, read(g * keys, 0), real, dest;
+    std::vector<uint8_t> held(is_sharded() ? g * keys : 0, 0);
     for (int64_t i = 0; i < g; ++i) {
       const int64_t b = rows[i];
       for (int64_t s = 0; s < width; ++s) {
@@ -209,13 +236,19 @@ void KVCache::packedSteps(const std::vector<int64_t>& valid) {
           dest.push_back(offset[b] + s);
         }
       }
-      for (int64_t j = 0; j < lengths_[b] + valid[b]; ++j) read[i * keys + j] = slotOf(tables_[b], j, bs);
+      for (int64_t j = 0; j < lengths_[b] + valid[b]; ++j) {
+        const int64_t slot = localSlot(tables_[b], j);
+        if (slot < 0) continue;
+        read[i * keys + j] = slot;
+        if (is_sharded()) held[i * keys + j] = 1;
+      }
     }
     Step::Group group;
     group.keys = keys;
     group.gather = at::tensor(gather, at::kLong).view({g, width});
     group.positions = at::tensor(pos, at::kLong).view({g, width});
     group.read = at::tensor(read, at::kLong).view({g, keys});
+    if (is_sharded()) group.held = boolTensor(held, g, keys);
     group.valid = at::tensor(real, at::kLong);
     group.dest = at::tensor(dest, at::kLong);
     step_.groups.push_back(std::move(group));

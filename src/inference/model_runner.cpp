@@ -29,19 +29,23 @@ int64_t blockBytes(const KvShape& kv, int64_t block_size) {
   return 2 * kv.layers * block_size * kv.largest_share * kv.head_dim * static_cast<int64_t>(c10::elementSize(kv.dtype));
 }
 
-int64_t numBlocks(const KvShape& kv, const EngineOptions& o) {
+// The pool's blocks: kv_cache_mib per rank, or kv_cache_blocks, or
+// max_batch sequences of `context`. Spread over `shards` ranks (NOTE: [KV
+// cache sharded over cp]), a rank's budget holds 1/shards of the pool.
+int64_t numBlocks(const KvShape& kv, const EngineOptions& o, int64_t shards) {
   TORCH_CHECK(o.block_size > 0 && o.context > 0 && o.max_batch > 0 && o.prefill_chunk > 0 && o.max_prefill > 0,
               "dtp::inference::Engine: EngineOptions block_size, context, max_batch, prefill_chunk and max_prefill must be "
               "positive: got ", o.block_size, ", ", o.context, ", ", o.max_batch, ", ", o.prefill_chunk, ", ", o.max_prefill, ".");
   const int64_t per_seq = (o.context + o.block_size - 1) / o.block_size, bytes = blockBytes(kv, o.block_size);
   if (o.kv_cache_mib <= 0 && o.kv_cache_blocks <= 0) return o.max_batch * per_seq;
-  const int64_t n = o.kv_cache_blocks > 0 ? o.kv_cache_blocks : o.kv_cache_mib * (int64_t{1} << 20) / bytes;
+  const int64_t n = o.kv_cache_blocks > 0 ? o.kv_cache_blocks : o.kv_cache_mib * (int64_t{1} << 20) / bytes * shards;
   // A sequence alone always fits, so preempting the others lets the oldest go on.
+  const int64_t mib = ((per_seq + shards - 1) / shards * bytes + (1 << 20) - 1) >> 20;
   TORCH_CHECK(n >= per_seq, "dtp::inference::Engine: kv_cache_mib ", o.kv_cache_mib, " / kv_cache_blocks ", o.kv_cache_blocks,
-              " holds ", n, " KV blocks of ", o.block_size,
-              " tokens (", bytes, " bytes each on this rank), but one sequence of context ", o.context, " needs ",
-              per_seq, ". Raise kv_cache_mib (dtp-serve: --kv-cache-mib) to at least ", (per_seq * bytes + (1 << 20) - 1) >> 20,
-              ", or lower context.");
+              " holds ", n, " KV blocks of ", o.block_size, " tokens (", bytes, " bytes each on this rank",
+              shards > 1 ? c10::str(", the pool spread over ", shards, " ranks") : std::string(), "), but one sequence of "
+              "context ", o.context, " needs ", per_seq, ". Raise kv_cache_mib (dtp-serve: --kv-cache-mib) to at least ",
+              mib, ", or lower context.");
   return n;
 }
 
@@ -51,8 +55,10 @@ ModelRunner::ModelRunner(Model& model, const EngineOptions& options)
     : model_(model),
       o_(options),
       block_bytes_(blockBytes(model.kv_shape(), options.block_size)),
-      pool_(numBlocks(model.kv_shape(), options), options.block_size, options.prefix_caching),
+      pool_(numBlocks(model.kv_shape(), options, model.kv_cache_group().valid() ? model.kv_cache_group().size() : 1),
+            options.block_size, options.prefix_caching),
       cache_(KVCache::paged(pool_.total(), options.block_size)) {
+  if (const ProcessGroup group = model.kv_cache_group(); group.valid()) cache_.shard_blocks(group);
   // The pool, allocated now: a cache too large for memory fails at start.
   const KvShape kv = model.kv_shape();
   device_ = kv.device;

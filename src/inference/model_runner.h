@@ -74,6 +74,7 @@ class ModelRunner {
   const BlockPool& blocks() const { return pool_; }
   int64_t blocks_for(int64_t tokens) const { return (tokens + o_.block_size - 1) / o_.block_size; }
   int64_t block_bytes() const { return block_bytes_; }
+  int64_t local_blocks() const { return cache_.local_blocks(); }
 
  private:
   // Draws a token for each of `rows` (the rows of `logits`, in order) into

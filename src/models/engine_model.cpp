@@ -51,6 +51,11 @@ class LlamaEngineModel final : public inference::Model {
   int64_t vocab_size() const override { return model_->config.vocab_size; }
   int64_t max_seq_len() const override { return model_->config.max_seq_len; }
   int64_t context_parallel_prefills() const override { return prefills_; }
+  // ContextParallelOptions::kv_cache == Sharded: the blocks over the cp group.
+  ProcessGroup kv_cache_group() const override {
+    const auto& cp = model_->context_parallel;
+    return cp && cp->shard_kv_cache ? cp->group : ProcessGroup();
+  }
 
  private:
   Llama& model_;

@@ -67,6 +67,7 @@ void apply_context_parallel(Llama& model, const DeviceMesh& cp_mesh, ContextPara
   state->group = cp_mesh.get_group(0);
   state->layout = options.layout;
   state->all_to_all = options.attention == ContextParallelAttention::AllToAll;
+  state->shard_kv_cache = options.kv_cache == CpKvCache::Sharded;
   state->seq_len = options.seq_len;
   model->context_parallel = state;
   for (const auto& layer : *model->layers)

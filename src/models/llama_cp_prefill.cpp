@@ -38,7 +38,12 @@ namespace dtp::models::detail {
 // So the prefill's activations and attention shard over cp (the long part
 // of a long prompt), the KV cache does not: each rank holds the whole
 // prompt's keys and values, as without cp. Every rank ends the prefill with
-// the same cache and the same logits, so they draw the same tokens.
+// the same cache and the same logits, so they draw the same tokens. With a
+// cache sharded over cp (NOTE: [KV cache sharded over cp] in
+// include/dtp/inference/kv_cache.h) each rank writes the gathered keys and
+// values of the blocks it holds only, and every later call attends over the
+// ranks' blocks and merges (one all_gather per layer): the whole prompt's
+// keys and values of one layer pass through each rank, never all layers'.
 // Messages per prefill, per layer: ring attention's cp - 1 send/recv pairs
 // (or all-to-all's 4 all_to_alls) and 1 all_gather; then 1 all_reduce.
 
@@ -96,6 +101,18 @@ at::Tensor validRows(const std::vector<int64_t>& valid, int64_t seq) {
   return at::tensor(rows, at::kLong);
 }
 
+// The rows of the padded [B * S] whose keys and values this rank writes, in
+// the order of the step's write_slots (paged): the valid tokens, or under a
+// sharded cache those of the blocks this rank holds (NOTE: [KV cache sharded
+// over cp]). A packed call's write_rows index its [T] tokens, the valid rows
+// in order.
+at::Tensor writtenRows(const KVCache& cache, const std::vector<int64_t>& valid, int64_t seq) {
+  const at::Tensor& rows = cache.step().write_rows;
+  if (!cache.packed() && rows.defined()) return rows;
+  const at::Tensor all = validRows(valid, seq);
+  return rows.defined() ? all.index_select(0, rows) : all;
+}
+
 // Writes one layer's keys or values of the whole prompt, [B, S, kv_heads,
 // head_dim] in padded rows, where the plain forward would (llama_kv.cpp's
 // cached_attention): the valid tokens at the call's slots (paged), or all S
@@ -129,7 +146,7 @@ at::Tensor prefillOverCp(Llama& model, const at::Tensor& tokens, KVCache& cache,
       h = dtp::nn::run_hooked(*layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>(), h);
   }
   // The cache: what a plain prefill of `tokens` would hold.
-  const at::Tensor written = cache.is_paged() ? validRows(valid, seq) : at::Tensor();
+  const at::Tensor written = cache.is_paged() ? writtenRows(cache, valid, seq) : at::Tensor();
   for (const auto& layer : *model->layers) {
     const int64_t i = layer->as<dtp::nn::HookedImpl<TransformerBlockImpl>>()->attention->layer_index;
     TORCH_INTERNAL_ASSERT(i < static_cast<int64_t>(capture.k.size()) && capture.k[i].defined(),

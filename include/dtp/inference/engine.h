@@ -57,8 +57,11 @@ struct EngineOptions {
   int64_t prefill_chunk = 256;  // prompt tokens per step, over all sequences
   int64_t context = 0;          // tokens per sequence (prompt + output); 0: the model's max_seq_len
   int64_t block_size = 16;      // tokens per KV block
-  int64_t kv_cache_mib = 0;     // the pool's size per rank (0: max_batch sequences of `context`)
-  int64_t kv_cache_blocks = 0;  // or in blocks
+  // The pool's size per rank (0: max_batch sequences of `context`). A model
+  // whose cache spreads over its cp ranks (Model::kv_cache_group) holds cp
+  // times as many blocks in the same budget per rank.
+  int64_t kv_cache_mib = 0;
+  int64_t kv_cache_blocks = 0;  // or the pool's blocks (over all cp ranks)
   int64_t max_queue = 256;      // waiting requests before enqueue refuses (Refusal::kQueueFull)
   // vLLM's automatic prefix caching: full KV blocks are kept, keyed by their
   // tokens and prefix, and shared by later requests with the same prefix
@@ -175,6 +178,7 @@ class Engine {
   EngineMetrics metrics() const;
   const EngineOptions& options() const;  // `context` filled in
   int64_t num_blocks() const;            // KV blocks of the pool
+  int64_t local_blocks() const;          // of them, allocated on this rank (all, unless the cache is sharded over cp)
   int64_t block_bytes() const;           // K and V of one block over all layers, on this rank
 
  private:

@@ -43,7 +43,30 @@
 // logits of each sequence's last token, [B, 1, V], as unpacked.
 // Example: valid {1, 3, 1} gives tokens t0 | t1 t2 t3 | t4; the groups are
 // rows {0, 2} of width 1 (tokens 0 and 4) and row {1} of width 3.
+//
+// NOTE: [KV cache sharded over cp] shard_blocks(group) spreads a paged
+// cache's blocks over the ranks of `group` (a context-parallel group, whose
+// ranks run the same calls on the same batch): block b lives on rank
+// b % size only, as its local block b / size, so each rank allocates
+// ceil(num_blocks / size) blocks and the pool holds size times what one
+// rank could. A call then
+//  - writes a token's keys and values on the rank holding its block only;
+//  - attends on each rank over the keys it holds (the others masked) and
+//    keeps, per query row and head, the partial output and its log-sum-exp
+//    (lse = -inf where a rank holds none of the keys the row sees);
+//  - merges the ranks' partials in one all_gather per layer: lse =
+//    logsumexp_r(lse_r), out = sum_r exp(lse_r - lse) out_r. That is the
+//    softmax over the union of the ranks' keys, exactly (flash-decoding's
+//    merge; ring attention's, NOTE: [Ring attention]).
+// Everything else (projections, MLPs, the head) runs on every rank alike, so
+// every rank ends the call with the same output. Blocks given out in order
+// (0, 1, 2, ...) alternate ranks, so a sequence's keys, and the attention's
+// work, spread evenly; any assignment is exact. Example: 5 blocks over 2
+// ranks: rank 0 holds blocks 0, 2, 4 as its local 0, 1, 2, rank 1 blocks 1
+// and 3 as its local 0 and 1 (and one spare).
 #pragma once
+
+#include "dtp/process_group.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -79,6 +102,15 @@ class KVCache {
   void set_batch(std::vector<std::vector<int64_t>> tables, std::vector<int64_t> lengths, bool packed = false);
   // Whether the next forward is packed (NOTE: [Packed batch]).
   bool packed() const { return packed_; }
+  // Spreads the blocks over `group`'s ranks (NOTE: [KV cache sharded over
+  // cp]); every rank of the group makes the same calls with the same block
+  // tables. Paged only, before the first forward.
+  void shard_blocks(ProcessGroup group);
+  bool is_sharded() const { return shards_ > 1; }
+  const ProcessGroup& shard_group() const { return shard_group_; }
+  // Blocks allocated on this rank: num_blocks, or ceil(num_blocks / size)
+  // when sharded.
+  int64_t local_blocks() const { return (num_blocks_ + shards_ - 1) / shards_; }
 
   // Used by the Llama's forward (see llama_kv.cpp).
   struct Step {
@@ -86,15 +118,19 @@ class KVCache {
     at::Tensor positions;        // [B, S] i64: start[b] + s
     int64_t keys = 0;            // max(start) + S: keys attended
     // Paged only (NOTE: [Paged KV cache]):
-    at::Tensor write_rows;   // [T] i64: the valid tokens' rows of the call's [B*S] (undefined: all rows)
-    at::Tensor write_slots;  // [T] i64: their slots
+    // The tokens written: rows of the call's [B*S] (packed: of [T]); undefined:
+    // all rows. Sharded: those whose block this rank holds.
+    at::Tensor write_rows;
+    at::Tensor write_slots;  // [T] i64: their slots (sharded: local slots)
     at::Tensor read_slots;   // [B, keys] i64: the slot of each sequence's key j
+    at::Tensor read_held;    // sharded only: [B, keys] bool, key j is held on this rank
     // Packed only (NOTE: [Packed batch]): attention's groups of rows.
     struct Group {
       int64_t keys = 0;      // keys attended: max(start + valid) over the group
       at::Tensor gather;     // [G, S] i64: each row's tokens as indices into [T] (padding: its last)
       at::Tensor positions;  // [G, S] i64: their positions
       at::Tensor read;       // [G, keys] i64: the slot of each row's key j
+      at::Tensor held;       // sharded only: [G, keys] bool, key j is held on this rank
       at::Tensor valid;      // [Tg] i64: the real entries of the flattened [G * S]
       at::Tensor dest;       // [Tg] i64: where they go in [T]
     };
@@ -117,12 +153,17 @@ class KVCache {
 
  private:
   void pagedSlots(const std::vector<int64_t>& valid, int64_t seq);
+  // Token j of a sequence with blocks `table`: its slot in this rank's pool,
+  // or -1 when another rank holds its block (NOTE: [KV cache sharded over cp]).
+  int64_t localSlot(const std::vector<int64_t>& table, int64_t j) const;
 
   int64_t max_batch_, max_seq_;
   int64_t num_blocks_ = 0, block_size_ = 0;  // paged when block_size_ > 0
   void packedSteps(const std::vector<int64_t>& valid);
 
   bool packed_ = false;
+  ProcessGroup shard_group_;
+  int64_t shard_rank_ = 0, shards_ = 1;
   std::vector<std::vector<int64_t>> tables_;
   std::vector<int64_t> lengths_;
   std::vector<at::Tensor> k_, v_;

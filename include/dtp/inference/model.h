@@ -41,6 +41,11 @@ class Model {
   // context-parallel group (EngineMetrics::context_parallel_prefills); 0
   // for a model without one.
   virtual int64_t context_parallel_prefills() const { return 0; }
+  // The ranks the paged cache's blocks spread over (KVCache::shard_blocks;
+  // NOTE: [KV cache sharded over cp] in kv_cache.h): ranks that run every
+  // forward together, each holding 1/size of the blocks. Invalid (the
+  // default): every rank holds every block.
+  virtual ProcessGroup kv_cache_group() const { return {}; }
 };
 
 }  // namespace dtp::inference

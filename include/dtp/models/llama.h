@@ -134,6 +134,7 @@ struct ContextParallelState {
   ProcessGroup group;
   CpLayout layout = CpLayout::HeadTail;
   bool all_to_all = false;  // all_to_all_attention (Ulysses) instead of ring_attention
+  bool shard_kv_cache = false;  // ContextParallelOptions::kv_cache == Sharded (engine_model)
   // The global sequence length of the batch being trained on: set by
   // context_parallel_shard_batch; 0 means cp * S_local (the even case).
   int64_t seq_len = 0;

@@ -128,6 +128,9 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh);
 // torchtitan's apply_ddp: replicate() on the whole model.
 void apply_ddp(Llama& model, const DeviceMesh& mesh, ReplicateOptions options = {});
 
+// Where the serving engine's KV cache lives under cp (ContextParallelOptions::kv_cache).
+enum class CpKvCache : uint8_t { Replicated, Sharded };
+
 // Which exact attention runs over the cp group (dtp/cp/context_parallel.h).
 enum class ContextParallelAttention : uint8_t {
   Ring,      // ring_attention: key/value chunks around the ring, any head count
@@ -142,6 +145,13 @@ struct ContextParallelOptions {
   // The global sequence length until context_parallel_shard_batch records
   // the batch's; 0: cp * S_local (the even case).
   int64_t seq_len = 0;
+  // The serving engine's KV cache (engine_model, generate): Replicated, each
+  // cp rank holds every block and decode sends nothing over cp; or Sharded,
+  // block b on cp rank b % cp, so a rank holds 1/cp of the cache and the pool
+  // holds cp times what one rank's budget would, for one all_gather per layer
+  // and call (vLLM's decode context parallelism; NOTE: [KV cache sharded over
+  // cp] in dtp/inference/kv_cache.h).
+  CpKvCache kv_cache = CpKvCache::Replicated;
 };
 
 // Context parallelism over the 1-D mesh `cp_mesh` (mesh["cp"]): every
@@ -151,12 +161,14 @@ struct ContextParallelOptions {
 // gradients hold this rank's positions only, and data parallelism over
 // dp_shard x cp completes them (parallelize_llama does that; NOTE: [Data
 // parallelism over cp] in src/fsdp/data_parallel.cpp). Feed the model with
-// context_parallel_shard_batch and train with llama_loss(model, ...). A
-// sliding window shorter than the sequence is NYI under it. generate and
-// the serving engine (engine_model) prefill a prompt over cp and decode
-// without it (NOTE: [Context-parallel prefill] in src/models/llama_cp_prefill.cpp);
-// the KV-cache forward itself (model->forward(tokens, cache, valid)) is NYI
-// under it.
+// context_parallel_shard_batch and train with llama_loss(model, ...)
+// (sliding windows too: ring and all-to-all attention mask by the
+// window). generate and
+// the serving engine (engine_model) prefill a prompt over cp, then decode
+// on every cp rank alike, over a KV cache replicated or sharded over cp
+// (options.kv_cache; NOTE: [Context-parallel prefill] in
+// src/models/llama_cp_prefill.cpp); the KV-cache forward itself
+// (model->forward(tokens, cache, valid)) is NYI under it.
 void apply_context_parallel(Llama& model, const DeviceMesh& cp_mesh, ContextParallelOptions options = {});
 
 enum class DataParallel : uint8_t { FSDP, DDP };
