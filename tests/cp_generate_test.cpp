@@ -384,9 +384,10 @@ TEST(CpGenerateTest, ShardedCacheHoldsBlockBOnRankBModCp) {
 
 // The serving engine on a cache sharded over cp 2 (and cp 4): prompts
 // prefilled 5 tokens per step beside decoding rows in packed steps, a
-// repeated prompt served from the prefix cache, a pool of 30 blocks of
-// which each rank allocates its share; the greedy tokens of one device's
-// full recompute.
+// repeated prompt served from the prefix cache, a pool of 14 blocks (each
+// rank allocating its share) too small for every row, so rows are
+// preempted and recomputed; the greedy tokens of one device's full
+// recompute.
 TEST(CpGenerateTest, EngineOnAShardedCacheDrawsOneDevicesTokens) {
   const LlamaConfig c = config();
   constexpr int64_t kNew = 8;
@@ -402,15 +403,15 @@ TEST(CpGenerateTest, EngineOnAShardedCacheDrawsOneDevicesTokens) {
   eo.block_size = 4;
   eo.prefill_chunk = 5;
   eo.prefix_caching = true;
-  eo.kv_cache_blocks = 30;
+  eo.kv_cache_blocks = 14;  // at least a whole context (12 blocks); fewer than 4 rows need: preemption
   for (const int cp : {2, 4}) {
     SCOPED_TRACE("cp " + std::to_string(cp));
     run_ranks(cp, [&](int) {
       Llama model(c);
       apply_context_parallel(model, init_device_mesh("cpu", {cp}, {"cp"}), sharded(cp_ring()));
       inference::Engine engine(engine_model(model), eo);
-      EXPECT_EQ(engine.num_blocks(), 30);
-      EXPECT_EQ(engine.local_blocks(), (30 + cp - 1) / cp);
+      EXPECT_EQ(engine.num_blocks(), 14);
+      EXPECT_EQ(engine.local_blocks(), (14 + cp - 1) / cp);
       std::vector<int64_t> ids;
       for (const auto& p : prompts) ids.push_back(engine.enqueue(p, dtp::test::greedy_request(kNew)).id);
       std::vector<std::vector<int64_t>> got(prompts.size());
@@ -423,6 +424,15 @@ TEST(CpGenerateTest, EngineOnAShardedCacheDrawsOneDevicesTokens) {
       }
       EXPECT_EQ(got, want);
       EXPECT_GT(engine.metrics().prefix_cache_hits, 0) << "the repeated prompt found no cached block";
+      EXPECT_GT(engine.metrics().preemptions, 0) << "14 blocks held every row";
+      // A budget per rank holds cp times the blocks.
+      inference::EngineOptions mib = eo;
+      mib.kv_cache_blocks = 0;
+      mib.kv_cache_mib = 1;
+      const inference::Engine budget(engine_model(model), mib);
+      const int64_t per_rank = (int64_t{1} << 20) / budget.block_bytes();
+      EXPECT_EQ(budget.num_blocks(), cp * per_rank);
+      EXPECT_EQ(budget.local_blocks(), per_rank);
       EXPECT_GT(comm.count(CollectiveType::AllGather), 0) << comm.str();
     });
   }
