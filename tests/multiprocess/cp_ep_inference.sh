@@ -4,8 +4,9 @@
 # ranks (EP=2 over CP=2) and whose prefill runs over them: greedy
 # continuations equal one rank's; the prefill's collectives are those of
 # --cp 2 alone plus those of --ep 2 alone (measured on the same prompts):
-# the composition adds none; dtp-serve's /metrics counts the prefills that
-# ran over cp.
+# the composition adds none; dtp-serve (its KV cache sharded over the cp
+# ranks, --cp-kv-cache sharded) answers as one rank, and its /metrics counts
+# the prefills that ran over cp.
 #   cp_ep_inference.sh DTPRUN DTP-TRAIN DTP-GENERATE DTP-SERVE
 set -euo pipefail
 dtprun=$1 train=$2 generate=$3 serve=$4
@@ -37,7 +38,7 @@ grep -q "EP=2 (over CP=2) x TP=1: prefill" "$d/got" || { cat "$d/got"; fail "dtp
 echo "cp_ep_inference: the prefill's collectives: $cp (cp) + $ep (ep) = $both"
 echo "cp_ep_inference: dtp-generate --cp 2 --ep 2 equals one rank"
 
-"$dtprun" -n 2 "$serve" --checkpoint "$d/ck" --cp 2 --ep 2 --port 0 > "$d/serve.log" 2>&1 &
+"$dtprun" -n 2 "$serve" --checkpoint "$d/ck" --cp 2 --ep 2 --cp-kv-cache sharded --port 0 > "$d/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 1 120); do grep -q "listening on" "$d/serve.log" && break; sleep 0.5; done
 url=$(grep -o "http://127.0.0.1:[0-9]*" "$d/serve.log" | head -1)
