@@ -69,11 +69,17 @@ struct Layout {
   int64_t seq = 16;
   DataParallel data_parallel = DataParallel::FSDP;
   LlamaConfig config = ::config();
+  bool aux = false;  // the MoE load-balancing loss over the step (LlamaPipeline::add_load_balancing_loss)
+  bool ac = false;   // full activation checkpointing in every stage
 };
 
-// Mixtral-shaped: a MoE in every block, 4 experts, top 2; no load-balancing
-// loss (a pipeline's step takes the language-model loss alone).
-LlamaConfig moeConfig() { return dtp::test::mixtral_like(config()); }
+// Mixtral-shaped: a MoE in every block, 4 experts, top 2; with
+// `aux_loss_coef`, the load-balancing loss of GPipe layouts with aux.
+LlamaConfig moeConfig(double aux_loss_coef = 0) {
+  LlamaConfig c = dtp::test::mixtral_like(config());
+  c.moe.aux_loss_coef = aux_loss_coef;
+  return c;
+}
 
 DeviceMesh withoutPp(const DeviceMesh& mesh) {
   std::vector<std::string> names;
@@ -85,7 +91,7 @@ DeviceMesh withoutPp(const DeviceMesh& mesh) {
 void expectStepEqualsOneDevice(const Layout& l) {
   SCOPED_TRACE(l.what);
   const LlamaConfig& c = l.config;
-  const dtp::test::CpStep want = dtp::test::cp_one_device_step(c, batchOf(c.vocab_size, l.seq));
+  const dtp::test::CpStep want = dtp::test::cp_one_device_step(c, batchOf(c.vocab_size, l.seq), l.aux);
   ParallelDims dims = l.dims;
   dims.validate();
   const int64_t world = dims.world_size(), cp = dims.cp(), pp = dims.pp(), ep = std::max<int64_t>(dims.ep(), 1);
@@ -99,12 +105,14 @@ void expectStepEqualsOneDevice(const Layout& l) {
     ParallelizeOptions options;
     options.cp = l.cp;
     options.data_parallel = l.data_parallel;
+    if (l.ac) options.ac = ACOptions{ACMode::Full};
     const LlamaPipeline pipe = pipeline_llama(full, mesh, l.pipeline, options);
     ASSERT_EQ(pipe.stages.size(), 1u);
     const bool first = mesh.get_local_rank("pp") == 0, last = pipe.has_last_stage;
+    const ProcessGroup rows = dims.dp_enabled() ? data_parallel_group(withoutPp(mesh)) : ProcessGroup();
+    if (l.aux) pipe.add_load_balancing_loss(rows.valid() ? std::optional<ProcessGroup>(rows) : std::nullopt);
     // The data loader: this dp rank's rows, then this cp rank's positions.
-    const at::Tensor b = dtp::test::cp_rows(batchOf(c.vocab_size, l.seq),
-                                            dims.dp_enabled() ? data_parallel_group(withoutPp(mesh)) : ProcessGroup());
+    const at::Tensor b = dtp::test::cp_rows(batchOf(c.vocab_size, l.seq), rows);
     const auto in = context_parallel_shard_batch(full, {b.narrow(1, 0, l.seq), b.narrow(1, 1, l.seq)});
     EXPECT_LT(in[0].size(1), l.seq) << "the batch is cut to this cp rank's positions";
     CommCounter comm;
@@ -113,14 +121,26 @@ void expectStepEqualsOneDevice(const Layout& l) {
     // The pipeline's messages: m activations (after one shape message) out
     // of the first stage, m gradients out of the last; and in, alike.
     const int64_t pipe_sends = first ? m + 1 : m, pipe_recvs = last ? m + 1 : m;
-    EXPECT_EQ(comm.count(CollectiveType::Send), pipe_sends + (ring ? m * layers * (3 * cp - 2) : 0))
-        << "ring: (cp - 1) + (2 cp - 1) sends per microbatch and layer; " << comm.str();
-    EXPECT_EQ(comm.count(CollectiveType::Recv), pipe_recvs + (ring ? m * layers * (3 * cp - 2) : 0)) << comm.str();
+    // Under activation checkpointing each forward's messages come again in
+    // the recomputation.
+    const int64_t forwards = l.ac ? 2 : 1;
+    const int64_t ring_msgs = ring ? m * layers * (forwards * (cp - 1) + 2 * cp - 1) : 0;
+    EXPECT_EQ(comm.count(CollectiveType::Send), pipe_sends + ring_msgs)
+        << "ring: (cp - 1) forward (again when recomputed) + (2 cp - 1) backward sends per microbatch and layer; "
+        << comm.str();
+    EXPECT_EQ(comm.count(CollectiveType::Recv), pipe_recvs + ring_msgs) << comm.str();
     // Expert parallelism over ep x cp: dispatch and combine forward and
     // backward, per microbatch and MoE layer.
-    const int64_t moe_a2a = ep > 1 ? m * layers * 4 : 0;
-    EXPECT_EQ(comm.count(CollectiveType::AllToAll), (ring ? 0 : m * layers * 8) + moe_a2a)
-        << "all-to-all: 4 forward and 4 backward per microbatch and layer; " << comm.str();
+    const int64_t moe_a2a = ep > 1 ? m * layers * (2 * forwards + 2) : 0;
+    EXPECT_EQ(comm.count(CollectiveType::AllToAll), (ring ? 0 : m * layers * (4 * forwards + 4)) + moe_a2a)
+        << "all-to-all: 4 forward (again when recomputed) and 4 backward per microbatch and layer; " << comm.str();
+    // The load-balancing loss: one all_reduce over pp, two over the rows and
+    // one over cp per step (FSDP reduces gradients by reduce_scatter; DDP's
+    // all_reduces would count here).
+    if (l.aux && l.data_parallel == DataParallel::FSDP) {
+      const int64_t want = 1 + (rows.valid() && rows.size() > 1 ? 2 : 0) + (cp > 1 ? 1 : 0);
+      EXPECT_EQ(comm.count(CollectiveType::AllReduce), want) << comm.str();
+    }
     // This rank's stage's parameters, by the whole model's names.
     std::set<const void*> mine;
     for (const auto& p : pipe.parameters()) mine.insert(p.unsafeGetTensorImpl());
@@ -171,6 +191,35 @@ TEST(CpPipelineTest, PpCpEpStepEqualsOneDevice) {
              DataParallel::DDP};
   a2a.config = moeConfig();
   expectStepEqualsOneDevice(a2a);
+}
+
+// The load-balancing loss over a GPipe step (NOTE: [Load-balancing loss in a
+// pipeline]): every stage's routers get one device's gradient of HF's loss
+// on the whole batch, its counts summed over microbatches, pp, the rows and
+// cp; with the experts replicated (and every stage checkpointed: the
+// recomputation reads the first pass's routing), and over ep x cp with dp.
+TEST(CpPipelineTest, LoadBalancingLossOverAGPipeStepEqualsOneDevice) {
+  Layout replicated{"(pp, cp) = (2, 2), experts replicated, aux, AC, GPipe m=2, S 13",
+                    ParallelDims().pp(2).cp(2).world_size(4), cp_ring(), {"gpipe", 2}, 13};
+  replicated.config = moeConfig(0.05);
+  replicated.aux = replicated.ac = true;
+  expectStepEqualsOneDevice(replicated);
+  Layout ep{"(pp, dp, cp, ep) = (2, 2, 2, 4) DDP, aux, GPipe m=2", ParallelDims().pp(2).dp_shard(2).cp(2).ep(4).world_size(8),
+            cp_all_to_all(), {"gpipe", 2}, 16, DataParallel::DDP};
+  ep.config = moeConfig(0.05);
+  ep.aux = true;
+  expectStepEqualsOneDevice(ep);
+}
+
+// Under 1F1B the last stage's first backward precedes its second forward:
+// the loss over the whole step is refused, naming both and GPipe.
+TEST(CpPipelineTest, LoadBalancingLossUnder1F1BIsRefused) {
+  run_ranks(2, [](int) {
+    const DeviceMesh mesh = ParallelDims().pp(2).world_size(2).build_mesh();
+    Llama full(moeConfig(0.05));
+    const LlamaPipeline pipe = pipeline_llama(full, mesh, {"1f1b", 2});
+    expect_error([&] { pipe.add_load_balancing_loss(); }, {"runs 1B0 on pp rank 1 before 1F1", "GPipe"});
+  });
 }
 
 }  // namespace

@@ -186,6 +186,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
           const ProcessGroup& world, const ProcessGroup& dp, const ProcessGroup& pp, const ProcessGroup& cp = {}) {
   const std::vector<at::Tensor> params = pipe ? pipe->parameters() : model->unique_parameters();
   dtp::optim::AdamW opt(params, torch::optim::AdamWOptions(o.lr));
+  // GPipe: the load-balancing loss over every stage and microbatch, added to the step's loss.
+  if (pipe && model->config.moe.num_experts > 0 && model->config.moe.aux_loss_coef > 0)
+    pipe->add_load_balancing_loss(dp.valid() ? std::optional<ProcessGroup>(dp) : std::nullopt);
   const int64_t first = startFrom(o, model, pipe, opt);
   // --save-every: saves in the background while training goes on.
   std::unique_ptr<dcp::AsyncSaver> saver;
@@ -507,8 +510,10 @@ int main(int argc, char** argv) {
     TORCH_CHECK(ep == 1 || o.batch % rows == 0, "--batch ", o.batch, " is not divisible by --dp ", dp, " x --ep ",
                 ep, cp > 1 ? c10::str(" / --cp ", cp) : "", ": each of those ranks trains batch/", rows, " sequences",
                 cp > 1 ? " (the cp ranks among them share theirs)" : "", ". Use a multiple of ", rows, ".");
-    TORCH_CHECK(pp == 1 || moe.num_experts == 0 || moe.aux_loss_coef == 0, "--pp with --experts: the MoE "
-                "load-balancing loss is NYI in pipelines. Pass --aux-loss-coef 0, or train without --pp.");
+    TORCH_CHECK(pp == 1 || moe.num_experts == 0 || moe.aux_loss_coef == 0 || o.pipeline_schedule == "gpipe",
+                "--pp with --experts and --aux-loss-coef ", moe.aux_loss_coef, " under --schedule ",
+                o.pipeline_schedule, ": the MoE load-balancing loss sums every microbatch's routing before the first "
+                "backward, which only GPipe runs. Use --schedule gpipe, or --aux-loss-coef 0.");
     TORCH_CHECK(pp == 1 || (o.save_hf.empty() && o.init_from_hf.empty()), "--pp: Hugging Face folders "
                 "(--save-hf, --init-from-hf) with a pipeline are NYI. Fine-tune or export without --pp; --save and "
                 "--resume folders move between pp layouts.");

@@ -77,6 +77,36 @@ void apply_expert_parallel(Llama& model, const DeviceMesh& mesh) {
 // by its own positions' routed fractions: near one device's on average, but
 // not equal (a HeadTail rank's positions route differently from its peer's),
 // however the experts are spread (replicated, or over ep x cp).
+namespace detail {
+
+LoadBalancing load_balancing(const LlamaConfig& c, at::Tensor routed, at::Tensor tokens, const at::Tensor& prob_sums,
+                             const std::optional<ProcessGroup>& data_parallel, const ContextParallelState* cp) {
+  double scale = 1.0;
+  if (data_parallel && data_parallel->size() > 1) {
+    data_parallel->all_reduce(routed).wait();
+    data_parallel->all_reduce(tokens).wait();
+    scale = static_cast<double>(data_parallel->size());
+  }
+  // See NOTE: [Load-balancing loss under context parallelism].
+  if (cp != nullptr && cp->group.size() > 1) {
+    at::Tensor packed = at::cat({routed.flatten(), tokens});
+    cp->group.all_reduce(packed).wait();
+    routed = packed.narrow(0, 0, routed.numel()).view(routed.sizes());
+    tokens = packed.narrow(0, routed.numel(), 1);
+    scale *= static_cast<double>(cp->group.size());
+  }
+  // HF's load_balancing_loss_func on the layers' logits concatenated:
+  // (routed slots per (k, e)) / N times (sum of probabilities per e) / N.
+  const at::Tensor n = tokens.reshape({});
+  const at::Tensor loss = ((routed / n) * (prob_sums / n).unsqueeze(0)).sum() * c.moe.num_experts;
+  LoadBalancing out;
+  out.value = (loss * (c.moe.aux_loss_coef * scale)).to(c.dtype);
+  out.per_prob = routed.sum(0) / (n * n) * (c.moe.num_experts * c.moe.aux_loss_coef * scale);
+  return out;
+}
+
+}  // namespace detail
+
 at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGroup>& data_parallel) {
   const auto layers = detail::moe_layers(model);
   const LlamaConfig& c = model->config;
@@ -88,34 +118,15 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
     probs.push_back(moe->router_probs.detach());  // the gradient takes the path above
     masks.push_back(at::one_hot(moe->selected, c.moe.num_experts).to(moe->router_probs.scalar_type()));
   }
-  // HF's load_balancing_loss_func on the layers' logits concatenated:
-  // (routed slots per (k, e)) / N times (sum of probabilities per e) / N.
   const at::Tensor all_probs = at::cat(probs);
-  const at::Tensor prob_sums = all_probs.sum(0);      // [E]
-  at::Tensor routed = at::cat(masks).sum(0).detach();  // [top_k, E]
-  at::Tensor tokens = at::full({1}, static_cast<double>(all_probs.size(0)), routed.options());
-  double scale = 1.0;
-  if (data_parallel && data_parallel->size() > 1) {
-    data_parallel->all_reduce(routed).wait();
-    data_parallel->all_reduce(tokens).wait();
-    scale = static_cast<double>(data_parallel->size());
-  }
-  // See NOTE: [Load-balancing loss under context parallelism].
-  if (model->context_parallel && model->context_parallel->group.size() > 1) {
-    const ProcessGroup& cp = model->context_parallel->group;
-    at::Tensor packed = at::cat({routed.flatten(), tokens});
-    cp.all_reduce(packed).wait();
-    routed = packed.narrow(0, 0, routed.numel()).view(routed.sizes());
-    tokens = packed.narrow(0, routed.numel(), 1);
-    scale *= static_cast<double>(cp.size());
-  }
-  const at::Tensor n = tokens.reshape({});
-  const at::Tensor loss = ((routed / n) * (prob_sums / n).unsqueeze(0)).sum() * c.moe.num_experts;
-  at::Tensor out = (loss * (c.moe.aux_loss_coef * scale)).to(c.dtype);
-  const at::Tensor per_prob = routed.sum(0) / (n * n) * (c.moe.num_experts * c.moe.aux_loss_coef * scale);
+  const at::Tensor routed = at::cat(masks).sum(0).detach();  // [top_k, E]
+  const detail::LoadBalancing lb =
+      detail::load_balancing(c, routed, at::full({1}, static_cast<double>(all_probs.size(0)), routed.options()),
+                             all_probs.sum(0), data_parallel, model->context_parallel.get());
+  at::Tensor out = lb.value;
   auto node = std::make_shared<LoadBalancingLossBackward>();
   for (MoEImpl* moe : layers) {
-    moe->aux_grad->per_prob = per_prob.to(moe->router_probs.scalar_type());
+    moe->aux_grad->per_prob = lb.per_prob.to(moe->router_probs.scalar_type());
     moe->aux_grad->upstream = at::Tensor();
     node->layers.push_back(moe->aux_grad);
   }
@@ -128,6 +139,64 @@ at::Tensor moe_load_balancing_loss(Llama& model, const std::optional<ProcessGrou
   if (const auto& mesh = layers[0]->input_mesh)
     out = from_local(out, *mesh, Placements(mesh->ndim(), Replicate()), /*run_check=*/false);
   return out;
+}
+
+// NOTE: [Load-balancing loss in a pipeline] HF's loss multiplies two sums
+// over every layer and token of the batch: routed slots (constants of the
+// routing) and router probabilities. Its gradient for one token's
+// probabilities (per_prob) therefore needs every stage's and every
+// microbatch's routed counts before any backward, which GPipe gives: the
+// MoE layers keep each microbatch's routing (keep_routing), and a loss
+// term of the pipeline (NOTE: [Pipeline loss terms]) sums them, all_reduces
+// (routed, probability sums, tokens) packed over pp, then over the rows'
+// group and cp as moe_load_balancing_loss does, and sets every kept
+// microbatch's aux_grad: per_prob, and upstream 1 (the term is added once,
+// unscaled by the microbatches). Each rank's term is then the same as
+// moe_load_balancing_loss's on the whole model with the rank's rows: one
+// device's, averaged over dp x cp. Under 1F1B a backward precedes the last
+// forwards; Megatron's per-microbatch, per-layer form would be a different
+// loss, so it is refused rather than approximated.
+void LlamaPipeline::add_load_balancing_loss(const std::optional<ProcessGroup>& data_parallel) const {
+  TORCH_CHECK(!stages.empty() && pipeline, "LlamaPipeline::add_load_balancing_loss: no stages on this rank. Call it on "
+              "what pipeline_llama returned.");
+  std::vector<MoEImpl*> layers;
+  for (Llama stage : stages)
+    for (MoEImpl* moe : detail::moe_layers(stage)) {
+      moe->keep_routing = true;
+      moe->routing.clear();
+      layers.push_back(moe);
+    }
+  const LlamaConfig c = stages[0]->config;
+  TORCH_CHECK(c.moe.num_experts > 0, "LlamaPipeline::add_load_balancing_loss: the model has no MoE layers "
+              "(LlamaConfig::moe.num_experts is 0). Leave the load-balancing loss out.");
+  const ProcessGroup pp = pipeline->group();
+  std::shared_ptr<ContextParallelState> cp = stages[0]->context_parallel;
+  pipeline->add_loss_term([layers, c, pp, data_parallel, cp]() {
+    const int64_t E = c.moe.num_experts, k = c.moe.top_k;
+    const auto f64 = at::TensorOptions().dtype(at::kDouble).device(c.device);
+    at::Tensor routed = at::zeros({k, E}, f64), prob_sums = at::zeros({E}, f64);
+    double tokens = 0;
+    for (MoEImpl* moe : layers) {
+      for (const MoEImpl::Routing& r : moe->routing) {
+        routed += r.routed.to(at::kDouble);
+        prob_sums += r.prob_sums.to(at::kDouble);
+        tokens += static_cast<double>(r.tokens);
+      }
+    }
+    at::Tensor packed = at::cat({routed.flatten(), prob_sums, at::full({1}, tokens, f64)});
+    pp.all_reduce(packed).wait();
+    const detail::LoadBalancing lb =
+        detail::load_balancing(c, packed.narrow(0, 0, k * E).view({k, E}).clone(), packed.narrow(0, k * E + E, 1).clone(),
+                               packed.narrow(0, k * E, E), data_parallel, cp.get());
+    for (MoEImpl* moe : layers) {
+      for (const MoEImpl::Routing& r : moe->routing) {
+        r.grad->per_prob = lb.per_prob.to(r.prob_sums.scalar_type());
+        r.grad->upstream = at::ones({}, r.prob_sums.options());
+      }
+      moe->routing.clear();
+    }
+    return lb.value;
+  });
 }
 
 }  // namespace dtp::models

@@ -217,7 +217,11 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   // gradient is partial too: summed over the mesh before the router sees it.
   if (cut) w = to_local(from_local(w, *cut, {Replicate()}, /*run_check=*/false), Placements{Partial()});
   at::Tensor result = at::zeros_like(flat).index_add(0, token, y * w).view(x.sizes());
-  if (!in_checkpoint_recompute()) aux_grad = std::make_shared<AuxLossGrad>();
+  if (!in_checkpoint_recompute()) {
+    aux_grad = std::make_shared<AuxLossGrad>();
+    if (keep_routing)
+      routing.push_back({at::one_hot(chosen, E).sum(0), router_probs.detach().sum(0), chosen.size(0), aux_grad});
+  }
   if (at::GradMode::is_enabled() && router_probs.requires_grad())
     result = result + auxLossGradEntry(router_probs, aux_grad, result);
   if (tp_mesh)

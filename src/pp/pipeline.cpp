@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -59,6 +60,29 @@ Pipeline::Pipeline(Schedule schedule, std::vector<PipelineStage> stages, Process
   agree_on_value(pp_, "Pipeline", "schedules",
                  c10::str(schedule_.name(), ": ", schedule_.stages(), " stages, ", schedule_.microbatches(),
                           " microbatches\n", schedule_.str()));
+}
+
+// NOTE: [Pipeline loss terms] A loss over the whole batch that is not a sum
+// of per-microbatch losses (HF's MoE load-balancing loss multiplies two
+// sums over every token) has a gradient that needs every microbatch's
+// forward first. Under GPipe each rank runs all its forwards, then all its
+// backwards, so the term runs in between: every rank reaches that point
+// after sending its last activation (sends are non-blocking), so a
+// collective over pp there cannot deadlock. Under 1F1B the last stage's
+// first backward precedes its second forward: refused.
+void Pipeline::add_loss_term(std::function<at::Tensor()> term) {
+  TORCH_CHECK(term, "Pipeline::add_loss_term: an empty function.");
+  for (int r = 0; r < schedule_.ranks(); ++r) {
+    const std::vector<Action>& actions = schedule_.actions(r);
+    const auto backward = std::find_if(actions.begin(), actions.end(),
+                                       [](const Action& a) { return a.kind == Action::Backward; });
+    const auto forward = std::find_if(backward, actions.end(), [](const Action& a) { return a.kind == Action::Forward; });
+    TORCH_CHECK(forward == actions.end(), "Pipeline::add_loss_term: the ", schedule_.name(), " schedule runs ",
+                backward->str(), " on pp rank ", r, " before ", forward->str(), ", but a loss term over the whole "
+                "batch needs every forward before the first backward. Use a GPipe schedule (Schedule::gpipe, "
+                "PipelineOptions{\"gpipe\", m}), or leave the term out.");
+  }
+  terms_.push_back(std::move(term));
 }
 
 at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
@@ -144,10 +168,20 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     return recv(at::empty(it->second.first, options.dtype(it->second.second)), st.index - 1, tag);
   };
 
-  at::Tensor loss_sum;
+  at::Tensor loss_sum, term_sum;
+  bool terms_done = terms_.empty();
   for (const Action& a : schedule_.actions(pp_.rank())) {
     const PipelineStage& st = *mine.at(a.stage);
     const auto key = std::make_pair(a.stage, a.microbatch);
+    if (a.kind == Action::Backward && !terms_done) {  // NOTE: [Pipeline loss terms]
+      for (const auto& term : terms_) {
+        const at::Tensor v = term();
+        TORCH_CHECK(v.defined() && v.numel() == 1, "Pipeline: a loss term returned ", v.defined() ? c10::str(v.sizes())
+                    : std::string("an undefined tensor"), ", expected its value (0-dim).");
+        term_sum = term_sum.defined() ? term_sum + v.detach().reshape({}) : v.detach().reshape({});
+      }
+      terms_done = true;
+    }
     if (a.kind == Action::Forward) {
       const auto& self_queue = to_self[activationTag(a.stage)];
       at::Tensor x = a.stage == 0 ? input_mbs[a.microbatch]
@@ -189,6 +223,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
   }
   for (auto& w : sends) waitFor(std::move(w));
   stats_.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (loss_sum.defined() && term_sum.defined()) return loss_sum + term_sum.to(loss_sum.scalar_type());
   return loss_sum;
 }
 

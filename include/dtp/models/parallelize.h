@@ -18,7 +18,7 @@
 // pipeline_llama, with "pp" (every stage's attention over cp), and with "ep"
 // (the experts over ep x cp, as torchtitan's ep = dp_shard_in_ep x cp: a
 // (dp, ep, cp[, tp]) mesh, NOTE: [Context parallelism with expert
-// parallelism]); "pp" with both "cp" and "ep" is an error: NYI (#58).
+// parallelism]), also inside pipeline_llama's stages.
 //
 //   auto mesh = dtp::ParallelDims().tp(2).ep(2).world_size(8).build_mesh();
 //   parallelize_llama(model, mesh);  // (dp_shard_mod_ep=2, dp_shard_in_ep=2, tp=2)
@@ -232,6 +232,17 @@ struct LlamaPipeline {
   // metadata. Collective over every rank of the pipeline.
   std::map<std::string, std::string> load_state(const std::string& dir, Llama model,
                                                 torch::optim::Optimizer* optimizer) const;
+  // The MoE load-balancing loss (moe_load_balancing_loss's, HF's) over the
+  // whole step: every stage's MoE layers and every microbatch, added to the
+  // loss pipeline->step returns on the last stage, its gradient into every
+  // stage's routers. Counts sum over the microbatches, the pp group (one
+  // all_reduce per step), `data_parallel` (the rows' group, as
+  // moe_load_balancing_loss takes it) and cp. Needs a GPipe schedule (every
+  // forward before the first backward): 1F1B is an error saying so
+  // (NOTE: [Load-balancing loss in a pipeline] in src/models/llama_ep.cpp).
+  // Collective: every rank of the pipeline calls it once, after
+  // pipeline_llama.
+  void add_load_balancing_loss(const std::optional<ProcessGroup>& data_parallel = std::nullopt) const;
 };
 
 // Cuts `model` into pp * stages_per_rank stages (llama_pipeline_stage), keeps

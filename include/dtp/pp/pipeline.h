@@ -65,12 +65,24 @@ class Pipeline {
   at::Tensor step(const at::Tensor& inputs, const at::Tensor& targets);
   const StepStats& last_stats() const { return stats_; }
   const Schedule& schedule() const { return schedule_; }
+  const ProcessGroup& group() const { return pp_; }
+  // A term of the step's loss over the whole batch (every stage, every
+  // microbatch), such as the MoE load-balancing loss: `term` runs once per
+  // step on every rank, after its last forward and before its first
+  // backward (it may call collectives over the pp group: every rank gets
+  // there), and returns the term's value, 0-dim and the same on every rank,
+  // which step() adds to the loss it returns. Its gradient the term gives
+  // itself, into the graphs the forwards built. Needs every rank's forwards
+  // before its backwards (GPipe): another schedule is an error naming the
+  // backward that comes first. NOTE: [Pipeline loss terms].
+  void add_loss_term(std::function<at::Tensor()> term);
 
  private:
   Schedule schedule_;
   std::vector<PipelineStage> stages_;
   ProcessGroup pp_;
   LossFn loss_;
+  std::vector<std::function<at::Tensor()>> terms_;
   StepStats stats_;
 };
 
