@@ -116,6 +116,7 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   std::vector<at::Tensor> outs;
   {
     at::NoGradGuard no_grad;
+    detail::CheckpointFirstPassScope first_pass;
     detail::TapeScope c(node->collectives.get()), p(node->products.get(), detail::TapeKind::SavedOps);
     outs = fn(node->inputs);
   }

@@ -6,6 +6,7 @@
 #include "dtp/dtensor.h"
 #include "dtp/ep/all_to_all.h"
 #include "dtp/module_utils.h"
+#include "nn/applied.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
@@ -219,7 +220,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& input) {
   at::Tensor result = at::zeros_like(flat).index_add(0, token, y * w).view(x.sizes());
   if (!in_checkpoint_recompute()) {
     aux_grad = std::make_shared<AuxLossGrad>();
-    if (keep_routing && at::GradMode::is_enabled())  // training forwards only, not an evaluation's
+    if (keep_routing && detail::forward_for_backward())  // training forwards only, not an evaluation's
       routing.push_back({at::one_hot(chosen, E).sum(0), router_probs.detach().sum(0), chosen.size(0), aux_grad});
   }
   if (at::GradMode::is_enabled() && router_probs.requires_grad())

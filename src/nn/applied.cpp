@@ -1,9 +1,12 @@
 #include "nn/applied.h"
 
+#include <ATen/core/grad_mode.h>
+
 namespace dtp::detail {
 namespace {
 
 thread_local int recompute_depth = 0;
+thread_local int first_pass_depth = 0;
 
 }  // namespace
 
@@ -40,5 +43,9 @@ std::string applied_below(torch::nn::Module& module, const std::vector<std::stri
 RecomputeScope::RecomputeScope() { ++recompute_depth; }
 RecomputeScope::~RecomputeScope() { --recompute_depth; }
 bool in_recompute() { return recompute_depth > 0; }
+
+CheckpointFirstPassScope::CheckpointFirstPassScope() { ++first_pass_depth; }
+CheckpointFirstPassScope::~CheckpointFirstPassScope() { --first_pass_depth; }
+bool forward_for_backward() { return at::GradMode::is_enabled() || first_pass_depth > 0; }
 
 }  // namespace dtp::detail

@@ -41,4 +41,17 @@ class RecomputeScope {
 };
 bool in_recompute();
 
+// While alive on this thread, a checkpointed function's first pass runs
+// (without grad, but to be differentiated through its recomputation).
+class CheckpointFirstPassScope {
+ public:
+  CheckpointFirstPassScope();
+  ~CheckpointFirstPassScope();
+  CheckpointFirstPassScope(const CheckpointFirstPassScope&) = delete;
+  CheckpointFirstPassScope& operator=(const CheckpointFirstPassScope&) = delete;
+};
+// A forward that backward will differentiate: grad on, or a checkpoint's
+// first pass.
+bool forward_for_backward();
+
 }  // namespace dtp::detail

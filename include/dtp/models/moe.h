@@ -90,7 +90,8 @@ class MoEImpl : public torch::nn::Module {
   // The last forward's (a checkpoint's recomputation keeps the first pass's).
   std::shared_ptr<AuxLossGrad> aux_grad = std::make_shared<AuxLossGrad>();
   // While keep_routing is set (LlamaPipeline::add_load_balancing_loss),
-  // every forward with grad but a checkpoint's recomputation appends its routing: the
+  // every training forward (with grad, or a checkpoint's first pass; not an
+  // evaluation's, nor a recomputation) appends its routing: the
   // routed slots [top_k, E], the probabilities summed over tokens [E], the
   // tokens, and its aux_grad (a pipeline step's microbatches, for one loss
   // over all of them).
