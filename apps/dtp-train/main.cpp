@@ -13,8 +13,10 @@
 #include "metrics.h"
 #include "options.h"
 
-#include "dtp/comm_counter.h"
+#include "comm/compat.h"
+#include "dtp/amp/grad_scaler.h"
 #include "dtp/amp/mixed_precision.h"
+#include "dtp/comm_counter.h"
 #include "dtp/dtensor.h"
 #include "dtp/dcp/checkpoint.h"
 #include "dtp/models/checkpoint.h"
@@ -38,8 +40,10 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 namespace {
 
@@ -80,7 +84,28 @@ void moeMetrics(Llama& model, const at::Tensor& aux, const ProcessGroup& dp, con
 // Where the run starts: a checkpoint (a dcp folder that find_checkpoint
 // chose, or an earlier dtp's single file), HF weights, or the init. Returns
 // the first step.
-int64_t startFrom(const Options& o, Llama& model, const LlamaPipeline* pipe, torch::optim::AdamW& opt) {
+// The loss scaler's state in a checkpoint's metadata ("grad_scaler"):
+// PyTorch's state_dict entries as name=value pairs.
+std::string scalerMetadata(const GradScaler& scaler) {
+  std::string out;
+  for (const auto& [name, value] : scaler.state_dict()) out += (out.empty() ? "" : ",") + name + "=" + c10::str(value);
+  return out;
+}
+
+void loadScaler(const std::string& text, GradScaler& scaler, const std::string& from) {
+  std::map<std::string, double> state;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    const size_t eq = item.find('=');
+    TORCH_CHECK(eq != std::string::npos, "--resume '", from, "': its grad_scaler metadata '", text, "' is not "
+                "name=value pairs: the checkpoint is damaged.");
+    state[item.substr(0, eq)] = std::stod(item.substr(eq + 1));
+  }
+  scaler.load_state_dict(state);
+}
+
+int64_t startFrom(const Options& o, Llama& model, const LlamaPipeline* pipe, torch::optim::AdamW& opt,
+                  GradScaler& scaler) {
   if (!o.resume.empty()) {
     const bool file = std::filesystem::is_regular_file(o.resume);
     TORCH_CHECK(!file || !pipe, "--resume '", o.resume, "' is a single-file checkpoint of an earlier dtp, which a "
@@ -91,6 +116,9 @@ int64_t startFrom(const Options& o, Llama& model, const LlamaPipeline* pipe, tor
     auto it = meta.find("step");
     TORCH_CHECK(it != meta.end(), "--resume '", o.resume, "' has no \"step\" metadata: it was not written by "
                 "dtp-train. Resume from a dtp-train --save folder.");
+    // A float16 run's scale goes on from the saved one (a run saved
+    // without one starts from the initial scale).
+    if (auto s = meta.find("grad_scaler"); s != meta.end() && scaler.is_enabled()) loadScaler(s->second, scaler, o.resume);
     return std::stoll(it->second);
   }
   if (!o.init_from_hf.empty()) load_hf_weights(model, o.init_from_hf);
@@ -140,6 +168,7 @@ std::string gib(double b) {
 
 struct Run {
   std::vector<double> losses;
+  int64_t skipped = 0;  // steps GradScaler skipped
   std::vector<std::pair<std::string, at::Tensor>> params;  // full, at the end
 };
 
@@ -186,16 +215,20 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
           const ProcessGroup& world, const ProcessGroup& dp, const ProcessGroup& pp, const ProcessGroup& cp = {}) {
   const std::vector<at::Tensor> params = pipe ? pipe->parameters() : model->unique_parameters();
   dtp::optim::AdamW opt(params, torch::optim::AdamWOptions(o.lr));
+  // --mixed-precision f16: loss scaling, skipped steps agreed over the
+  // world (an invalid group: one device alone).
+  GradScaler scaler(GradScalerOptions().enabled(o.mixed_precision == "f16").group(world));
   // GPipe: the load-balancing loss over every stage and microbatch, added to the step's loss.
   if (pipe && model->config.moe.num_experts > 0 && model->config.moe.aux_loss_coef > 0)
     pipe->add_load_balancing_loss(dp.valid() ? std::optional<ProcessGroup>(dp) : std::nullopt);
-  const int64_t first = startFrom(o, model, pipe, opt);
+  const int64_t first = startFrom(o, model, pipe, opt, scaler);
   // --save-every: saves in the background while training goes on.
   std::unique_ptr<dcp::AsyncSaver> saver;
   if (!o.save.empty() && o.save_every > 0) saver = std::make_unique<dcp::AsyncSaver>();
   auto stateAt = [&](int64_t step) {
     dcp::StateDict sd = pipe ? pipe->state_dict(model, &opt) : dcp::get_state_dict(*model, &opt, llama_state_dict_options());
     sd.metadata["step"] = std::to_string(step);
+    if (scaler.is_enabled()) sd.metadata["grad_scaler"] = scalerMetadata(scaler);
     sd.metadata[kLlamaConfigKey] = llama_config_to_json(configOf(o));
     return sd;
   };
@@ -250,8 +283,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
         loss = loss + aux;
       }
       opt.zero_grad();
-      loss.backward();
+      scaler.scale(loss).backward();
     }
+    scaler.unscale_(opt);  // before clipping (nothing when disabled)
     if (debug) {
       apps::write_comm_debug(*debug, o.comm_debug, world);
       debug.reset();
@@ -264,7 +298,8 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
       notCounted([&] { grad_norm = clip_grad_norm_(params, INFINITY, 2.0, pp); });  // scales by 1: exact
     }
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(learningRate(o, step));
-    opt.step();
+    if (!scaler.step(opt)) ++run.skipped;  // an inf or NaN gradient on some rank (float16)
+    scaler.update();
     at::Tensor reported = !loss.defined() ? at::zeros({1}, at::kDouble)
                           : (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).reshape({1});
     if (pipe) notCounted([&] { pp.all_reduce(reported); });  // from the last stage to every rank
@@ -337,6 +372,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
                 static_cast<long long>(o.steps - first), s, run.losses.empty() ? 0.0 : run.losses.front(),
                 run.losses.empty() ? 0.0 : run.losses.back(), tokens / s,
                 static_cast<long long>(comm.total_count()), comm.str().c_str());
+    if (scaler.is_enabled())
+      std::printf("loss scaling: %lld of %lld steps skipped (an inf or NaN gradient), scale now %g\n",
+                  static_cast<long long>(run.skipped), static_cast<long long>(o.steps - first), scaler.get_scale());
   }
   return run;
 }
@@ -420,7 +458,7 @@ int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
       param_sum += p.abs().sum().item<double>();
       param_count += p.numel();
     }
-    const double u = mp ? 3.9e-3 : 5.96e-8;  // bf16 or float32 unit roundoff
+    const double u = !mp ? 5.96e-8 : o.mixed_precision == "f16" ? 4.88e-4 : 3.9e-3;  // float32, float16 or bf16 unit roundoff
     const double loss_tol = 4 * one_err.loss + 16 * u * loss_scale;
     const double mean_tol = 4 * one_err.param_mean + 16 * u * param_sum / static_cast<double>(std::max<int64_t>(param_count, 1));
     const double max_tol = 2 * static_cast<double>(steps) * o.lr * 0.1 / std::sqrt(1 - 0.999);  // AdamW's defaults
@@ -428,7 +466,7 @@ int checkParity(const Options& o, const at::Tensor& corpus, const Run& tp) {
     std::printf("parity vs one device in %s over %zu steps: max |loss diff| %.3g, max |param diff| %.3g; "
                 "distance from float64 of this run: loss %.3g, weights mean %.3g (max %.3g), of one device: %.3g, %.3g (%.3g) "
                 "(tolerance %.3g, %.3g (%.3g)): %s\n",
-                mp ? "bf16 mixed precision" : "float32", steps, d.loss, d.param, tp_err.loss, tp_err.param_mean, tp_err.param,
+                mp ? (o.mixed_precision + " mixed precision").c_str() : "float32", steps, d.loss, d.param, tp_err.loss, tp_err.param_mean, tp_err.param,
                 one_err.loss, one_err.param_mean, one_err.param, loss_tol, mean_tol, max_tol, ok ? "ok" : "FAILED");
   }
   return ok ? 0 : 1;
@@ -543,9 +581,12 @@ int main(int argc, char** argv) {
     const at::Tensor corpus = apps::load_corpus(o.data, tokenizer.get());
     TORCH_CHECK(o.mixed_precision.empty() || o.model.dtype == "float32", "--mixed-precision ", o.mixed_precision,
                 " keeps float32 master weights: drop --dtype ", o.model.dtype, ".");
-    TORCH_CHECK(o.mixed_precision != "f16", "NYI: --mixed-precision f16: float16 needs loss scaling against "
-                "gradient underflow (PyTorch's GradScaler), which dtp-train does not do yet. Use --mixed-precision "
-                "bf16 (bf16 has float32's range: no scaling needed; libtorch 1.13 also has no float16 matmul on CPU).");
+    TORCH_CHECK(o.mixed_precision != "f16" || pp == 1, "NYI: --mixed-precision f16 with --pp: the pipeline runs "
+                "each microbatch's backward itself, without GradScaler's loss scale. Use --mixed-precision bf16 "
+                "(float32's range: no scaling needed), or f16 without --pp.");
+    TORCH_CHECK(o.mixed_precision != "f16" || o.device != "cpu" || DTP_HAS_CPU_HALF_MATMUL, "--mixed-precision f16 "
+                "on CPU: this libtorch (", TORCH_VERSION, ") has no float16 matrix product on CPU (libtorch 2.1 and "
+                "later do). Use --mixed-precision bf16, or libtorch 2.x.");
     const bool fsdp = (dp * ep > 1 || cp > 1) && !o.ddp;
     // --cp: torchtitan's mesh, (pp, dp_shard, cp, tp) without the degrees of
     // 1, with dp_shard_cp (FSDP's or DDP's) and dp_cp flattened; with --ep,
@@ -565,7 +606,7 @@ int main(int argc, char** argv) {
     if (world.rank() == 0)
       std::printf("dtp-train: %s%s%s, %lld layers, dim %lld, %lld heads (%lld kv), %.2f M %s parameters, %s%s%s; corpus %.1f M tokens (%s)%s%s\n",
                   mesh.str().c_str(), cp > 1 ? c10::str(" ", o.cp_attention, " attention, ", o.cp_layout, " layout,").c_str() : "",
-                  (std::string(fsdp ? " FSDP" : dp * ep > 1 || cp > 1 ? " DDP" : "") + (o.mixed_precision.empty() ? "" : ", bf16 mixed precision")).c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
+                  (std::string(fsdp ? " FSDP" : dp * ep > 1 || cp > 1 ? " DDP" : "") + (o.mixed_precision.empty() ? "" : ", " + o.mixed_precision + " mixed precision")).c_str(), static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
                   static_cast<long long>(config.n_heads), static_cast<long long>(config.n_kv_heads),
                   [&] { int64_t n = 0; for (auto& p : model->unique_parameters()) n += p.numel(); return n / 1e6; }(),
                   o.model.dtype.c_str(),

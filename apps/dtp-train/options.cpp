@@ -42,7 +42,8 @@ void add_options(CLI::App& app, Options& o) {
   auto* fsdp = app.add_flag("--fsdp", o.fsdp, "Data parallelism as FSDP (fully_shard per block) [default]");
   app.add_flag("--ddp", o.ddp, "Data parallelism as DDP (replicate, bucketed all-reduce)")->excludes(fsdp);
   app.add_option("--mixed-precision,--mp", o.mixed_precision, "Mixed precision under every layout (TP, DDP, FSDP, "
-                 "HSDP, pipelines): bf16 compute, float32 master weights and gradient reduction (f16: NYI)")
+                 "HSDP, pipelines): bf16 compute, float32 master weights and gradient reduction; f16: the same in float16 "
+                 "with loss scaling (GradScaler), not with --pp")
       ->check(CLI::IsMember({"bf16", "f16"}));
   app.add_option("--ac", o.ac, "Activation checkpointing of the transformer blocks")
       ->check(CLI::IsMember({"none", "full", "selective"}))
@@ -93,7 +94,7 @@ void add_options(CLI::App& app, Options& o) {
 std::optional<MixedPrecisionPolicy> mpPolicy(const Options& o) {
   if (o.mixed_precision.empty()) return std::nullopt;
   MixedPrecisionPolicy p;
-  p.param_dtype = at::kBFloat16;
+  p.param_dtype = o.mixed_precision == "f16" ? at::kHalf : at::kBFloat16;
   p.reduce_dtype = at::kFloat;
   return p;
 }

@@ -19,6 +19,9 @@
 //   kernel it picks (_scaled_dot_product_flash_attention_for_cpu) are 2.2's:
 //   DTP_HAS_SDPA; the _safe_softmax of its math path is 2.5's:
 //   DTP_HAS_SAFE_SOFTMAX.
+// - float16 matrix products on CPU (addmm for Half) are 2.1's: 1.13 has
+//   none (removed in 1.12), so float16 compute on CPU needs
+//   DTP_HAS_CPU_HALF_MATMUL (checked here on 2.6).
 // - c10::MemoryReportingInfoBase::reportMemoryUsage takes the allocator's
 //   totals as int64_t in 1.13 and as size_t in 2.x: MemoryReportTotal, read
 //   off the declaration itself.
@@ -50,6 +53,7 @@
 
 #define DTP_HAS_KINETO (TORCH_VERSION_MAJOR >= 2)
 #define DTP_HAS_SDPA (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2))
+#define DTP_HAS_CPU_HALF_MATMUL (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
 #define DTP_HAS_SAFE_SOFTMAX (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))
 
 namespace dtp::compat {

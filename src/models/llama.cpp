@@ -364,7 +364,11 @@ dcp::StateDictOptions llama_state_dict_options() {
 }
 
 at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets) {
-  const at::Tensor flat = logits.flatten(0, 1), t = targets.flatten();
+  // Half-precision logits (mixed precision's compute copies) in float32, as
+  // torchtitan's loss: a float16 loss would overflow under a loss scale
+  // (4 x 2^16 > 65504), and a bf16 one keeps 3 digits.
+  const bool low = logits.scalar_type() == at::kHalf || logits.scalar_type() == at::kBFloat16;
+  const at::Tensor flat = (low ? logits.to(at::kFloat) : logits).flatten(0, 1), t = targets.flatten();
   if (is_dtensor(logits)) return loss_parallel_cross_entropy(flat, t);
   return torch::nn::functional::cross_entropy(flat, t);
 }

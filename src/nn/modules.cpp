@@ -13,8 +13,15 @@ void RMSNormImpl::reset() { weight = register_parameter("weight", at::ones({dim}
 
 namespace {
 
+// Half-precision inputs normalize in float32 and return to their dtype
+// before the weight, as Hugging Face's LlamaRMSNorm: in float16 the
+// derivative of rsqrt(mean(x^2)), r^3, overflows for activations below
+// about 0.02 (r^3 > 65504).
 at::Tensor plainRmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * weight;
+  if (x.scalar_type() != at::kHalf && x.scalar_type() != at::kBFloat16)
+    return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * weight;
+  const at::Tensor h = x.to(at::kFloat);
+  return (h * at::rsqrt(h.pow(2).mean({-1}, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
 }
 
 }  // namespace

@@ -16,7 +16,8 @@
 // policy.reduce_dtype: by the masters' end-of-backward buckets when it is
 // their dtype, else in one all-reduce per tp group where backward has all
 // the module's gradients. See NOTE: [Compute copies] in
-// src/amp/mixed_precision.cpp.
+// src/amp/mixed_precision.cpp. Float16 compute needs loss scaling:
+// dtp::GradScaler (dtp/amp/grad_scaler.h).
 #pragma once
 
 #include "dtp/fsdp/mixed_precision_policy.h"

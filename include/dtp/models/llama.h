@@ -225,6 +225,7 @@ dcp::StateDictOptions llama_state_dict_options();
 
 // Mean cross-entropy of logits [batch, seq, vocab] against targets
 // [batch, seq]; vocab-sharded DTensor logits go through loss_parallel.
+// float16 and bf16 logits are taken in float32 (a float32 loss).
 at::Tensor llama_loss(const at::Tensor& logits, const at::Tensor& targets);
 
 // The training loss of `model`'s logits on this rank's tokens: llama_loss,

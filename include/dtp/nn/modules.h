@@ -64,7 +64,8 @@ class Dropout : public Hooked<torch::nn::DropoutImpl> {
   using Hooked<torch::nn::DropoutImpl>::Hooked;
 };
 
-// y = x / sqrt(mean(x^2, last dim) + eps) * weight
+// y = x / sqrt(mean(x^2, last dim) + eps) * weight; float16 and bf16 x
+// normalized in float32 and cast back before the weight (as HF's).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl> {
