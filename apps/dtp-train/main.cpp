@@ -222,6 +222,9 @@ Run train(Llama& model, const LlamaPipeline* pipe, const Options& o, const at::T
   if (pipe && model->config.moe.num_experts > 0 && model->config.moe.aux_loss_coef > 0)
     pipe->add_load_balancing_loss(dp.valid() ? std::optional<ProcessGroup>(dp) : std::nullopt);
   const int64_t first = startFrom(o, model, pipe, opt, scaler);
+  if (scaler.is_enabled() && first > 0 && log && world.rank() == 0)
+    std::printf("loss scaling: resumed at scale %g after %lld clean steps\n", scaler.get_scale(),
+                static_cast<long long>(scaler.growth_tracker()));
   // --save-every: saves in the background while training goes on.
   std::unique_ptr<dcp::AsyncSaver> saver;
   if (!o.save.empty() && o.save_every > 0) saver = std::make_unique<dcp::AsyncSaver>();
