@@ -39,6 +39,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -87,9 +88,10 @@ void moeMetrics(Llama& model, const at::Tensor& aux, const ProcessGroup& dp, con
 // The loss scaler's state in a checkpoint's metadata ("grad_scaler"):
 // PyTorch's state_dict entries as name=value pairs.
 std::string scalerMetadata(const GradScaler& scaler) {
-  std::string out;
-  for (const auto& [name, value] : scaler.state_dict()) out += (out.empty() ? "" : ",") + name + "=" + c10::str(value);
-  return out;
+  std::ostringstream out;
+  out << std::setprecision(17);  // every double back as it was
+  for (const auto& [name, value] : scaler.state_dict()) out << (out.tellp() > 0 ? "," : "") << name << "=" << value;
+  return out.str();
 }
 
 void loadScaler(const std::string& text, GradScaler& scaler, const std::string& from) {
