@@ -209,6 +209,16 @@ LlamaConfig mistral(int64_t window) {
   return c;
 }
 
+// This rank's model of layout l (inside run_ranks): tp for inference, then cp.
+Llama rankModel(const Layout& l) {
+  const DeviceMesh mesh = init_device_mesh("cpu", {l.cp, l.tp}, {"cp", "tp"});
+  Llama model(l.config);
+  model->eval();
+  if (l.tp > 1) apply_tensor_parallel_for_inference(model, mesh["tp"]);
+  apply_context_parallel(model, mesh["cp"], l.options);
+  return model;
+}
+
 void expectPrefillEqualsOneDevice(const Layout& l) {
   SCOPED_TRACE(l.what);
   const LlamaConfig& c = l.config;
@@ -222,11 +232,7 @@ void expectPrefillEqualsOneDevice(const Layout& l) {
   double worst = 0;
   run_ranks(static_cast<int>(l.cp * l.tp), [&](int rank) {
     SCOPED_TRACE(l.what + " rank " + std::to_string(rank));
-    const DeviceMesh mesh = init_device_mesh("cpu", {l.cp, l.tp}, {"cp", "tp"});
-    Llama model(c);
-    model->eval();
-    if (l.tp > 1) apply_tensor_parallel_for_inference(model, mesh["tp"]);
-    apply_context_parallel(model, mesh["cp"], l.options);
+    Llama model = rankModel(l);
     double err = 0;
     for (const bool paged : {false, true}) {
       SCOPED_TRACE(paged ? "paged, packed" : "contiguous");
@@ -282,11 +288,7 @@ void expectShardedCacheEqualsOneDevice(const Layout& l, int64_t first_chunk = 0)
   double worst = 0;
   run_ranks(static_cast<int>(l.cp * l.tp), [&](int rank) {
     SCOPED_TRACE(l.what + " rank " + std::to_string(rank));
-    const DeviceMesh mesh = init_device_mesh("cpu", {l.cp, l.tp}, {"cp", "tp"});
-    Llama model(c);
-    model->eval();
-    if (l.tp > 1) apply_tensor_parallel_for_inference(model, mesh["tp"]);
-    apply_context_parallel(model, mesh["cp"], l.options);
+    Llama model = rankModel(l);
     ASSERT_TRUE(engine_model(model)->kv_cache_group().valid()) << "the engine's model spreads no cache";
     Counts prefill, decode;
     const auto got = prefillAndDecode(model, /*paged=*/true, &prefill, &decode, first_chunk);
