@@ -39,12 +39,6 @@ struct Clipped {
   std::vector<at::Tensor> grads;  // full, in unique_parameters order
 };
 
-std::vector<at::Tensor> fullGrads(Llama& model) {
-  std::vector<at::Tensor> out;
-  for (auto& p : model->unique_parameters()) out.push_back(is_dtensor(p) ? full_tensor(p.grad()) : p.grad().clone());
-  return out;
-}
-
 TEST(ClipGradNorm, EqualsOneDeviceWithOneAllReducePerGroup) {
   LlamaConfig c = dtp::test::small_llama_config(2);
   c.dtype = at::kDouble;
@@ -54,7 +48,7 @@ TEST(ClipGradNorm, EqualsOneDeviceWithOneAllReducePerGroup) {
     Llama one(c);
     backwardOn(one, batchFor(c.vocab_size, 0, 1));
     Clipped want{torch::nn::utils::clip_grad_norm_(one->unique_parameters(), kMax, p), {}};
-    want.grads = fullGrads(one);
+    want.grads = dtp::test::full_grads(one);
     ASSERT_GT(want.norm, kMax) << "the test must clip";
     for (const char* how : {"tp", "fsdp", "ddp"}) {
       SCOPED_TRACE(how);
@@ -75,7 +69,7 @@ TEST(ClipGradNorm, EqualsOneDeviceWithOneAllReducePerGroup) {
         EXPECT_EQ(comm.total_count(), comm.count(CollectiveType::AllReduce));
         EXPECT_EQ(norm.dim(), 0);
         EXPECT_NEAR(norm.item<double>(), want.norm, 1e-12 * want.norm);
-        const auto got = fullGrads(model);
+        const auto got = dtp::test::full_grads(model);
         ASSERT_EQ(got.size(), want.grads.size());
         for (size_t i = 0; i < got.size(); ++i) EXPECT_CLOSE(got[i], want.grads[i], 0.0, 1e-15) << i;
       });
@@ -94,7 +88,7 @@ TEST(ClipGradNorm, PipelineStagesShareTheWholeNorm) {
     Llama one(c);
     backwardOn(one, batchFor(c.vocab_size, 0, 1));
     const double want = torch::nn::utils::clip_grad_norm_(one->unique_parameters(), kMax, p);
-    const auto want_grads = fullGrads(one);
+    const auto want_grads = dtp::test::full_grads(one);
     run_ranks(4, [&](int) {
       auto mesh = init_device_mesh("cpu", {2, 2}, {"pp", "tp"});
       Llama full(c);

@@ -31,19 +31,6 @@ at::Tensor lossOf(Llama& model, int64_t step = 0, double weight = 1.0) {
   return llama_loss(model(b.narrow(1, 0, kSeq)), b.narrow(1, 1, kSeq)) * weight;
 }
 
-std::vector<at::Tensor> fullGrads(Llama& model) {
-  std::vector<at::Tensor> out;
-  for (auto& [name, p] : model->unique_named_parameters())
-    out.push_back(is_dtensor(p) ? full_tensor(p.grad()) : p.grad().clone());
-  return out;
-}
-
-std::vector<at::Tensor> fullParams(Llama& model) {
-  std::vector<at::Tensor> out;
-  for (auto& [name, p] : model->unique_named_parameters()) out.push_back(is_dtensor(p) ? full_tensor(p.detach()) : p.detach().clone());
-  return out;
-}
-
 LlamaConfig f64Config() {
   LlamaConfig c = dtp::test::small_llama_config(2);
   c.dtype = at::kDouble;
@@ -60,7 +47,7 @@ TEST(GradScaler, UnscaledGradientsEqualAnUnscaledBackward) {
     parallelize_llama(model, mesh, ParallelizeOptions{});
     dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
     lossOf(model).backward();
-    const std::vector<at::Tensor> want = fullGrads(model);
+    const std::vector<at::Tensor> want = dtp::test::full_grads(model);
     opt.zero_grad();
     GradScaler scaler;  // the world: the default group
     EXPECT_EQ(scaler.get_scale(), 65536.0);
@@ -69,7 +56,7 @@ TEST(GradScaler, UnscaledGradientsEqualAnUnscaledBackward) {
     scaler.unscale_(opt);
     EXPECT_EQ(comm.count(CollectiveType::AllReduce), 1) << comm.str();
     EXPECT_EQ(comm.total_count(), 1) << comm.str();
-    const std::vector<at::Tensor> got = fullGrads(model);
+    const std::vector<at::Tensor> got = dtp::test::full_grads(model);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "gradient " << i;
     EXPECT_TRUE(scaler.step(opt));
@@ -88,7 +75,7 @@ TEST(GradScaler, AnInfOnOneRankSkipsTheStepOnEveryRank) {
     parallelize_llama(model, mesh, ParallelizeOptions{});
     dtp::optim::AdamW opt(model->unique_parameters(), torch::optim::AdamWOptions(1e-2));
     GradScaler scaler(GradScalerOptions().init_scale(1024));
-    const std::vector<at::Tensor> before = fullParams(model);
+    const auto before = dtp::test::full_named_params(model);
     scaler.scale(lossOf(model)).backward();
     const at::Tensor& w = model->layers[0]->as<TransformerBlockImpl>()->attention->wq->weight;  // ColwiseParallel: S(0)
     ASSERT_TRUE(is_dtensor(w.grad()));
@@ -97,13 +84,13 @@ TEST(GradScaler, AnInfOnOneRankSkipsTheStepOnEveryRank) {
     scaler.update();
     EXPECT_EQ(scaler.get_scale(), 512.0);
     EXPECT_EQ(scaler.growth_tracker(), 0);
-    const std::vector<at::Tensor> after = fullParams(model);
-    for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(at::equal(after[i], before[i])) << "parameter " << i;
+    const auto after = dtp::test::full_named_params(model);
+    for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(at::equal(after[i].second, before[i].second)) << after[i].first;
     opt.zero_grad();
     scaler.scale(lossOf(model)).backward();
     EXPECT_TRUE(scaler.step(opt));
     scaler.update();
-    EXPECT_FALSE(at::equal(fullParams(model)[0], before[0])) << "the clean step stepped";
+    EXPECT_FALSE(at::equal(dtp::test::full_named_params(model)[0].second, before[0].second)) << "the clean step stepped";
   });
 }
 
@@ -176,7 +163,7 @@ TEST(GradScaler, Float16GradientsSurviveOnlyWithLossScaling) {
         scaler.scale(lossOf(model, 0, weight)).backward();
         scaler.unscale_(opt);
       }
-      return fullGrads(model);
+      return dtp::test::full_grads(model);
     };
     const std::vector<at::Tensor> plain = grads(1.0, std::nullopt);
     const std::vector<at::Tensor> lost = grads(tiny, std::nullopt);

@@ -77,6 +77,14 @@ inline std::vector<std::pair<std::string, at::Tensor>> full_named_params(models:
   return out;
 }
 
+// Full (unsharded) copies of the gradients, in unique_parameters order; a
+// collective under TP.
+inline std::vector<at::Tensor> full_grads(models::Llama& model) {
+  std::vector<at::Tensor> out;
+  for (auto& p : model->unique_parameters()) out.push_back(is_dtensor(p) ? full_tensor(p.grad()) : p.grad().clone());
+  return out;
+}
+
 // A training run: the loss of each step and the full parameters after the last.
 struct Trace {
   std::vector<double> losses;

@@ -29,15 +29,23 @@ namespace dtp {
 // The scale lives on the host (a double), so step() reads the flag there:
 // one synchronisation per step, as PyTorch's step() has.
 
-GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)), scale_(options_.init_scale()) {
-  TORCH_CHECK(std::isfinite(scale_) && scale_ > 0, "GradScaler: init_scale must be positive and finite, got ", scale_,
-              ". The default is 65536 (2^16).");
-  TORCH_CHECK(options_.growth_factor() > 1.0, "GradScaler: growth_factor must be > 1, got ", options_.growth_factor(),
+namespace {
+
+void checkOptions(const GradScalerOptions& o) {
+  TORCH_CHECK(std::isfinite(o.init_scale()) && o.init_scale() > 0, "GradScaler: init_scale must be positive and "
+              "finite, got ", o.init_scale(), ". The default is 65536 (2^16).");
+  TORCH_CHECK(o.growth_factor() > 1.0, "GradScaler: growth_factor must be > 1, got ", o.growth_factor(),
               ". The default is 2.");
-  TORCH_CHECK(options_.backoff_factor() > 0 && options_.backoff_factor() < 1.0, "GradScaler: backoff_factor must be "
-              "in (0, 1), got ", options_.backoff_factor(), ". The default is 0.5.");
-  TORCH_CHECK(options_.growth_interval() >= 1, "GradScaler: growth_interval must be >= 1, got ",
-              options_.growth_interval(), ". The default is 2000.");
+  TORCH_CHECK(o.backoff_factor() > 0 && o.backoff_factor() < 1.0, "GradScaler: backoff_factor must be in (0, 1), "
+              "got ", o.backoff_factor(), ". The default is 0.5.");
+  TORCH_CHECK(o.growth_interval() >= 1, "GradScaler: growth_interval must be >= 1, got ", o.growth_interval(),
+              ". The default is 2000.");
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)), scale_(options_.init_scale()) {
+  checkOptions(options_);
   if (!options_.group() && is_initialized()) options_.group(default_process_group());
 }
 
@@ -52,10 +60,9 @@ at::Tensor GradScaler::scale(const at::Tensor& outputs) const {
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) return;
   PerOptimizer& state = per_optimizer_[&optimizer];
+  // step() unscales first, so this also refuses an unscale_ after step().
   TORCH_CHECK(!state.unscaled, "GradScaler::unscale_: already called on this optimizer since the last update(). "
               "Call it at most once per step, before step() (which unscales when it was not called).");
-  TORCH_CHECK(!state.stepped, "GradScaler::unscale_: called after step() on this optimizer. Call it before step(), "
-              "then update().");
   const double inv = 1.0 / scale_;
   const auto& groups = optimizer.param_groups();
   c10::Device device = at::kCPU;  // the parameters' (NCCL reduces CUDA tensors)
@@ -92,10 +99,10 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
-  TORCH_CHECK(!per_optimizer_[&optimizer].stepped, "GradScaler::step: already called on this optimizer since the "
-              "last update(). Call update() after each step().");
-  if (!per_optimizer_[&optimizer].unscaled) unscale_(optimizer);
-  PerOptimizer& state = per_optimizer_[&optimizer];
+  PerOptimizer& state = per_optimizer_[&optimizer];  // a std::map's references outlive insertions
+  TORCH_CHECK(!state.stepped, "GradScaler::step: already called on this optimizer since the last update(). Call "
+              "update() after each step().");
+  if (!state.unscaled) unscale_(optimizer);
   state.stepped = true;
   if (state.found_inf) return false;
   optimizer.step();
@@ -149,9 +156,9 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
       .growth_factor(state.at("growth_factor"))
       .backoff_factor(state.at("backoff_factor"))
       .growth_interval(static_cast<int64_t>(state.at("growth_interval")));
-  GradScaler checked(o);  // the same checks as the constructor's
-  options_ = checked.options_;
-  scale_ = checked.scale_;
+  checkOptions(o);
+  options_ = o;
+  scale_ = o.init_scale();
   growth_tracker_ = static_cast<int64_t>(state.at("_growth_tracker"));
 }
 
